@@ -1,0 +1,1244 @@
+# mypy: allow-untyped-calls
+"""The in-container agent: one request in, one JSON answer out, in a single round trip.
+
+launcher runs this file inside the container with
+
+    pct exec VMID -- python3 -c BOOT
+
+where BOOT reads one JSON line {"agent": <this source>, "request": {...}} from stdin, executes
+this source and calls ``main(request)``. It therefore has to run on whatever python3 the
+container has: Python 3.8 syntax, standard library only, no imports from launcher.
+
+Every op answers with one envelope::
+
+    {"ok": bool, "op": str, "error": {"kind": str, "message": str} | None,
+     "warnings": [str], ...op data}
+
+Error kinds: refused, locked, unsafe_path, corrupt, compile, missing, invalid, failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+DEFAULT_LOCK_PATH = "/run/launcher/deploy.lock"
+STATE_DIR = ".launcher"
+SCRIPT_HISTORY = 5
+MARKER_VAR = "LAUNCHER_RUN"
+PLACEHOLDER_WINDOW = "launcher-placeholder"
+RUN_WINDOW = "run"
+# `pct exec` gives a minimal PATH; look in the usual places too.
+EXTRA_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SESSION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PANE_PREFIX = "LAUNCHER-PANE"
+PANE_FORMAT = "\t".join(
+    [
+        PANE_PREFIX,
+        "#{pane_dead}",
+        "#{pane_dead_status}",
+        "#{pane_pid}",
+        "#{pane_width}",
+        "#{@launcher_run}",
+    ]
+)
+# Runs the playbook command and records how it ended. The command and the exit file arrive as
+# positional parameters ($1 command, $2 exit file, $3 shell), never glued into this text. The
+# trap keeps the runner alive through C-c / SIGHUP so it can still write the exit code; caught
+# signals are reset to default in the command, unlike ignored ones.
+RUNNER = (
+    'trap : INT TERM HUP\n"$3" -c "$1"\ncode=$?\n'
+    'printf "%s\\n" "$code" > "$2.tmp" && mv -f "$2.tmp" "$2"\nexit "$code"\n'
+)
+
+COMPILE = "import py_compile,sys;py_compile.compile(sys.argv[1],cfile=sys.argv[2],doraise=True)"
+
+
+class AgentError(Exception):
+    """An expected failure: becomes the envelope's error, never a traceback."""
+
+    def __init__(self, kind, message, **extra):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.extra = extra
+
+    def as_dict(self):
+        error = {"kind": self.kind, "message": self.message}
+        error.update(self.extra)
+        return error
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def utc_iso():
+    return utc_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_or_none(path):
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def which(name):
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":" + EXTRA_PATH)
+
+
+def _default_signals():
+    # apply ignores SIGHUP/SIGPIPE, and ignored signals survive exec: give children defaults so
+    # a tmux server started from here (and the trainer under it) behaves normally.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+def run(argv, timeout=30.0):
+    """Run argv (no shell); return (returncode, stdout, stderr). A missing binary is rc 127."""
+    try:
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+            preexec_fn=_default_signals,
+        )
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "%s timed out after %ss" % (argv[0], timeout)
+    out = proc.stdout.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace")
+    return proc.returncode, out, err
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp-%d" % os.getpid()
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_quietly(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+def param(request, key, kind, default=None, required=False):
+    """Fetch request[key] checked against kind; bad or missing values are `invalid` errors."""
+    if key not in request or request[key] is None:
+        if required:
+            raise AgentError("invalid", "missing parameter %r" % key)
+        return default
+    value = request[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, bool):
+        raise AgentError("invalid", "parameter %r must be an integer" % key)
+    if not isinstance(value, kind):
+        raise AgentError("invalid", "parameter %r must be %s" % (key, kind.__name__))
+    return value
+
+
+def session_param(request):
+    session = param(request, "session", str, required=True)
+    # tmux rewrites '.' and ':' in names and targets would misparse; the name is also a file name.
+    if not SESSION_NAME.match(session):
+        raise AgentError(
+            "invalid", "session name %r must match %s" % (session, SESSION_NAME.pattern)
+        )
+    return session
+
+
+def workdir_param(request):
+    workdir = param(request, "workdir", str, required=True)
+    if not os.path.isabs(workdir) or os.path.normpath(workdir) == "/":
+        raise AgentError("invalid", "workdir must be an absolute path other than /: %r" % workdir)
+    return os.path.normpath(workdir)
+
+
+def env_param(request):
+    env = param(request, "env", dict, default={})
+    for key, value in env.items():
+        if not ENV_NAME.match(key) or key == MARKER_VAR:
+            raise AgentError("invalid", "bad environment variable name %r" % key)
+        if not isinstance(value, str) or "\0" in value:
+            raise AgentError(
+                "invalid", "environment value of %s must be a string without NUL" % key
+            )
+    return env
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def state_dir(workdir):
+    return os.path.join(workdir, STATE_DIR)
+
+
+def log_path(workdir, session):
+    return os.path.join(state_dir(workdir), session + ".log")
+
+
+def exit_path(workdir, session):
+    return os.path.join(state_dir(workdir), session + ".exit")
+
+
+def is_strict_child(path, parent):
+    return path != parent and path.startswith(parent.rstrip("/") + "/")
+
+
+def relative_problem(rel):
+    """Why a workdir-relative path from the request is unacceptable, or None."""
+    if rel == "" or rel == ".":
+        return "it is the workdir itself"
+    if ".." in rel.split("/"):
+        return "it contains '..'"
+    return None
+
+
+def checkpoint_problem(workdir, rel):
+    """(absolute path, reason it is unsafe to move or delete, or None)."""
+    path = os.path.normpath(os.path.join(workdir, rel))
+    reason = relative_problem(rel)
+    real_workdir = os.path.realpath(workdir)
+    real = os.path.realpath(path)
+    if reason is None and os.path.islink(path):
+        reason = "it is a symlink (to %s)" % os.readlink(path)
+    if reason is None and real == "/":
+        reason = "it resolves to /"
+    if reason is None and real == real_workdir:
+        reason = "it is the workdir itself"
+    if reason is None and not is_strict_child(real, real_workdir):
+        reason = "it resolves to %s, outside the workdir %s" % (real, real_workdir)
+    return path, reason
+
+
+def dest_path(workdir, rel):
+    path = os.path.normpath(os.path.join(workdir, rel))
+    reason = relative_problem(rel) or (None if not os.path.isabs(rel) else "it is absolute")
+    real_parent = os.path.realpath(os.path.dirname(path))
+    real_workdir = os.path.realpath(workdir)
+    if reason is None and not (
+        real_parent == real_workdir or is_strict_child(real_parent, real_workdir)
+    ):
+        reason = "its directory resolves outside the workdir"
+    if reason:
+        raise AgentError("unsafe_path", "script destination %r is unsafe: %s" % (rel, reason))
+    return path
+
+
+def tmp_path(workdir, tmp):
+    real_workdir = os.path.realpath(workdir)
+    if not os.path.isabs(tmp) or not is_strict_child(os.path.realpath(tmp), real_workdir):
+        raise AgentError("unsafe_path", "pushed file %r is not inside the workdir" % tmp)
+    if os.path.islink(tmp) or not os.path.isfile(tmp):
+        raise AgentError("failed", "pushed file %s is missing or not a regular file" % tmp)
+    return tmp
+
+
+# --------------------------------------------------------------------------- tmux
+
+
+def tmux_version():
+    """'tmux 3.3a' or None when tmux is not installed."""
+    binary = which("tmux")
+    if not binary:
+        return None
+    _, out, err = run([binary, "-V"], timeout=10)
+    return out.strip() or err.strip() or None
+
+
+def tmux_version_tuple(text):
+    match = re.search(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else (99, 0)
+
+
+def tmux(args, timeout=15.0):
+    binary = which("tmux")
+    if not binary:
+        raise AgentError("missing", "tmux is not installed in the container")
+    return run([binary, *args], timeout=timeout)
+
+
+def tmux_arg(text):
+    # tmux treats any argument ending in ';' as a command separator; '\;' keeps a literal ';'.
+    return text[:-1] + "\\;" if text.endswith(";") else text
+
+
+def format_escape(text):
+    # Arguments tmux format-expands (-c, pipe-pane's command) need '#' doubled.
+    return text.replace("#", "##")
+
+
+def no_session(state=None):
+    base = {
+        "exists": False,
+        "pane_dead": None,
+        "dead_status": None,
+        "pane_pid": None,
+        "width": None,
+        "run": None,
+    }
+    if state:
+        base.update(state)
+    return base
+
+
+def as_int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_pane_line(line):
+    fields = line.split("\t")
+    fields += [""] * (6 - len(fields))
+    return no_session(
+        {
+            "exists": True,
+            "pane_dead": fields[1] == "1",
+            "dead_status": as_int(fields[2]),
+            "pane_pid": as_int(fields[3]),
+            "width": as_int(fields[4]),
+            "run": fields[5] or None,
+        }
+    )
+
+
+def session_state(session):
+    """SESSION dict from one `list-panes`; an absent session or server means exists: false."""
+    if not which("tmux"):
+        return no_session()
+    _, out, _ = tmux(["list-panes", "-t", "=%s:" % session, "-F", PANE_FORMAT])
+    for line in out.splitlines():
+        if line.startswith(PANE_PREFIX + "\t"):
+            return parse_pane_line(line)
+    return no_session()
+
+
+def pane_active(state):
+    return bool(state["exists"] and not state["pane_dead"])
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def proc_stat(pid):
+    """(state, ppid, pgrp, sid) from /proc/PID/stat, or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: the fields start after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def proc_table():
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = proc_stat(int(name))
+            if stat and stat[0] != "Z":
+                table[int(name)] = stat
+    return table
+
+
+def has_marker(pid, prefix):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return any(item.startswith(prefix) for item in environ.split(b"\0"))
+
+
+def protected_pids(table):
+    """This process and its ancestors: never part of a run, whatever the scan says."""
+    pids = {1, os.getpid()}
+    pid = os.getpid()
+    while pid in table and table[pid][1] not in pids and table[pid][1] > 0:
+        pid = table[pid][1]
+        pids.add(pid)
+    return pids
+
+
+def descendants(table, roots):
+    children: dict[int, list[int]] = {}
+    for pid, stat in table.items():
+        children.setdefault(stat[1], []).append(pid)
+    found, todo = set(), [r for r in roots if r in table]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def marker_prefix(session):
+    return ("%s=%s:" % (MARKER_VAR, session)).encode()
+
+
+def run_pids(pane_pid, session):
+    """The run's live processes: the pane's tree, its session/process group, and every process
+    carrying the run marker (children that left the tree or called setsid still count)."""
+    table = proc_table()
+    roots = {pane_pid} if pane_pid else set()
+    found = descendants(table, roots)
+    found.update(pid for pid, st in table.items() if st[2] in roots or st[3] in roots)
+    prefix = marker_prefix(session)
+    found.update(pid for pid in table if pid not in found and has_marker(pid, prefix))
+    return found - protected_pids(table)
+
+
+def alive(pids):
+    live = set()
+    for pid in pids:
+        stat = proc_stat(pid)
+        if stat and stat[0] != "Z":
+            live.add(pid)
+    return live
+
+
+def signal_pids(pids, signum):
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def wait_for(predicate, timeout, interval=0.1):
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def gpu_names():
+    """(names, error): one name per visible GPU from `nvidia-smi -L`."""
+    binary = which("nvidia-smi")
+    if not binary:
+        return [], "nvidia-smi not found"
+    rc, out, err = run([binary, "-L"])
+    if rc != 0:
+        return [], (err.strip() or out.strip() or "nvidia-smi -L exited %d" % rc)
+    names = []
+    for line in out.splitlines():
+        match = re.match(r"^GPU \d+: (.*?)(?: \(UUID: [^)]*\))?\s*$", line)
+        if match:
+            names.append(match.group(1))
+    return names, None
+
+
+def gpu_holders():
+    """(holders, error): processes nvidia-smi lists as using a GPU."""
+    binary = which("nvidia-smi")
+    if not binary:
+        return [], "nvidia-smi not found"
+    query = "--query-compute-apps=pid,process_name,used_memory"
+    rc, out, err = run([binary, query, "--format=csv,noheader,nounits"])
+    if rc != 0:
+        return [], (err.strip() or out.strip() or "nvidia-smi exited %d" % rc)
+    holders = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and as_int(parts[0]) is not None:
+            name = ",".join(parts[1:-1])
+            holders.append({"pid": int(parts[0]), "name": name, "used_memory": as_int(parts[-1])})
+    return holders, None
+
+
+def gpu_report(wanted):
+    if wanted <= 0:
+        return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True}
+    names, error = gpu_names()
+    holders, holders_error = ([], None) if error else gpu_holders()
+    return {
+        "visible": len(names),
+        "names": names,
+        "error": error or holders_error,
+        "holders": holders,
+        "skipped": False,
+    }
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def read_lock_content(fd):
+    os.lseek(fd, 0, os.SEEK_SET)
+    data = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    text = data.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        content = json.loads(text)
+    except ValueError:
+        return {"raw": text[:200]}
+    return content if isinstance(content, dict) else {"raw": text[:200]}
+
+
+def describe_holder(holder):
+    return "%s@%s (pid %s) since %s" % (
+        holder.get("operator", "?"),
+        holder.get("from_host", "?"),
+        holder.get("agent_pid", "?"),
+        holder.get("since", "?"),
+    )
+
+
+def lock_state(path):
+    """Who holds the lock (preflight; no side effects): None, or the holder plus stale."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        holder = read_lock_content(fd)
+        if holder is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            stale = False
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            stale = True
+        state = dict(holder)
+        state["stale"] = stale
+        return state
+    finally:
+        os.close(fd)
+
+
+def write_lock(fd, text):
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, text.encode())
+    os.fsync(fd)
+
+
+class DeployLock:
+    """flock on the lock file for this process's lifetime; the file says who holds it."""
+
+    def __init__(self, path, operator):
+        self.path = path
+        self.operator = operator if isinstance(operator, dict) else {}
+        self.fd = None
+
+    def acquire(self, warnings):
+        os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
+        # os.open is close-on-exec: a tmux server started later must not inherit the lock.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = read_lock_content(fd) or {}
+            os.close(fd)
+            raise AgentError(
+                "locked",
+                "another deploy holds the lock: %s" % describe_holder(holder),
+                holder=holder,
+            ) from None
+        self.fd = fd
+        previous = read_lock_content(fd)
+        if previous:
+            # flock dies with its process, so content without a holder is a stale record.
+            warnings.append("broke stale lock held by %s" % describe_holder(previous))
+        write_lock(fd, json.dumps(self.content()))
+
+    def content(self):
+        return {
+            "operator": self.operator.get("user"),
+            "from_host": self.operator.get("host"),
+            "client_pid": self.operator.get("pid"),
+            "agent_pid": os.getpid(),
+            "since": utc_iso(),
+        }
+
+    def release(self):
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        try:
+            write_lock(fd, "")
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def stop_run(session, grace, gpus, warnings):
+    """Ask (C-c), wait, kill the session, TERM then KILL what is left, confirm it is gone."""
+    state = session_state(session)
+    pane_pid = state["pane_pid"]
+    seen = run_pids(pane_pid, session)
+    report = stop_report(pane_active(state) or bool(seen), state["exists"], seen)
+    if not state["exists"] and not seen:
+        return report
+    if pane_active(state):
+        tmux(["send-keys", "-t", "=%s:" % session, "C-c"])
+
+        def finished():
+            seen.update(run_pids(pane_pid, session))
+            return not pane_active(session_state(session)) and not alive(seen)
+
+        # forced: asking was not enough within the grace period.
+        report["forced"] = not wait_for(finished, grace)
+    if state["exists"]:
+        tmux(["kill-session", "-t", "=%s" % session])
+    seen.update(run_pids(pane_pid, session))
+    report["pids"] = sorted(seen)
+    report["forced"] = report["forced"] or bool(alive(seen))
+    report["leftover"] = sorted(terminate(seen, grace))
+    if gpus > 0:
+        report["gpu_holders"] = gpu_leftovers(seen, warnings)
+    return report
+
+
+def stop_report(was_running, session_existed, pids):
+    return {
+        "was_running": was_running,
+        "session_existed": session_existed,
+        "pids": sorted(pids),
+        "forced": False,
+        "leftover": [],
+        "gpu_holders": [],
+    }
+
+
+def terminate(pids, grace):
+    """SIGTERM, short wait, SIGKILL; returns the pids still alive afterwards."""
+    targets = alive(pids)
+    if not targets:
+        return set()
+    signal_pids(targets, signal.SIGTERM)
+    wait_for(lambda: not alive(targets), min(max(grace, 1.0), 10.0))
+    signal_pids(alive(targets), signal.SIGKILL)
+    wait_for(lambda: not alive(targets), 5.0)
+    return alive(targets)
+
+
+def gpu_leftovers(pids, warnings, timeout=10.0):
+    """Holders from the old run nvidia-smi still lists; the driver can lag the process exit."""
+    found: dict[str, Any] = {"ours": [], "others": [], "error": None}
+
+    def released():
+        holders, found["error"] = gpu_holders()
+        found["ours"] = [h for h in holders if h["pid"] in pids]
+        found["others"] = [h for h in holders if h["pid"] not in pids]
+        return found["error"] is not None or not found["ours"]
+
+    wait_for(released, timeout, interval=0.5)
+    if found["error"]:
+        warnings.append("could not confirm GPUs were released: %s" % found["error"])
+    if found["others"]:
+        pids_text = ", ".join(str(h["pid"]) for h in found["others"])
+        warnings.append("GPUs still in use by pids %s" % pids_text)
+    return found["ours"]
+
+
+# --------------------------------------------------------------------------- op: preflight
+
+
+def op_preflight(request, warnings):
+    workdir = workdir_param(request)
+    session = session_param(request)
+    dest = param(request, "dest", str, required=True)
+    checkpoints = param(request, "checkpoints", str)
+    gpus = param(request, "gpus", int, default=0)
+    need = param(request, "need_bytes", int, default=0)
+    workdir_info = prepare_workdir(workdir, param(request, "create_workdir", bool, default=False))
+    free = free_bytes(workdir)
+    if free is not None and need and free < need:
+        warnings.append("only %d bytes free, %d needed" % (free, need))
+    gpu_info = gpu_report(gpus)
+    if gpus > 0 and gpu_info["visible"] < gpus:
+        warnings.append("%d GPUs wanted, %d visible" % (gpus, gpu_info["visible"]))
+    return {
+        "python": platform.python_version(),
+        "tmux": tmux_version(),
+        "workdir": workdir_info,
+        "free_bytes": free,
+        "gpus": gpu_info,
+        "session": session_state(session),
+        "dest_sha256": sha256_or_none(os.path.join(workdir, dest)),
+        "checkpoints": checkpoints_info(workdir, checkpoints),
+        "lock": lock_state(param(request, "lock_path", str, default=DEFAULT_LOCK_PATH)),
+    }
+
+
+def prepare_workdir(workdir, create):
+    exists = os.path.isdir(workdir)
+    created = False
+    if create and not exists:
+        os.makedirs(state_dir(workdir), exist_ok=True)
+        exists = created = True
+    elif create:
+        os.makedirs(state_dir(workdir), exist_ok=True)
+    writable = exists and os.access(workdir, os.W_OK | os.X_OK)
+    return {"exists": exists, "writable": writable, "created": created}
+
+
+def free_bytes(path):
+    # The workdir may not exist yet: measure the filesystem it would be created on.
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def checkpoints_info(workdir, rel):
+    if rel is None:
+        return None
+    path, unsafe = checkpoint_problem(workdir, rel)
+    return {"path": path, "exists": os.path.lexists(path), "unsafe": unsafe}
+
+
+# --------------------------------------------------------------------------- op: apply
+
+
+class Deploy:
+    """The deploy transaction. Every check that can stop it runs before the first destructive
+    step; after that, a failure still answers with the steps done so far."""
+
+    def __init__(self, request, warnings):
+        self.warnings = warnings
+        self.workdir = workdir_param(request)
+        self.session = session_param(request)
+        self.dest_rel = param(request, "dest", str, required=True)
+        # No temp file: the client saw the same script already in place and skipped the push.
+        self.tmp = param(request, "tmp", str)
+        self.sha256 = param(request, "sha256", str, required=True).lower()
+        self.restart = param(request, "restart", bool, default=False)
+        self.grace = param(request, "grace", float, default=30.0)
+        self.checkpoints_rel = param(request, "checkpoints", str)
+        self.mode = param(request, "checkpoint_mode", str, default="keep")
+        self.keep_archives = param(request, "keep_archives", int, default=3)
+        self.command = param(request, "command", str, required=True)
+        self.env = env_param(request)
+        self.width = param(request, "width", int, default=250)
+        self.height = param(request, "height", int, default=50)
+        self.history_limit = param(request, "history_limit", int, default=100000)
+        self.gpus = param(request, "gpus", int, default=0)
+        self.shell = param(request, "shell", str, default="/bin/sh")
+        self.python = param(request, "python", str, default=sys.executable or "python3")
+        self.record_base = param(request, "record", dict, default={})
+        self.run_id = param(request, "run_id", str) or new_run_id()
+        lock_path = param(request, "lock_path", str, default=DEFAULT_LOCK_PATH)
+        self.lock = DeployLock(lock_path, request.get("operator"))
+        self.validate()
+        self.steps: list[dict[str, Any]] = []
+        self.destructive = False
+        self.tmp_ok = False
+        self.result: dict[str, Any] = {
+            "steps": self.steps,
+            "script": None,
+            "stopped": None,
+            "checkpoints": None,
+            "launched": None,
+            "record": None,
+        }
+
+    def validate(self):
+        if self.mode not in ("archive", "purge", "keep"):
+            raise AgentError("invalid", "checkpoint_mode must be archive, purge or keep")
+        if self.mode != "keep" and self.checkpoints_rel is None:
+            raise AgentError("invalid", "checkpoint_mode %s needs checkpoints" % self.mode)
+        if self.width < 20 or self.height < 5 or self.history_limit < 0 or self.keep_archives < 0:
+            raise AgentError(
+                "invalid", "width, height, history_limit or keep_archives out of range"
+            )
+        if not self.command.strip():
+            raise AgentError("invalid", "command is empty")
+
+    # -- driver
+
+    def run(self):
+        try:
+            self.step("paths", self.check_paths)
+            self.step("lock", self.take_lock)
+            self.step("tmux", self.check_tmux)
+            self.step("active_check", self.check_active)
+            self.step("verify", self.verify_sha)
+            self.step("compile", self.compile_check)
+            self.step("checkpoint_guard", self.guard_checkpoints)
+            self.step("install", self.install)
+            self.step("stop", self.stop_old)
+            self.step("checkpoints", self.set_checkpoints_aside)
+            self.step("launch", self.launch)
+            self.step("record", self.write_record)
+            error = None
+        except AgentError as exc:
+            error = exc
+            if self.destructive and self.result["record"] is None:
+                self.try_record_failure(exc)
+        finally:
+            self.cleanup()
+        return error, self.result
+
+    def step(self, name, action):
+        try:
+            status, detail = action()
+        except AgentError as exc:
+            self.steps.append({"name": name, "status": "failed", "detail": exc.message})
+            raise
+        except Exception as exc:  # an unexpected error still answers with the steps so far
+            message = "%s: %s" % (type(exc).__name__, exc)
+            self.steps.append({"name": name, "status": "failed", "detail": message})
+            raise AgentError("failed", "%s failed: %s" % (name, message)) from exc
+        self.steps.append({"name": name, "status": status, "detail": detail})
+
+    def cleanup(self):
+        # The pushed temp file never outlives the transaction; only removed once proven ours.
+        if self.tmp_ok:
+            remove_quietly(self.tmp)
+        try:
+            self.lock.release()
+        except OSError as exc:
+            self.warnings.append("could not release the lock: %s" % exc)
+
+    # -- checks (nothing destructive)
+
+    def check_paths(self):
+        if self.tmp is not None:
+            self.tmp = tmp_path(self.workdir, self.tmp)
+            # Proven inside the workdir: from here on the temp file is ours to remove on failure.
+            self.tmp_ok = True
+        self.dest = dest_path(self.workdir, self.dest_rel)
+        return "ok", self.dest
+
+    def take_lock(self):
+        self.lock.acquire(self.warnings)
+        return "ok", self.lock.path
+
+    def check_tmux(self):
+        version = tmux_version()
+        if not version:
+            raise AgentError("missing", "tmux is not installed in the container")
+        return "ok", version
+
+    def check_active(self):
+        self.old_state = session_state(self.session)
+        self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
+        if self.restart:
+            return "ok", "restart requested"
+        if pane_active(self.old_state):
+            raise AgentError("refused", "session '%s' is running; use --restart" % self.session)
+        if self.old_pids:
+            raise AgentError(
+                "refused",
+                "session '%s' has ended but processes of its run are alive (pids %s); use --restart"
+                % (self.session, ", ".join(str(p) for p in sorted(self.old_pids))),
+            )
+        return "ok", "no active run"
+
+    def verify_sha(self):
+        if self.tmp is None:
+            got = sha256_or_none(self.dest)
+            if got != self.sha256:
+                raise AgentError(
+                    "failed", "%s changed since the preflight (sha256 %s)" % (self.dest, got)
+                )
+            return "unchanged", "%s already in place" % got
+        got = sha256_file(self.tmp)
+        if got != self.sha256:
+            raise AgentError(
+                "corrupt", "transfer corrupted: expected %s, got %s" % (self.sha256, got)
+            )
+        return "ok", got
+
+    def compile_check(self):
+        if self.tmp is None:
+            return "skipped", "script unchanged"
+        # Compile to a throwaway file so no __pycache__ appears next to the script.
+        with tempfile.TemporaryDirectory(prefix="launcher-compile-") as scratch:
+            cfile = os.path.join(scratch, "check.pyc")
+            rc, out, err = run([self.python, "-c", COMPILE, self.tmp, cfile], timeout=120)
+        if rc != 0:
+            message = (err.strip() or out.strip()).splitlines()
+            raise AgentError("compile", "\n".join(message[-12:]) or "py_compile exited %d" % rc)
+        return "ok", self.python
+
+    def guard_checkpoints(self):
+        if self.checkpoints_rel is None:
+            self.checkpoints = None
+            return "skipped", "no checkpoints directory"
+        path, reason = checkpoint_problem(self.workdir, self.checkpoints_rel)
+        if reason:
+            raise AgentError(
+                "unsafe_path", "checkpoints path %r is unsafe: %s" % (self.checkpoints_rel, reason)
+            )
+        self.checkpoints = path
+        return "ok", path
+
+    # -- destructive steps
+
+    def install(self):
+        self.destructive = True
+        previous = sha256_or_none(self.dest)
+        script: dict[str, Any] = {
+            "path": self.dest,
+            "sha256": self.sha256,
+            "previous_sha256": previous,
+        }
+        script["unchanged"] = previous == self.sha256
+        self.result["script"] = script
+        if script["unchanged"]:
+            if self.tmp is not None:
+                remove_quietly(self.tmp)
+            return "unchanged", "%s already has sha256 %s" % (self.dest, self.sha256)
+        os.makedirs(os.path.dirname(self.dest), exist_ok=True)
+        if previous:
+            shutil.copy2(self.dest, self.dest + ".prev.tmp")
+            os.replace(self.dest + ".prev.tmp", self.dest + ".prev")
+        os.replace(self.tmp, self.dest)
+        self.keep_history()
+        return "ok", "installed %s" % self.dest
+
+    def keep_history(self):
+        history = os.path.join(state_dir(self.workdir), "scripts")
+        os.makedirs(history, exist_ok=True)
+        shutil.copy2(self.dest, os.path.join(history, self.sha256 + ".py"))
+        os.utime(os.path.join(history, self.sha256 + ".py"))
+        entries = [os.path.join(history, n) for n in os.listdir(history) if n.endswith(".py")]
+        entries.sort(key=os.path.getmtime, reverse=True)
+        for old in entries[SCRIPT_HISTORY:]:
+            remove_quietly(old)
+
+    def stop_old(self):
+        if not self.old_state["exists"] and not self.old_pids:
+            self.result["stopped"] = stop_report(False, False, ())
+            return "skipped", "no session '%s'" % self.session
+        report = stop_run(self.session, self.grace, self.gpus, self.warnings)
+        self.result["stopped"] = report
+        if report["leftover"] or report["gpu_holders"]:
+            raise AgentError(
+                "failed",
+                "old run did not stop: pids %s still alive"
+                % ", ".join(
+                    str(p) for p in report["leftover"] + [h["pid"] for h in report["gpu_holders"]]
+                ),
+            )
+        how = "forced" if report["forced"] else "stopped"
+        return "ok", "%s (pids %s)" % (how, ", ".join(str(p) for p in report["pids"]) or "none")
+
+    def set_checkpoints_aside(self):
+        action = {"action": self.mode, "from": self.checkpoints, "to": None}
+        self.result["checkpoints"] = action
+        if self.mode == "keep" or self.checkpoints is None:
+            action["action"] = "keep"
+            return "skipped", "checkpoints kept"
+        if not os.path.lexists(self.checkpoints):
+            action["action"] = "none"
+            return "skipped", "nothing to set aside"
+        if self.mode == "purge":
+            remove_tree(self.checkpoints)
+            return "ok", "purged %s" % self.checkpoints
+        action["to"] = archive_name(self.checkpoints)
+        os.rename(self.checkpoints, action["to"])
+        action["pruned"] = prune_archives(self.checkpoints, self.keep_archives, self.warnings)
+        return "ok", "archived to %s" % action["to"]
+
+    def launch(self):
+        os.makedirs(state_dir(self.workdir), exist_ok=True)
+        remove_quietly(exit_path(self.workdir, self.session))
+        marker = "%s:%s" % (self.session, self.run_id)
+        # The log is appended across runs: mark where this one starts.
+        with open(log_path(self.workdir, self.session), "a") as log:
+            log.write("\n=== launcher run %s at %s ===\n" % (marker, utc_iso()))
+        rc, out, err = tmux(self.launch_args(marker))
+        if rc != 0:
+            raise AgentError("failed", "tmux could not start the session: %s" % err.strip())
+        parts = out.strip().split()
+        pane_pid = as_int(parts[1]) if len(parts) > 1 else None
+        width = as_int(parts[2]) if len(parts) > 2 else None
+        if width != self.width:
+            self.warnings.append("pane is %s columns wide, not %d" % (width, self.width))
+        self.result["launched"] = {
+            "session": self.session,
+            "pane_pid": pane_pid,
+            "log_file": log_path(self.workdir, self.session),
+            "exit_file": exit_path(self.workdir, self.session),
+            "width": width,
+            "run": marker,
+        }
+        return "ok", "session %s, pane pid %s" % (self.session, pane_pid)
+
+    def launch_args(self, marker):
+        """One tmux command chain, so the session never exists half-configured.
+
+        history-limit only applies to panes created after it is set, so the session starts with
+        a placeholder window, gets its options, then the real window, then loses the placeholder.
+        remain-on-exit is set in the same chain, before the server can notice a t=0 crash.
+        """
+        s = self.session
+        command = ["env"] + ["%s=%s" % kv for kv in sorted(self.env.items())]
+        command += ["%s=%s" % (MARKER_VAR, marker), self.shell, "-c", RUNNER, "launcher-run"]
+        command += [self.command, exit_path(self.workdir, s), self.shell]
+        if tmux_version_tuple(tmux_version()) < (3, 0):
+            command = [shlex.join(command)]  # tmux < 3.0 runs a single string through a shell
+        pipe = "cat >> %s" % shlex.quote(log_path(self.workdir, s))
+        start_dir = format_escape(self.workdir)
+        chain = [
+            ["new-session", "-d", "-s", s, "-n", PLACEHOLDER_WINDOW, "-c", start_dir,
+             "-x", str(self.width), "-y", str(self.height), "sleep", "600"],
+            ["set-option", "-t", "=%s:" % s, "history-limit", str(self.history_limit)],
+            ["set-option", "-t", "=%s:" % s, "@launcher_run", marker],
+            ["new-window", "-t", "=%s:" % s, "-n", RUN_WINDOW, "-c", start_dir, "-P", "-F",
+             "#{pane_id} #{pane_pid} #{pane_width}", "--", *command],
+            ["set-option", "-w", "-t", "=%s:{end}" % s, "remain-on-exit", "on"],
+            ["pipe-pane", "-o", "-t", "=%s:{end}" % s, format_escape(pipe)],
+            ["kill-window", "-t", "=%s:{start}" % s],
+        ]  # fmt: skip
+        args: list[str] = []
+        for command_args in chain:
+            args += (";",) if args else ()
+            args += [tmux_arg(a) for a in command_args]
+        return args
+
+    def write_record(self):
+        record = self.build_record("launched")
+        append_record(self.workdir, record)
+        self.result["record"] = record
+        return "ok", os.path.join(state_dir(self.workdir), "deploys.jsonl")
+
+    def build_record(self, outcome):
+        record = dict(self.record_base)
+        script = self.result["script"] or {}
+        record.update(
+            {
+                "time": utc_iso(),
+                "session": self.session,
+                "run": "%s:%s" % (self.session, self.run_id),
+                "outcome": outcome,
+                "sha256": self.sha256,
+                "previous_sha256": script.get("previous_sha256"),
+                "stopped": self.result["stopped"],
+                "checkpoints": self.result["checkpoints"],
+                "launched": self.result["launched"],
+            }
+        )
+        return record
+
+    def try_record_failure(self, exc):
+        try:
+            record = self.build_record("failed: %s" % exc.message)
+            append_record(self.workdir, record)
+            self.result["record"] = record
+        except Exception as record_exc:
+            self.warnings.append("could not record the failed deploy: %s" % record_exc)
+
+
+def new_run_id():
+    return "%s-%s" % (utc_now().strftime("%Y%m%dT%H%M%SZ"), uuid.uuid4().hex[:8])
+
+
+def archive_name(path):
+    base = "%s.archived-%s" % (path, utc_now().strftime("%Y%m%dT%H%M%SZ"))
+    candidate, n = base, 1
+    while os.path.lexists(candidate):  # two deploys within one second
+        candidate, n = "%s-%d" % (base, n), n + 1
+    return candidate
+
+
+def prune_archives(path, keep, warnings):
+    parent, name = os.path.split(path)
+    prefix = name + ".archived-"
+    archives = sorted((n for n in os.listdir(parent) if n.startswith(prefix)), reverse=True)
+    pruned = []
+    for old in archives[keep:]:
+        full = os.path.join(parent, old)
+        if os.path.islink(full):
+            warnings.append("left %s alone: it is a symlink" % full)
+            continue
+        remove_tree(full)
+        pruned.append(full)
+    return pruned
+
+
+def remove_tree(path):
+    # Never follows a symlink: the guard already refused one, this is the last line of defence.
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def append_record(workdir, record):
+    directory = state_dir(workdir)
+    os.makedirs(directory, exist_ok=True)
+    line = json.dumps(record, sort_keys=True)
+    with open(os.path.join(directory, "deploys.jsonl"), "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    write_atomic(os.path.join(directory, "current.json"), json.dumps(record, indent=2) + "\n")
+
+
+def op_apply(request, warnings):
+    deploy = Deploy(request, warnings)
+    # A client that disconnects mid-way must not leave half a deploy behind: finish regardless.
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGPIPE)}
+    try:
+        error, result = deploy.run()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if error:
+        raise AgentError(error.kind, error.message, data=result, **error.extra)
+    return result
+
+
+# --------------------------------------------------------------------------- ops: stop, poll
+
+
+def op_stop(request, warnings):
+    session = session_param(request)
+    grace = param(request, "grace", float, default=30.0)
+    gpus = param(request, "gpus", int, default=0)
+    lock = DeployLock(
+        param(request, "lock_path", str, default=DEFAULT_LOCK_PATH), request.get("operator")
+    )
+    # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
+    lock.acquire(warnings)
+    try:
+        return {"stopped": stop_run(session, grace, gpus, warnings)}
+    finally:
+        lock.release()
+
+
+def op_poll(request, warnings):
+    workdir = workdir_param(request)
+    session = session_param(request)
+    lines = param(request, "lines", int, default=200)
+    state, capture = no_session(), ""
+    if which("tmux"):
+        target = "=%s:" % session
+        _, out, _ = tmux(
+            ["list-panes", "-t", target, "-F", PANE_FORMAT, ";",
+             "capture-pane", "-p", "-J", "-S", "-%d" % max(lines, 0), "-t", target]
+        )  # fmt: skip
+        head, _, capture = out.partition("\n")
+        if head.startswith(PANE_PREFIX + "\t"):
+            state = parse_pane_line(head)
+        else:
+            capture = ""
+    else:
+        warnings.append("tmux is not installed in the container")
+    exit_code = read_exit_code(exit_path(workdir, session))
+    if state["pane_dead"] and state["dead_status"] is None:
+        # tmux can miss the pane's SIGCHLD (libutempter resets the handler while it waits for
+        # its helper), leaving the pane dead with no status; the runner wrote the same code.
+        state["dead_status"] = exit_code
+    return {
+        "session": state,
+        "capture": capture.rstrip("\n"),
+        "exit_code": exit_code,
+        "now": time.time(),
+    }
+
+
+def read_exit_code(path):
+    try:
+        with open(path) as f:
+            return as_int(f.read().strip())
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- entry points
+
+OPS = {"preflight": op_preflight, "apply": op_apply, "stop": op_stop, "poll": op_poll}
+
+
+def envelope(op, error, warnings, data):
+    result = {"ok": error is None, "op": op, "error": error, "warnings": warnings}
+    result.update(data or {})
+    return result
+
+
+def run_local(request):
+    """Run one op and return its envelope (no printing): what main prints, for tests."""
+    warnings: list[str] = []
+    op = request.get("op") if isinstance(request, dict) else None
+    if op not in OPS:
+        error = {"kind": "invalid", "message": "unknown op %r" % (op,)}
+        return envelope(str(op), error, warnings, None)
+    try:
+        data = OPS[op](request, warnings)
+        return envelope(op, None, warnings, data)
+    except AgentError as exc:
+        data = exc.extra.pop("data", None)
+        return envelope(op, exc.as_dict(), warnings, data)
+    except Exception as exc:
+        error = {"kind": "failed", "message": "%s: %s" % (type(exc).__name__, exc)}
+        return envelope(op, error, warnings, None)
+
+
+def main(request):
+    result = run_local(request)
+    try:
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        return 0  # the work is done; nobody is listening for the answer
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.stdin.readline())))

@@ -1,0 +1,75 @@
+"""`launcher inventory check`: validate the inventory and every playbook, show the resolved view."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from launcher.cli.main import AppContext, pass_app
+
+
+@click.group()
+def inventory() -> None:
+    """Inspect the inventory (hosts, targets, playbooks).
+
+    \b
+    Example:
+      launcher -i inventory.yaml inventory check
+    """
+
+
+@inventory.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved view as JSON.")
+@pass_app
+def check(app: AppContext, as_json: bool) -> None:
+    """Validate inventory.yaml and every playbook it names; print one line per problem.
+
+    \b
+    Example:
+      launcher -i inventory.yaml inventory check
+      launcher inventory check --json | jq '.targets.prod'
+    """
+    from launcher.config import check_all, inventory_path
+    from launcher.errors import ConfigError
+
+    inv, targets, problems = check_all(inventory_path(app.inventory_option))
+    if problems:
+        raise ConfigError(problems)
+    target_views: dict[str, dict[str, Any]] = {
+        t.name: {
+            "host": t.host_name,
+            "vmid": t.vmid,
+            "playbook": str(t.playbook.path),
+            "session": t.playbook.spec.session,
+            "workdir": t.playbook.spec.workdir,
+            "script": str(t.playbook.script_source),
+            "dest": t.playbook.dest_path,
+            "checkpoints": t.playbook.checkpoints_path,
+            "command": t.playbook.spec.command,
+            "gpus": t.playbook.spec.gpus,
+        }
+        for t in targets
+    }
+    view = {
+        "inventory": str(inv.path),
+        "default_target": inv.spec.default_target,
+        "hosts": {name: host.model_dump() for name, host in inv.spec.hosts.items()},
+        "groups": inv.spec.groups,
+        "targets": target_views,
+    }
+    if as_json:
+        click.echo(json.dumps(view, indent=2, sort_keys=True))
+        return
+    click.echo(f"inventory {inv.path}: ok ({len(targets)} targets, {len(inv.spec.hosts)} hosts)")
+    for name, host in inv.spec.hosts.items():
+        click.echo(
+            f"  host {name}: {host.user}@{host.address}:{host.port} ({host.host_key_policy})"
+        )
+    for name, t in target_views.items():
+        default = "  (default)" if name == inv.spec.default_target else ""
+        click.echo(
+            f"  target {name}: {t['host']} CT {t['vmid']}, session {t['session']}, "
+            f"{t['dest']}{default}"
+        )

@@ -1,0 +1,87 @@
+"""pct verbs over a host connection. Quoting for the host shell happens here and only here.
+
+`pct exec VMID -- ARGV` hands argv to lxc-attach without a shell, and the host's login shell
+parses the SSH command string once: so one `shlex.join` for the host, and plain argv inside.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Protocol
+
+from launcher.errors import ContainerError
+from launcher.remote import CommandResult
+
+NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
+NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
+
+
+class HostShell(Protocol):
+    """What the container layer needs from a host connection (a strict fake in unit tests)."""
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult: ...
+
+
+def exec_command(vmid: int, argv: Sequence[str]) -> str:
+    """The host command line that runs `argv` inside container `vmid`, quoted once."""
+    if not argv:
+        raise ValueError("argv must not be empty")
+    for arg in argv:
+        if "\x00" in arg:
+            raise ValueError("arguments cannot contain NUL bytes")
+    return shlex.join(["pct", "exec", str(vmid), "--", *argv])
+
+
+def push_command(vmid: int, host_path: str, ct_path: str, *, perms: str | None = None) -> str:
+    argv = ["pct", "push", str(vmid), host_path, ct_path]
+    if perms:
+        argv += ["--perms", perms]
+    return shlex.join(argv)
+
+
+class Container:
+    """One LXC container on a Proxmox host."""
+
+    def __init__(self, host: HostShell, vmid: int, *, label: str) -> None:
+        self.host = host
+        self.vmid = vmid
+        self.label = label
+
+    def exec(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        """Run argv inside the container; a missing or stopped container raises ContainerError."""
+        result = self.host.run(exec_command(self.vmid, argv), stdin=stdin, timeout=timeout)
+        self._raise_for_container(result)
+        return result
+
+    def push(self, host_path: str, ct_path: str, *, perms: str | None = None) -> CommandResult:
+        """`pct push`; callers verify the content: pct may exit 0 after a failed write."""
+        result = self.host.run(push_command(self.vmid, host_path, ct_path, perms=perms))
+        self._raise_for_container(result)
+        if not result.ok:
+            raise ContainerError(
+                f"{self.label}: pct push to {ct_path} failed (exit {result.exit_code}): "
+                f"{result.tail(3)}"
+            )
+        return result
+
+    def _raise_for_container(self, result: CommandResult) -> None:
+        if result.ok:
+            return
+        text = result.err + result.out
+        if NOT_RUNNING.search(text):
+            raise ContainerError(
+                f"{self.label}: container {self.vmid} not running",
+                hint=f"start it with: pct start {self.vmid}",
+            )
+        if NO_CONFIG.search(text):
+            raise ContainerError(f"{self.label}: container {self.vmid} does not exist on the host")
+        if result.exit_code == 127 and "pct" in text and "not found" in text:
+            raise ContainerError(
+                f"{self.label}: `pct` not found on the host: is it a Proxmox node?"
+            )

@@ -1,0 +1,45 @@
+"""`./run demo`: the whole loop on the local sandbox, as a new user would type it.
+
+Brings the sandbox up, then runs the two commands the tool exists for and shows their output:
+`launcher deploy --restart` and `launcher verify --wait 20`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+from launcher.sandbox import Sandbox
+
+
+def run(argv: list[str]) -> int:
+    print(f"\n$ {shlex.join(argv)}", flush=True)
+    return subprocess.run(argv, check=False).returncode
+
+
+def main() -> int:
+    info = Sandbox().up((200,), gpus=8)
+    launcher = [sys.executable, "-m", "launcher", "-i", str(info.inventory_path)]
+    print(f"sandbox ready: sshd on {info.address}:{info.port}, CT {info.vmids[0]}")
+    print(f"inventory: {info.inventory_path}")
+    steps = [
+        [*launcher, "inventory", "check"],
+        [*launcher, "-t", "sandbox", "deploy", "--restart"],
+        [*launcher, "-t", "sandbox", "verify", "--wait", "20", "--interval", "2"],
+    ]
+    for argv in steps:
+        code = run(argv)
+        if code != 0:
+            print(f"\ndemo stopped: exit {code}", file=sys.stderr)
+            return code
+    print(
+        "\nThe run keeps going in the sandbox. Next: launcher -i "
+        f"{shlex.quote(str(info.inventory_path))} status -t sandbox; "
+        "`launcher sandbox down` removes everything."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""Parse trainer status lines out of captured tmux pane text.
+
+Pure: text in, `Sample`s out; no I/O. The grammar is generic so that any trainer printing
+`key=value` fields works, not just the DFlash status line:
+
+    [1m] step=2 loss=6.4079 lr=6.43e-07 | tgt=0.40b/s (12.3Ktok/s) | q_pre=[8, 6] ETA=10.9d
+
+Field values become: int / float (`nan`, `inf` included), None for "not known yet" (`---`, `???`)
+or a value cut off at the end of the capture, a tuple for `[a, b, ...]` lists, `Quantity` for a
+number with a unit (durations normalised to seconds, `Ktok/s` to tok/s), and the raw string for
+anything else. The parenthesised `(12.3Ktok/s)` becomes the field `throughput` in tok/s.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import re
+import unicodedata
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "Fields",
+    "Quantity",
+    "Sample",
+    "clean_text",
+    "logical_lines",
+    "parse_line",
+    "parse_pane",
+    "parse_rate",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A number with a unit, e.g. `0.30b/s`; durations are stored as seconds with unit "s"."""
+
+    value: float
+    unit: str
+
+
+class Fields(Mapping[str, object]):
+    """A status line's fields: raw text kept, each value converted once, when first read.
+
+    Converting lazily keeps parsing a long scrollback cheap: checks read a handful of fields.
+    """
+
+    __slots__ = ("_raw", "_values")
+
+    def __init__(self, raw: Mapping[str, str | None]) -> None:
+        self._raw = raw
+        self._values: dict[str, object] | None = None
+
+    def __getitem__(self, key: str) -> object:
+        values = self._values
+        if values is None:
+            values = self._values = {}
+        elif key in values:
+            return values[key]
+        raw = self._raw[key]
+        if raw is None:
+            value: object = None
+        elif key == "throughput" and raw.endswith("tok/s"):
+            value = _tok_rate(raw)  # the `(12.3Ktok/s)` figure: a plain tok/s float
+        else:
+            value = _classify(raw)
+        values[key] = value
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def get(self, key: str, default: object = None) -> object:
+        return self[key] if key in self._raw else default
+
+    def raw(self, key: str) -> str | None:
+        """The field's text as printed (None when absent or cut off)."""
+        return self._raw.get(key)
+
+    def __repr__(self) -> str:
+        return f"Fields({dict(self)!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One status line."""
+
+    index: int  # order in the capture (0-based, among status lines)
+    elapsed_min: float | None  # from the `[Nm]` prefix
+    fields: Mapping[str, object]
+    raw: str  # the logical line (wrapped rows joined, ANSI removed)
+
+    def number(self, key: str) -> float | None:
+        """The field as a float; None when missing, unknown (`---`) or not numeric."""
+        return _as_number(self.fields.get(key))
+
+    def numbers(self, key: str) -> list[float] | None:
+        """A list field as floats; None when missing, unknown, cut off or not all numbers."""
+        value = self.fields.get(key)
+        if type(value) is not tuple or not all(type(item) in _NUMERIC for item in value):
+            return None
+        return list(map(float, value))
+
+    @property
+    def step(self) -> int | None:
+        value = self.number("step")
+        if value is None or not math.isfinite(value):
+            return None
+        return int(value)
+
+    @property
+    def loss(self) -> float | None:
+        return self.number("loss")
+
+    @property
+    def throughput(self) -> float | None:
+        """Tokens per second, from `(12.3Ktok/s)`."""
+        return self.number("throughput")
+
+    @property
+    def eta_seconds(self) -> float | None:
+        for key in ("ETA", "eta"):
+            value = self.fields.get(key)
+            if isinstance(value, Quantity):
+                return value.value if value.unit == "s" else None
+            if value is not None:
+                return _as_number(value)
+        return None
+
+
+_NUMERIC = (int, float)
+
+
+def _as_number(value: object) -> float | None:
+    if type(value) is int or type(value) is float:
+        return float(value)
+    if isinstance(value, Quantity):
+        return value.value
+    return None
+
+
+# --- lexical pieces ------------------------------------------------------------------------
+
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_ANSI_RE = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"  # CSI (colours, cursor moves)
+    r"|\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC (titles, hyperlinks)
+    r"|[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS / SOS / PM / APC strings
+    r"|[ -/]*[0-~])?"  # two-byte escapes; a lone ESC is dropped too
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"  # other control characters
+)
+_PREFIX_RE = re.compile(r"\s*\[(\d+(?:\.\d+)?)m\]")
+# One findall per line yields (key, value) pairs: a key=value / key~value field, or
+# ("", "12.3Ktok/s") for the parenthesised throughput. A key must start a token (after
+# whitespace, `|` or line start) so `--lr=0.1` or `f(a=1` are not fields. A list runs to `]`
+# or, when cut off, to the end of the line.
+_KEY = r"[A-Za-z_][\w.\-/]*+"
+_TOKEN_RE = re.compile(
+    rf"(?:(?<![^\s|])({_KEY})[=~]|\(\s*)"
+    rf"((?(1)(?:\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|]*+)|{_NUM}\s*[kKMG]?tok/s))"
+    r"(?(1)|\s*\))"
+)
+# One fullmatch classifies a scalar; the group that matched says what it is.
+_SCALAR_RE = re.compile(
+    r"(?P<int>[-+]?\d+)"
+    rf"|(?P<float>{_NUM}|[-+]?(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?))"
+    r"|(?P<unknown>-{2,}|\?+|n/a|N/A)"
+    r"|(?P<duration>(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+)"
+    rf"|(?P<qn>{_NUM})(?P<qu>[A-Za-z%µ]+(?:/[A-Za-z]+)?)"
+    r"|(?:(?P<hh>\d+):)?(?P<mm>\d{1,2}):(?P<ss>\d{2})(?:\.\d+)?"
+)
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
+_TOK_RATE_RE = re.compile(r"([kKMG]?)tok/s")
+_RATE_TEXT_RE = re.compile(rf"\s*(?P<n>{_NUM})\s*(?P<m>[kKMG]?)\s*(?:tok/s|tokens/s|t/s|/s)?\s*")
+# Where a continuation row may start after a wrap that fell on a (trimmed) space.
+_FIELD_START_RE = re.compile(r"[A-Za-z_][\w.\-/]*[=~]|\||\(")
+
+_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NOT_CONTINUATIONS = ("Pane is dead", "Traceback (")
+_INFER_ROWS = 4000
+
+_CUT = object()  # marks a value that was cut off mid-way (list element, `...`)
+
+
+def parse_rate(text: str) -> float:
+    """A throughput in tokens/second: "12.3Ktok/s" -> 12300.0, "5K" -> 5000.0, "900" -> 900.0."""
+    m = _RATE_TEXT_RE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a rate: {text!r} (expected e.g. 5Ktok/s, 1.2Mtok/s, 900tok/s)")
+    return float(m["n"]) * _SCALE[m["m"]]
+
+
+def _tok_rate(raw: str) -> object:
+    number = raw[:-5]  # drop "tok/s"
+    scale = _SCALE.get(number[-1:])
+    try:
+        return float(number[:-1]) * scale if scale is not None else float(number)
+    except ValueError:
+        return _classify(raw)
+
+
+def _scalar(v: str) -> object:
+    if not v:
+        return None
+    if v[-1].isdigit() and v.isascii() and "_" not in v:  # fast path: plain numbers
+        try:
+            return int(v) if v.lstrip("+-").isdigit() and len(v) < 4000 else float(v)
+        except ValueError:  # "12:30", "1.2.3", "--5": the grammar below decides
+            pass
+    if v.endswith(("...", "…")):
+        return _CUT
+    m = _SCALAR_RE.fullmatch(v)
+    if m is None:
+        return v
+    kind = m.lastgroup
+    if kind == "int":
+        try:
+            return int(v)
+        except ValueError:  # beyond int()'s digit limit
+            return float(v)
+    if kind == "float":
+        return float(v)
+    if kind == "unknown":
+        return None
+    if kind == "duration":
+        return Quantity(sum(float(n) * _SECONDS[u] for n, u in _DURATION_PART_RE.findall(v)), "s")
+    if kind == "ss":
+        return Quantity(int(m["hh"] or 0) * 3600.0 + int(m["mm"]) * 60.0 + int(m["ss"]), "s")
+    unit = m["qu"]
+    tok = _TOK_RATE_RE.fullmatch(unit)
+    if tok is not None:
+        return Quantity(float(m["qn"]) * _SCALE[tok[1]], "tok/s")
+    return Quantity(float(m["qn"]), unit)
+
+
+def _classify(v: str) -> object:
+    first = v[:1]
+    if first == "[":
+        if not v.endswith("]"):
+            return None  # cut off: never a shorter list
+        inner = v[1:-1]
+        if not inner.strip():
+            return ()
+        parts = inner.split(",")
+        try:
+            return tuple(map(int, parts))  # the common case: queue depths
+        except ValueError:
+            pass
+        items = tuple(_scalar(part.strip()) for part in parts)
+        return None if _CUT in items else items
+    if first == '"':
+        return v[1:-1] if len(v) > 1 and v.endswith('"') else None
+    value = _scalar(v)
+    return None if value is _CUT else value
+
+
+# --- lines ---------------------------------------------------------------------------------
+
+
+def clean_text(text: str) -> str:
+    """Remove ANSI escape sequences (and, in coloured text, stray control characters)."""
+    if "\x1b" in text:
+        text = _ANSI_RE.sub("", text)
+    if "\r" in text:
+        text = "\n".join(_last_overwrite(line) for line in text.split("\n"))
+    return text
+
+
+def _last_overwrite(line: str) -> str:
+    # A carriage return redraws the line: what a terminal shows is the last non-empty redraw.
+    if "\r" not in line:
+        return line
+    parts = [p for p in line.split("\r") if p]
+    return parts[-1] if parts else ""
+
+
+def _display_width(line: str) -> int:
+    if line.isascii():
+        return len(line)
+    width = 0
+    for ch in line:
+        if unicodedata.combining(ch):
+            continue
+        width += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return width
+
+
+def _starts_new_line(line: str) -> bool:
+    return _PREFIX_RE.match(line) is not None or line.startswith(_NOT_CONTINUATIONS)
+
+
+def _infer_width(lines: list[str], widths: list[int]) -> int | None:
+    # Rows wrapped at the pane width all have exactly that width and are followed by a row that
+    # carries on the line. The widest length (>= 40) shared by two such rows is the width; rows
+    # followed by a new status line do not count, so a -J capture whose status lines tie in
+    # length is not mistaken for a wrapped one. The width is the same for the whole capture, so
+    # the last rows are enough evidence (and keep a huge scrollback cheap).
+    counts: dict[int, int] = {}
+    for i in range(max(0, len(lines) - _INFER_ROWS), len(lines) - 1):
+        w = widths[i]
+        if w >= 40:
+            nxt = lines[i + 1]
+            if nxt.strip() and not _starts_new_line(nxt):
+                counts[w] = counts.get(w, 0) + 1
+    shared = [w for w, count in counts.items() if count >= 2]
+    return max(shared, default=None)
+
+
+def _split(text: str, width: int | None) -> tuple[list[str], bool]:
+    """Logical lines, and whether the last one is cut off (it ran to the pane's edge)."""
+    text = clean_text(text)
+    lines = text.split("\n")
+    widths = list(map(len, lines)) if text.isascii() else list(map(_display_width, lines))
+    if width is None:
+        width = _infer_width(lines, widths)
+    if width is None or width <= 1:
+        return lines, False
+    n = len(lines)
+    # Only rows as wide as the pane (or one less: a trailing space trimmed) can continue.
+    candidates = [i for i, w in enumerate(widths) if w == width or w == width - 1]
+    joins: dict[int, str] = {}  # row -> separator to put between it and the next row
+    last = n - 1
+    while last >= 0 and not lines[last].strip():
+        last -= 1
+    cut = False
+    for i in candidates:
+        nxt = lines[i + 1] if i + 1 < n else ""
+        if not nxt.strip() or _starts_new_line(nxt):
+            # The capture ends at the pane's edge: the last value is partial.
+            cut = cut or (i == last and widths[i] == width)
+            continue
+        if widths[i] == width:
+            joins[i] = ""
+            continue
+        first = i  # a trimmed-space wrap: only inside a status line that began with `[Nm]`
+        while first - 1 in joins:
+            first -= 1
+        if _PREFIX_RE.match(lines[first]) and _FIELD_START_RE.match(nxt):
+            joins[i] = " "
+    if not joins:
+        return lines, cut
+    out: list[str] = []
+    done = 0
+    for i in sorted(joins):
+        if i < done:
+            continue  # already part of a longer run
+        out.extend(lines[done:i])
+        parts = [lines[i]]
+        while i in joins:
+            parts.append(joins[i])
+            i += 1
+            parts.append(lines[i])
+        out.append("".join(parts))
+        done = i + 1
+    out.extend(lines[done:])
+    return out, cut
+
+
+def logical_lines(text: str, *, width: int | None = None) -> list[str]:
+    """The pane's lines with ANSI removed and rows wrapped at the pane width joined back."""
+    return _split(text, width)[0]
+
+
+# --- samples -------------------------------------------------------------------------------
+
+
+def _parse(line: str, index: int) -> Sample | None:
+    prefix = _PREFIX_RE.match(line)
+    raw: dict[str, str | None] = dict(_TOKEN_RE.findall(line, prefix.end() if prefix else 0))
+    throughput = raw.pop("", None)
+    if prefix is None and len(raw) < 2:
+        return None
+    if throughput is not None:
+        raw["throughput"] = throughput.replace(" ", "")
+    return Sample(index, float(prefix[1]) if prefix else None, Fields(raw), line.strip())
+
+
+def _drop_cut_field(sample: Sample) -> Sample:
+    # The row ran to the pane's edge and the capture ended there: the last value is partial.
+    line = sample.raw
+    last = None
+    for last in _TOKEN_RE.finditer(line):  # noqa: B007
+        pass
+    if last is None or last.end() < len(line):
+        return sample
+    fields = sample.fields
+    assert isinstance(fields, Fields)
+    raw = {key: fields.raw(key) for key in fields}
+    raw[last[1] or "throughput"] = None
+    return Sample(sample.index, sample.elapsed_min, Fields(raw), sample.raw)
+
+
+def parse_line(line: str) -> Sample | None:
+    """Parse one (already joined) line; None when it is not a status line.
+
+    A status line starts with `[Nm]` or has at least two key=value / key~value fields.
+    """
+    return _parse(clean_text(line).replace("\n", " "), 0)
+
+
+def parse_pane(text: str, *, width: int | None = None) -> list[Sample]:
+    """All status lines in a captured pane, in order.
+
+    `width` is the pane width when the capture was taken without `-J`: a row of exactly that
+    width continues on the next row. Without it the width is inferred from the rows themselves.
+    A row never continues into one that starts with `[Nm]` or tmux's `Pane is dead`.
+    """
+    lines, cut = _split(text, width)
+    samples: list[Sample] = []
+    # The objects made here hold no reference cycles, so pausing the cyclic collector only saves
+    # it rescanning them: about a third of the time on a long scrollback.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for line in lines:
+            sample = _parse(line, len(samples))
+            if sample is not None:
+                samples.append(sample)
+    finally:
+        if collecting:
+            gc.enable()
+    if cut and samples and samples[-1].raw == _last_nonblank(lines):
+        samples[-1] = _drop_cut_field(samples[-1])
+    return samples
+
+
+def _last_nonblank(lines: list[str]) -> str:
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()
+    return ""

@@ -1,0 +1,112 @@
+"""Fixtures for end-to-end tests against the local sandbox (real sshd, LXC, tmux; needs root)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.sandbox import Sandbox, SandboxInfo
+from tests.e2e.project import Project
+
+SANDBOX_VMIDS = (200, 201)
+SANDBOX_GPUS = 8
+REQUIRED = ("lxc-start", "lxc-attach", "lxc-info", "ssh", "ssh-keygen", "tmux", "/usr/sbin/sshd")
+
+SshRunner = Callable[..., "subprocess.CompletedProcess[bytes]"]
+
+
+def missing_requirements() -> str | None:
+    """Why the sandbox cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "end-to-end tests need root (LXC containers and sshd): run them with sudo"
+    missing = [tool for tool in REQUIRED if shutil.which(tool) is None]
+    if missing:
+        return "end-to-end tests need " + ", ".join(missing) + " (apt-get install lxc tmux ...)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _keep_developer_ssh_out(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ~/.ssh (keys, config, known_hosts) or agent of the developer leaks into a test."""
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    for var in ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "LAUNCHER_INVENTORY", "LAUNCHER_SANDBOX_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, SandboxInfo]]:
+    """A sandbox with containers 200 and 201 for the whole session, removed at the end."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    sb = Sandbox(tmp_path_factory.mktemp("sandbox"))
+    try:
+        info = sb.up(SANDBOX_VMIDS, gpus=SANDBOX_GPUS)
+        yield sb, info
+    finally:
+        sb.down()
+
+
+def ssh_argv(info: SandboxInfo, remote_command: str) -> list[str]:
+    """The system ssh client, strict about the host key, reading no user or system config."""
+    return [
+        "ssh",
+        "-F",
+        "none",
+        "-i",
+        str(info.identity_file),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f'UserKnownHostsFile="{info.known_hosts}"',  # ssh splits this option on spaces
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-p",
+        str(info.port),
+        f"{info.user}@{info.address}",
+        remote_command,
+    ]
+
+
+@pytest.fixture
+def ssh(sandbox: tuple[Sandbox, SandboxInfo]) -> SshRunner:
+    """ssh("pct", "exec", "200", "--", ...): run argv on the sandbox host (quoted once)."""
+    _, info = sandbox
+
+    def run(
+        *argv: str | int, input: bytes | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[bytes]:
+        command = shlex.join(str(a) for a in argv)
+        return subprocess.run(
+            ssh_argv(info, command),
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture
+def project(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Project]:
+    """An inventory + playbooks in a temp dir on the session's sandbox; faults reset after."""
+    sb, info = sandbox
+    sb.set_faults()
+    yield Project(tmp_path / "project", sb, info)
+    sb.set_faults()

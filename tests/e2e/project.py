@@ -1,0 +1,150 @@
+"""Per-test projects on the sandbox: an inventory pointing at its sshd, and playbooks to taste."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launcher.sandbox import Sandbox, SandboxInfo
+
+DEMO_TRAINER = Path(__file__).resolve().parents[2] / "launcher" / "sandbox" / "demo_trainer.py"
+
+# Fast DFlash-like timings for tests: a status line every 0.5 s and a short ramp.
+FAST_ENV = {"DEMO_INTERVAL": "0.5", "DEMO_RAMP": "3"}
+
+
+@dataclass
+class Project:
+    """An inventory + playbooks in a temp dir, all targets on the session's sandbox host."""
+
+    root: Path
+    sandbox: Sandbox
+    info: SandboxInfo
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.yaml"
+
+    def host(self, **overrides: Any) -> dict[str, Any]:
+        host = {
+            "address": self.info.address,
+            "port": self.info.port,
+            "user": self.info.user,
+            "identity_file": str(self.info.identity_file),
+            "known_hosts": str(self.info.known_hosts),
+            "host_key_policy": "strict",
+            "connect_timeout": 5,
+        }
+        host.update(overrides)
+        return host
+
+    def playbook(self, name: str, **overrides: Any) -> dict[str, Any]:
+        book: dict[str, Any] = {
+            "name": name,
+            "session": name,
+            "workdir": f"/root/{name}",
+            "script": {"source": str(DEMO_TRAINER), "dest": "train_demo.py"},
+            "checkpoints": "checkpoints",
+            "command": "python3 train_demo.py",
+            "env": dict(FAST_ENV),
+            "gpus": 8,
+            "stop_grace": 3,
+            "verify": {"wait": 4, "interval": 1, "window": 30, "successes": 2, "lines": 500},
+        }
+        env = overrides.pop("env", None)
+        verify = overrides.pop("verify", None)
+        book.update(overrides)
+        if env:
+            book["env"].update(env)
+        if verify:
+            book["verify"].update(verify)
+        return book
+
+    def write(
+        self,
+        targets: dict[str, tuple[int, dict[str, Any]]],
+        *,
+        host: dict[str, Any] | None = None,
+    ) -> Path:
+        """targets: name -> (vmid, playbook dict). Returns the inventory path."""
+        (self.root / "playbooks").mkdir(parents=True, exist_ok=True)
+        inv_targets = {}
+        for name, (vmid, book) in targets.items():
+            path = self.root / "playbooks" / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(book, sort_keys=False))
+            inv_targets[name] = {
+                "host": "sandbox",
+                "vmid": vmid,
+                "playbook": f"playbooks/{name}.yaml",
+            }
+        inventory = {
+            "hosts": {"sandbox": host or self.host()},
+            "targets": inv_targets,
+            "default_target": next(iter(targets)),
+        }
+        self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        return self.inventory
+
+    def launcher(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run the real CLI in a subprocess, as a user would."""
+        return subprocess.run(
+            [sys.executable, "-m", "launcher", "-i", str(self.inventory), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def ct(self, vmid: int, *argv: str) -> subprocess.CompletedProcess[bytes]:
+        return self.sandbox.ct_exec(vmid, list(argv))
+
+    def ct_text(self, vmid: int, *argv: str) -> str:
+        result = self.ct(vmid, *argv)
+        return result.stdout.decode()
+
+    def processes(self, vmid: int, pattern: str) -> list[str]:
+        """Live python processes in the CT running `pattern` (not shells, tmux or zombies)."""
+        out = self.ct_text(vmid, "ps", "-eo", "stat=,args=")
+        found = []
+        for line in out.splitlines():
+            stat, _, args = line.strip().partition(" ")
+            args = args.strip()
+            if pattern in args and args.startswith("python3") and not stat.startswith("Z"):
+                found.append(args)
+        return found
+
+    def kill_session(self, vmid: int, session: str) -> None:
+        self.ct(vmid, "tmux", "kill-session", "-t", f"={session}")
+
+    def wait_for(self, predicate: Any, timeout: float = 20, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+
+def json_out(result: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(result.stdout)
+
+
+def tree(project: Project, vmid: int, folder: str) -> list[str]:
+    """Every path under `folder` in the CT with size and mode (for before/after comparisons)."""
+    out = project.ct_text(vmid, "find", folder, "-printf", "%p %s %m %y\n")
+    return sorted(out.splitlines())
+
+
+def host_tmp_files() -> list[str]:
+    """Upload temp files left on the host (the sandbox host is this machine)."""
+    return sorted(p.name for p in Path("/tmp").glob(".launcher-*"))

@@ -1,0 +1,245 @@
+"""`launcher deploy` end to end: real sshd, LXC, tmux and the pct stand-in."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.project import DEMO_TRAINER, Project, host_tmp_files, json_out, tree
+
+pytestmark = pytest.mark.e2e
+
+VMID = 200
+TRAINER_SHA = hashlib.sha256(DEMO_TRAINER.read_bytes()).hexdigest()
+
+
+def deploy_ok(project: Project, *args: str) -> str:
+    result = project.launcher("deploy", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_fresh_deploy_then_restart(project: Project) -> None:
+    book = project.playbook("fresh")
+    project.write({"fresh": (VMID, book)})
+    calls_before = project.sandbox.pct_calls()
+    out = deploy_ok(project)
+    assert project.sandbox.pct_calls() - calls_before == 3, "preflight exec, push, apply exec"
+    assert "deployed fresh" in out
+    project.wait_for(
+        lambda: project.ct(VMID, "test", "-d", "/root/fresh/checkpoints").returncode == 0,
+        what="the first checkpoint folder",
+    )
+
+    # A second deploy without --restart refuses and changes nothing.
+    before = tree(project, VMID, "/root/fresh")
+    refused = project.launcher("deploy")
+    assert refused.returncode == 4
+    assert "session 'fresh' is running; use --restart" in refused.stderr
+    assert [
+        p for p in tree(project, VMID, "/root/fresh") if "checkpoints" not in p and ".log" not in p
+    ] == [p for p in before if "checkpoints" not in p and ".log" not in p]
+
+    out = deploy_ok(project, "--restart")
+    assert "archived-" in out
+    project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the new trainer")
+    time.sleep(0.5)
+    trainers = project.processes(VMID, "train_demo.py")
+    assert len(trainers) == 1, trainers
+    archives = project.ct_text(VMID, "sh", "-c", "ls -d /root/fresh/checkpoints.archived-*").split()
+    assert len(archives) == 1
+    sha = project.ct_text(VMID, "sha256sum", "/root/fresh/train_demo.py").split()[0]
+    assert sha == TRAINER_SHA
+    record = project.ct_text(VMID, "cat", "/root/fresh/.launcher/current.json")
+    assert TRAINER_SHA in record
+    assert host_tmp_files() == []
+    project.kill_session(VMID, "fresh")
+
+
+def test_restart_kills_leftover_children_and_frees_gpus(project: Project) -> None:
+    book = project.playbook(
+        "orphans", env={"DEMO_SPAWN_CHILD": "1", "DEMO_IGNORE_SIGINT": "1"}, stop_grace=1
+    )
+    project.write({"orphans": (VMID, book)})
+    deploy_ok(project)
+    project.wait_for(
+        lambda: len(project.processes(VMID, "train_demo.py")) >= 2, what="the child worker"
+    )
+    result = project.launcher("deploy", "--restart", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json_out(result)
+    stopped = report["result"]["stopped"]
+    assert stopped["was_running"] is True
+    assert stopped["forced"] is True
+    assert stopped["leftover"] == []
+    # Exactly the new run's processes hold GPUs now: the trainer and its child worker.
+    project.wait_for(lambda: len(project.processes(VMID, "train_demo.py")) == 2, what="new run")
+    project.kill_session(VMID, "orphans")
+    project.ct(VMID, "pkill", "-KILL", "-f", "train_demo.py")
+
+
+def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
+    book = project.playbook("corrupt")
+    project.write({"corrupt": (VMID, book)})
+    deploy_ok(project)
+    old_sha = project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0]
+    # A different script, so the push cannot be skipped as unchanged.
+    changed = project.root / "train_v2.py"
+    changed.write_bytes(DEMO_TRAINER.read_bytes() + b"\n# v2\n")
+    book["script"]["source"] = str(changed)
+    project.write({"corrupt": (VMID, book)})
+    project.sandbox.set_faults(partial_push=True)
+    result = project.launcher("deploy", "--restart")
+    project.sandbox.set_faults()
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "transfer corrupted" in result.stderr
+    assert project.processes(VMID, "train_demo.py"), "the old run must still be alive"
+    assert project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0] == old_sha
+    leftovers = project.ct_text(VMID, "sh", "-c", "ls -a /root/corrupt | grep launcher- || true")
+    assert leftovers.strip() == ""
+    assert host_tmp_files() == []
+    project.kill_session(VMID, "corrupt")
+
+
+def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
+    book = project.playbook("race", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=4)
+    project.write({"race": (VMID, book)})
+    deploy_ok(project)
+    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # the first one is now inside its stop grace period, holding the lock
+    second = project.launcher("deploy", "--restart")
+    _, first_err = first.communicate(timeout=60)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 4, second.stderr
+    assert "another deploy is running" in second.stderr
+    assert host_tmp_files() == []
+    project.kill_session(VMID, "race")
+
+
+def test_lock_left_by_killed_deployer_is_broken(project: Project) -> None:
+    book = project.playbook("stale", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=5)
+    project.write({"stale": (VMID, book)})
+    deploy_ok(project)
+    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    # Kill the deployer and its transaction in the container (as a crash or OOM kill would).
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    project.ct(VMID, "pkill", "-KILL", "-f", "launcher_agent")
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 0, result.stderr
+    assert "broke stale lock" in result.stdout
+    project.kill_session(VMID, "stale")
+
+
+def test_unsafe_checkpoint_symlink_touches_nothing(project: Project) -> None:
+    book = project.playbook("unsafe")
+    project.write({"unsafe": (VMID, book)})
+    project.ct(VMID, "mkdir", "-p", "/root/unsafe", "/root/outside")
+    project.ct(VMID, "touch", "/root/outside/precious.pt")
+    project.ct(VMID, "ln", "-sfn", "/root/outside", "/root/unsafe/checkpoints")
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "checkpoints" in result.stderr
+    assert project.ct(VMID, "test", "-f", "/root/outside/precious.pt").returncode == 0
+    assert project.ct(VMID, "test", "-L", "/root/unsafe/checkpoints").returncode == 0
+    assert project.ct(VMID, "test", "-e", "/root/unsafe/train_demo.py").returncode != 0
+
+
+def test_hostile_paths_and_env_round_trip(project: Project) -> None:
+    hostile = 'it\'s $(touch /tmp/pwned); `id` "q"'
+    book = project.playbook(
+        "hostile",
+        workdir="/root/odd dir; $(touch /tmp/pwned)",
+        checkpoints="ckpt 'x'",
+        env={"HOSTILE": hostile, "MULTI": "a\nb"},
+        command='printf "%s|%s" "$HOSTILE" "$MULTI" > env.out; python3 train_demo.py',
+    )
+    book["script"]["dest"] = "we ird;`x`.py"
+    book["command"] = book["command"].replace("train_demo.py", "'we ird;`x`.py'")
+    project.write({"hostile": (VMID, book)})
+    deploy_ok(project)
+    workdir = "/root/odd dir; $(touch /tmp/pwned)"
+    project.wait_for(
+        lambda: project.ct(VMID, "test", "-s", f"{workdir}/env.out").returncode == 0, what="env.out"
+    )
+    assert project.ct_text(VMID, "cat", f"{workdir}/env.out") == f"{hostile}|a\nb"
+    assert project.ct(VMID, "test", "-f", f"{workdir}/we ird;`x`.py").returncode == 0
+    assert project.ct(VMID, "test", "-e", "/tmp/pwned").returncode != 0
+    assert not os.path.exists("/tmp/pwned")
+    project.kill_session(VMID, "hostile")
+
+
+def test_hostile_session_name_is_refused(project: Project) -> None:
+    project.write({"bad": (VMID, project.playbook("bad", session="x; rm -rf /"))})
+    result = project.launcher("deploy")
+    assert result.returncode == 2
+    assert "is not a usable tmux session name" in result.stderr
+
+
+def test_dry_run_changes_nothing(project: Project) -> None:
+    book = project.playbook("dry")
+    project.write({"dry": (VMID, book)})
+    deploy_ok(project)
+    project.wait_for(
+        lambda: project.ct(VMID, "test", "-d", "/root/dry/checkpoints").returncode == 0,
+        what="checkpoints",
+    )
+    processes = project.processes(VMID, "train_demo.py")
+    files = [
+        p for p in tree(project, VMID, "/root/dry") if "/checkpoints/" not in p and ".log" not in p
+    ]
+    calls = project.sandbox.pct_calls()
+    result = project.launcher("deploy", "--restart", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "stop" in result.stdout and "archived-<UTC time>" in result.stdout
+    assert "nothing was changed" in result.stdout
+    assert project.sandbox.pct_calls() - calls == 1
+    assert project.processes(VMID, "train_demo.py") == processes
+    after = [
+        p for p in tree(project, VMID, "/root/dry") if "/checkpoints/" not in p and ".log" not in p
+    ]
+    assert after == files
+    project.kill_session(VMID, "dry")
+
+
+def test_unknown_host_key_exit_3_and_nothing_ran(project: Project) -> None:
+    empty = project.root / "empty_known_hosts"
+    empty.write_text("")
+    project.write({"hk": (VMID, project.playbook("hk"))}, host=project.host(known_hosts=str(empty)))
+    calls = project.sandbox.pct_calls()
+    result = project.launcher("deploy")
+    assert result.returncode == 3
+    assert "is not in" in result.stderr and "ssh-keyscan" in result.stderr
+    assert project.sandbox.pct_calls() == calls
+
+
+def test_wrong_port_fails_within_bounds(project: Project) -> None:
+    project.write(
+        {"port": (VMID, project.playbook("port"))}, host=project.host(port=1, connect_timeout=2)
+    )
+    started = time.monotonic()
+    result = project.launcher("deploy")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3
+    assert "cannot connect" in result.stderr
+    assert elapsed < 2 * 3 + 5
+
+
+def test_stopped_container_exit_3(project: Project) -> None:
+    project.write({"stopped": (201, project.playbook("stopped"))})
+    project.sandbox.stop_container(201)
+    try:
+        result = project.launcher("deploy")
+    finally:
+        project.sandbox.start_container(201)
+    assert result.returncode == 3
+    assert "container 201 not running" in result.stderr

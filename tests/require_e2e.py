@@ -1,0 +1,31 @@
+"""Fail a CI run whose end-to-end tests were skipped or missing (they prove the real thing)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def main(report: str) -> int:
+    root = ET.parse(report).getroot()
+    e2e_run = 0
+    skipped: list[str] = []
+    for case in root.iter("testcase"):
+        if ".e2e." not in f".{case.get('classname', '')}.":
+            continue
+        if case.find("skipped") is not None:
+            skipped.append(f"{case.get('classname')}::{case.get('name')}")
+        else:
+            e2e_run += 1
+    print(f"end-to-end tests executed: {e2e_run}, skipped: {len(skipped)}")
+    if os.environ.get("CI") == "true" and (skipped or e2e_run == 0):
+        for name in skipped[:20]:
+            print(f"  skipped: {name}", file=sys.stderr)
+        print("CI requires the end-to-end tests to run (root, lxc, sshd, tmux)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else ".test-report.xml"))

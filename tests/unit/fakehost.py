@@ -1,0 +1,95 @@
+"""A strict fake host connection: every call must be expected, in order, or the test fails."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.remote import CommandResult
+
+
+@dataclass
+class FakeEndpoint:
+    name: str = "fake"
+    command_timeout: float = 30.0
+
+
+Handler = Callable[[list[str], dict[str, Any] | None], CommandResult]
+
+
+@dataclass
+class Expectation:
+    kind: str  # "agent:<op>", "push", "put", "remove", "exec"
+    respond: Callable[..., Any]
+
+
+@dataclass
+class StrictFakeHost:
+    """Answers only what the test scripted; anything else raises AssertionError at once."""
+
+    expected: list[Expectation] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    endpoint: FakeEndpoint = field(default_factory=FakeEndpoint)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def expect_agent(
+        self, op: str, answer: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        def respond(request: dict[str, Any]) -> dict[str, Any]:
+            return answer(request) if callable(answer) else answer
+
+        self.expected.append(Expectation(f"agent:{op}", respond))
+
+    def expect(self, kind: str, respond: Callable[..., Any] = lambda *a: None) -> None:
+        self.expected.append(Expectation(kind, respond))
+
+    def _next(self, kind: str) -> Expectation:
+        self.calls.append(kind)
+        if not self.expected:
+            raise AssertionError(f"unexpected call {kind!r}: nothing more was expected")
+        head = self.expected.pop(0)
+        if head.kind != kind:
+            raise AssertionError(f"unexpected call {kind!r}: expected {head.kind!r}")
+        return head
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        argv = shlex.split(command)
+        if argv[:2] == ["pct", "exec"] and argv[4:6] == ["python3", "-c"]:
+            assert stdin is not None, "agent call without stdin"
+            request = json.loads(stdin.decode().splitlines()[0])["request"]
+            answer = self._next(f"agent:{request['op']}").respond(request)
+            body = {"ok": True, "op": request["op"], "error": None, "warnings": [], **answer}
+            return CommandResult(command, 0, (json.dumps(body) + "\n").encode(), b"", 0.0)
+        if argv[:2] == ["pct", "push"]:
+            code = self._next("push").respond(argv)
+            return CommandResult(command, code or 0, b"", b"", 0.0)
+        if argv[:2] == ["pct", "exec"]:
+            code = self._next("exec").respond(argv[4:])
+            return CommandResult(command, code or 0, b"", b"", 0.0)
+        raise AssertionError(f"unexpected command {command!r}")
+
+    def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
+        self._next("put").respond(remote_path)
+        self.files[remote_path] = data
+
+    def remove(self, remote_path: str) -> None:
+        self._next("remove").respond(remote_path)
+        self.files.pop(remote_path, None)
+
+    @contextmanager
+    def temp_upload(self, data: bytes, *, suffix: str = "") -> Iterator[str]:
+        path = f"/tmp/.launcher-test{suffix}"
+        self.put(data, path)
+        try:
+            yield path
+        finally:
+            self.remove(path)
+
+    def assert_done(self) -> None:
+        assert not self.expected, f"expected calls never made: {[e.kind for e in self.expected]}"

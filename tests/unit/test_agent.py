@@ -1,0 +1,633 @@
+"""The in-container agent, run on this host against a real, isolated tmux server."""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import agent
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+BOOT = (
+    'import json,sys;m=json.loads(sys.stdin.readline());g={"__name__":"launcher_agent"};'
+    'exec(compile(m["agent"],"launcher_agent.py","exec"),g);sys.exit(g["main"](m["request"]))'
+)
+AGENT_SOURCE = Path(agent.__file__).read_text()
+TMUX = shutil.which("tmux") or "tmux"
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
+
+# Starts a child that leaves the pane's session and ignores SIGHUP and SIGINT, as a data-loader
+# worker holding GPU memory might; only the LAUNCHER_RUN marker still ties it to the run.
+ESCAPER = """
+import subprocess, sys, time
+CHILD = (
+    "import signal, time\\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN)\\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
+    "time.sleep(120)\\n"
+)
+child = subprocess.Popen([sys.executable, "-c", CHILD], start_new_session=True)
+with open("child.pid", "w") as f:
+    f.write(str(child.pid))
+print("parent running", flush=True)
+time.sleep(60)
+"""
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    stat = agent.proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+class Target:
+    """One isolated container stand-in: a workdir, a lock file and a unique session name."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.workdir = root / "wd"
+        self.lock_path = root / "run" / "deploy.lock"
+        self.session = "t" + uuid.uuid4().hex[:10]
+        self.pushes = 0
+
+    def push(self, source: str) -> tuple[str, str]:
+        """Write a pushed temp file the way the client would; returns (path, sha256)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pushes += 1
+        tmp = self.workdir / f".launcher-push-{self.pushes}.tmp"
+        tmp.write_text(source)
+        return str(tmp), hashlib.sha256(source.encode()).hexdigest()
+
+    def apply_request(self, source: str = SLEEPER, **overrides: Any) -> dict[str, Any]:
+        tmp, sha = self.push(source)
+        request: dict[str, Any] = {
+            "op": "apply",
+            "workdir": str(self.workdir),
+            "dest": "train.py",
+            "tmp": tmp,
+            "sha256": sha,
+            "session": self.session,
+            "restart": False,
+            "grace": 0.5,
+            "checkpoints": "checkpoints",
+            "checkpoint_mode": "archive",
+            "keep_archives": 2,
+            "command": "exec python3 train.py",
+            "env": {},
+            "width": 250,
+            "height": 50,
+            "history_limit": 4321,
+            "gpus": 0,
+            "record": {"playbook": "demo"},
+            "lock_path": str(self.lock_path),
+            "operator": {"user": "alice", "host": "laptop", "pid": 4242},
+        }
+        request.update(overrides)
+        return request
+
+    def apply(self, source: str = SLEEPER, **overrides: Any) -> dict[str, Any]:
+        return agent.run_local(self.apply_request(source, **overrides))
+
+    def poll(self, lines: int = 50) -> dict[str, Any]:
+        request = {"op": "poll", "workdir": str(self.workdir), "session": self.session}
+        return agent.run_local({**request, "lines": lines})
+
+    def state(self) -> dict[str, Any]:
+        return agent.session_state(self.session)
+
+    def state_file(self, name: str) -> Path:
+        return self.workdir / ".launcher" / name
+
+
+@pytest.fixture
+def target(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Target]:
+    # A short private socket directory (unix socket paths are limited to ~100 bytes), and no
+    # $TMUX so nothing reaches the developer's own tmux server.
+    socket_dir = tempfile.mkdtemp(prefix="lt-")
+    monkeypatch.setenv("TMUX_TMPDIR", socket_dir)
+    monkeypatch.delenv("TMUX", raising=False)
+    t = Target(tmp_path)
+    yield t
+    subprocess.run([TMUX, "kill-server"], capture_output=True, check=False)
+    agent.terminate(agent.run_pids(None, t.session), 0.1)
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def oldest_python() -> str | None:
+    """A Python 3.8 on this host, if any: the oldest a container may bring."""
+    candidates = [shutil.which("python3.8") or ""]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.8*/bin/python3.8"))
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", "pass"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def run_boot(request: dict[str, Any], python: str | None = None) -> tuple[int, list[str]]:
+    """Run the agent exactly as launcher does inside the container: python3 -c BOOT."""
+    line = json.dumps({"agent": AGENT_SOURCE, "request": request}) + "\n"
+    python = python or shutil.which("python3") or sys.executable
+    proc = subprocess.run(
+        [python, "-c", BOOT], input=line, capture_output=True, text=True, timeout=30
+    )
+    return proc.returncode, proc.stdout.splitlines()
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+def test_agent_source_is_python38_syntax() -> None:
+    ast.parse(AGENT_SOURCE, feature_version=(3, 8))
+
+
+def test_unknown_op_is_invalid() -> None:
+    result = agent.run_local({"op": "explode"})
+    assert result["ok"] is False
+    assert result["error"]["kind"] == "invalid"
+
+
+def test_bad_session_name_is_invalid(target: Target) -> None:
+    result = target.apply(session="a:b")
+    assert result["error"]["kind"] == "invalid"
+
+
+def test_boot_line_prints_one_json_envelope(target: Target) -> None:
+    rc, lines = run_boot({"op": "nope"})
+    assert rc == 0
+    assert json.loads(lines[-1])["error"]["kind"] == "invalid"
+
+    request = {
+        "op": "preflight",
+        "workdir": str(target.workdir),
+        "dest": "train.py",
+        "session": target.session,
+        "checkpoints": "checkpoints",
+        "gpus": 0,
+        "need_bytes": 1,
+        "create_workdir": False,
+        "lock_path": str(target.lock_path),
+    }
+    rc, lines = run_boot(request)
+    assert rc == 0
+    assert len(lines) == 1
+    answer = json.loads(lines[-1])
+    assert set(answer) >= {"ok", "op", "error", "warnings", "python", "tmux", "session"}
+    assert answer["ok"] is True and answer["op"] == "preflight"
+
+
+def test_boot_apply_returns_while_the_tmux_server_lives_on(target: Target) -> None:
+    # The tmux server started by the agent must not keep the answer pipe open.
+    rc, lines = run_boot(target.apply_request())
+    assert rc == 0
+    answer = json.loads(lines[-1])
+    assert answer["ok"] is True, answer["error"]
+    assert target.state()["exists"] is True
+
+
+def test_boot_on_python38(target: Target) -> None:
+    python = oldest_python()
+    if python is None:
+        pytest.skip("no python3.8 on this host")
+    rc, lines = run_boot(target.apply_request(command="echo done; exit 4"), python)
+    assert rc == 0
+    answer = json.loads(lines[-1])
+    assert answer["ok"] is True, answer["error"]
+    poll = {"op": "poll", "workdir": str(target.workdir), "session": target.session, "lines": 5}
+    result = wait_until(lambda: (r := json.loads(run_boot(poll, python)[1][-1]))["exit_code"] and r)
+    assert result["exit_code"] == 4 and "done" in result["capture"]
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def preflight(target: Target, create: bool, gpus: int = 0) -> dict[str, Any]:
+    return agent.run_local(
+        {
+            "op": "preflight",
+            "workdir": str(target.workdir),
+            "dest": "train.py",
+            "session": target.session,
+            "checkpoints": "checkpoints",
+            "gpus": gpus,
+            "need_bytes": 1024,
+            "create_workdir": create,
+            "lock_path": str(target.lock_path),
+        }
+    )
+
+
+def test_preflight_missing_workdir_without_create(target: Target) -> None:
+    result = preflight(target, create=False)
+    assert result["ok"] is True
+    assert result["workdir"] == {"exists": False, "writable": False, "created": False}
+    assert not target.workdir.exists()
+    assert result["free_bytes"] > 0
+    assert result["session"]["exists"] is False
+    assert result["dest_sha256"] is None
+    assert result["checkpoints"]["exists"] is False and result["checkpoints"]["unsafe"] is None
+    assert result["lock"] is None
+    assert result["gpus"]["skipped"] is True
+    assert result["tmux"].startswith("tmux ")
+
+
+def test_preflight_creates_workdir_when_asked(target: Target) -> None:
+    result = preflight(target, create=True)
+    assert result["workdir"] == {"exists": True, "writable": True, "created": True}
+    assert (target.workdir / ".launcher").is_dir()
+
+
+def test_preflight_reports_missing_nvidia_smi(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_which = agent.which
+    monkeypatch.setattr(
+        agent, "which", lambda name: None if name == "nvidia-smi" else real_which(name)
+    )
+    result = preflight(target, create=False, gpus=2)
+    assert result["gpus"]["visible"] == 0
+    assert result["gpus"]["error"] == "nvidia-smi not found"
+    assert "2 GPUs wanted, 0 visible" in result["warnings"]
+
+
+# --------------------------------------------------------------------------- apply: launch
+
+AWKWARD_ENV = {
+    "SPACES": "a  b c",
+    "QUOTES": 'it\'s "quoted" \\ back',
+    "SUBST": "$(touch PWNED) `touch PWNED2` $HOME",
+    "SEMI": "x; echo injected;",
+    "NEWLINES": "line1\nline2\n",
+    "TMUXFMT": "#{session_name} #(touch PWNED3) ~",
+}
+ENV_DUMPER = """
+import json, os, sys, time
+names = sys.argv[1:]
+with open("env.json", "w") as f:
+    json.dump({n: os.environ.get(n) for n in names + ["LAUNCHER_RUN"]}, f)
+print("x" * 400, flush=True)
+print("dumped", flush=True)
+time.sleep(1.0)
+sys.exit(3)
+"""
+
+
+def test_apply_fresh_launch(target: Target) -> None:
+    command = "python3 train.py " + " ".join(sorted(AWKWARD_ENV))
+    result = target.apply(ENV_DUMPER, command=command, env=AWKWARD_ENV)
+    assert result["ok"] is True, result["error"]
+    assert [s["name"] for s in result["steps"]][-2:] == ["launch", "record"]
+    launched = result["launched"]
+    assert launched["width"] == 250
+    assert launched["session"] == target.session
+
+    env_file = target.workdir / "env.json"
+    assert wait_until(env_file.exists)
+    seen = json.loads(env_file.read_text())
+    assert {k: seen[k] for k in AWKWARD_ENV} == AWKWARD_ENV
+    assert seen["LAUNCHER_RUN"] == launched["run"]
+    assert launched["run"].startswith(target.session + ":")
+    assert not list(target.workdir.glob("PWNED*"))
+
+    state = target.state()
+    assert state["width"] == 250 and state["run"] == launched["run"]
+    assert tmux_format(target, "#{history_limit}") == "4321"
+    assert tmux_format(target, "#{session_windows}") == "1"
+
+    log = Path(launched["log_file"])
+    assert wait_until(lambda: log.exists() and "dumped" in log.read_text())
+    exit_file = Path(launched["exit_file"])
+    assert wait_until(exit_file.exists, timeout=5)
+    assert exit_file.read_text().strip() == "3"
+    # remain-on-exit: the pane stays, dead, with its status and output readable.
+    dead = wait_until(lambda: (st := target.poll()["session"])["dead_status"] is not None and st)
+    assert dead and dead["pane_dead"] is True and dead["dead_status"] == 3
+    assert "x" * 400 in target.poll()["capture"]  # -J joins the wrapped line
+
+    record = json.loads(target.state_file("current.json").read_text())
+    assert record["playbook"] == "demo" and record["sha256"] == result["script"]["sha256"]
+    lines = target.state_file("deploys.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    assert target.lock_path.read_text() == ""  # released
+    assert not list(target.workdir.glob(".launcher-push-*"))
+    assert not list(target.workdir.rglob("__pycache__"))
+
+
+def tmux_format(target: Target, fmt: str) -> str:
+    proc = subprocess.run(
+        [TMUX, "display-message", "-p", "-t", f"={target.session}:", fmt],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def test_apply_refuses_an_active_session_without_restart(target: Target) -> None:
+    first = target.apply()
+    assert first["ok"] is True
+    pane_pid = first["launched"]["pane_pid"]
+    before = (target.workdir / "train.py").read_text()
+
+    result = target.apply("print('new version')\n")
+    assert result["error"]["kind"] == "refused"
+    assert "use --restart" in result["error"]["message"]
+    assert (target.workdir / "train.py").read_text() == before
+    assert not list(target.workdir.glob(".launcher-push-*"))
+    assert target.state()["pane_pid"] == pane_pid and not target.state()["pane_dead"]
+    assert target.lock_path.read_text() == ""
+
+
+def test_apply_restart_stops_everything_and_archives_checkpoints(target: Target) -> None:
+    first = target.apply(ESCAPER)
+    assert first["ok"] is True, first["error"]
+    pid_file = target.workdir / "child.pid"
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text())
+    child = int(pid_file.read_text())
+    old_pane = first["launched"]["pane_pid"]
+    ckpt = target.workdir / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / "step1.pt").write_text("weights")
+    for stamp in ("20000101T000000Z", "20010101T000000Z"):
+        (target.workdir / ("checkpoints.archived-" + stamp)).mkdir()
+
+    result = target.apply(
+        "print('v2')\nimport time\ntime.sleep(60)\n", restart=True, keep_archives=2
+    )
+    assert result["ok"] is True, result["error"]
+    stopped = result["stopped"]
+    assert stopped["was_running"] is True and stopped["leftover"] == []
+    assert child in stopped["pids"] and old_pane in stopped["pids"]
+    assert stopped["forced"] is True  # the child ignored C-c and SIGHUP
+    assert not pid_alive(child) and not pid_alive(old_pane)
+
+    moved = result["checkpoints"]
+    assert moved["action"] == "archive" and not ckpt.exists()
+    assert (Path(moved["to"]) / "step1.pt").read_text() == "weights"
+    archives = sorted(p.name for p in target.workdir.glob("checkpoints.archived-*"))
+    assert len(archives) == 2 and Path(moved["to"]).name in archives
+    assert "checkpoints.archived-20000101T000000Z" not in archives
+
+    assert (target.workdir / "train.py.prev").read_text() == ESCAPER
+    assert result["launched"]["pane_pid"] != old_pane
+    assert target.state()["pane_dead"] is False
+    history = list((target.workdir / ".launcher" / "scripts").glob("*.py"))
+    assert len(history) == 2
+
+
+def test_apply_restart_purge_and_stop_op(target: Target) -> None:
+    assert target.apply()["ok"] is True
+    ckpt = target.workdir / "checkpoints"
+    ckpt.mkdir()
+    result = target.apply(restart=True, checkpoint_mode="purge")
+    assert result["ok"] is True, result["error"]
+    assert result["checkpoints"]["action"] == "purge" and not ckpt.exists()
+    assert result["script"]["unchanged"] is True
+    assert [s["status"] for s in result["steps"] if s["name"] == "install"] == ["unchanged"]
+
+    request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
+    stop = agent.run_local({**request, "grace": 2.0, "lock_path": str(target.lock_path)})
+    assert stop["ok"] is True
+    assert stop["stopped"]["was_running"] is True and stop["stopped"]["forced"] is False
+    assert target.state()["exists"] is False
+    again = agent.run_local({**request, "grace": 0.1, "lock_path": str(target.lock_path)})
+    assert again["ok"] is True and again["stopped"]["was_running"] is False
+
+
+# --------------------------------------------------------------------------- apply: checks
+
+
+def test_corrupt_transfer_is_rejected_and_old_run_untouched(target: Target) -> None:
+    first = target.apply()
+    pane_pid = first["launched"]["pane_pid"]
+    request = target.apply_request("print('v2')\n", restart=True, sha256="0" * 64)
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "corrupt"
+    assert "expected " + "0" * 64 in result["error"]["message"]
+    assert not os.path.exists(request["tmp"])
+    assert (target.workdir / "train.py").read_text() == SLEEPER
+    assert target.state()["pane_pid"] == pane_pid and not target.state()["pane_dead"]
+    assert result["steps"][-1] == {
+        "name": "verify",
+        "status": "failed",
+        "detail": result["error"]["message"],
+    }
+
+
+def test_compile_error_is_rejected(target: Target) -> None:
+    request = target.apply_request("def broken(:\n    pass\n")
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "compile"
+    assert "SyntaxError" in result["error"]["message"]
+    assert not os.path.exists(request["tmp"])
+    assert not (target.workdir / "train.py").exists()
+    assert not list(target.workdir.rglob("__pycache__"))
+    assert target.state()["exists"] is False
+
+
+@pytest.mark.parametrize("case", ["dotdot", "root", "symlink", "workdir", "elsewhere", "empty"])
+def test_unsafe_checkpoints_touch_nothing(target: Target, case: str) -> None:
+    outside = target.root / "outside"
+    outside.mkdir()
+    (outside / "precious.pt").write_text("keep me")
+    target.workdir.mkdir()
+    (target.workdir / "link").symlink_to(outside)
+    paths = {
+        "dotdot": "../outside",
+        "root": "/",
+        "symlink": "link",
+        "workdir": ".",
+        "elsewhere": str(outside),
+        "empty": "",
+    }
+    request = target.apply_request(checkpoints=paths[case], checkpoint_mode="purge")
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "unsafe_path", result
+    assert (outside / "precious.pt").read_text() == "keep me"
+    assert not (target.workdir / "train.py").exists()
+    assert not os.path.exists(request["tmp"])
+    assert target.state()["exists"] is False
+
+
+def test_checkpoint_guard_accepts_nested_child(target: Target) -> None:
+    target.workdir.mkdir()
+    path, reason = agent.checkpoint_problem(str(target.workdir), "runs/ckpt")
+    assert reason is None and path == str(target.workdir / "runs" / "ckpt")
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def test_live_lock_holder_refuses(target: Target) -> None:
+    target.lock_path.parent.mkdir(parents=True)
+    holder_info = {"operator": "bob", "from_host": "desk", "agent_pid": 1, "since": "then"}
+    holder_code = (
+        "import fcntl, json, sys, time\n"
+        "f = open(sys.argv[1], 'w')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(sys.argv[2]); f.flush()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, str(target.lock_path), json.dumps(holder_info)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        request = target.apply_request()
+        result = agent.run_local(request)
+        assert result["error"]["kind"] == "locked"
+        assert result["error"]["holder"]["operator"] == "bob"
+        assert "bob@desk" in result["error"]["message"]
+        assert not os.path.exists(request["tmp"])
+        assert target.state()["exists"] is False
+
+        lock = preflight(target, create=False)["lock"]
+        assert lock["operator"] == "bob" and lock["stale"] is False
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stale_lock_is_broken_with_a_warning(target: Target) -> None:
+    target.lock_path.parent.mkdir(parents=True)
+    stale = {"operator": "carol", "from_host": "gone", "agent_pid": 999999, "since": "T0"}
+    target.lock_path.write_text(json.dumps(stale))
+    assert preflight(target, create=False)["lock"]["stale"] is True
+
+    result = target.apply()
+    assert result["ok"] is True, result["error"]
+    assert "broke stale lock held by carol@gone (pid 999999) since T0" in result["warnings"]
+    assert target.lock_path.read_text() == ""
+
+
+def test_lock_content_while_held(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    real_launch = agent.Deploy.launch
+
+    def spy(self: agent.Deploy) -> Any:
+        seen.update(json.loads(Path(self.lock.path).read_text()))
+        with open(self.lock.path) as f, pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return real_launch(self)
+
+    monkeypatch.setattr(agent.Deploy, "launch", spy)
+    assert target.apply()["ok"] is True
+    assert seen["operator"] == "alice" and seen["from_host"] == "laptop"
+    assert seen["client_pid"] == 4242 and seen["agent_pid"] == os.getpid()
+
+
+# --------------------------------------------------------------------------- poll
+
+
+def test_poll_live_pane(target: Target) -> None:
+    assert target.apply()["ok"] is True
+    result = wait_until(lambda: (r := target.poll()) and "started" in r["capture"] and r)
+    assert result["ok"] is True
+    assert result["session"]["exists"] is True and result["session"]["pane_dead"] is False
+    assert result["exit_code"] is None
+    assert abs(result["now"] - time.time()) < 5
+
+
+def test_poll_pane_that_crashed_at_once(target: Target) -> None:
+    result = target.apply(command="echo boom; exit 5")
+    assert result["ok"] is True, result["error"]
+    poll = wait_until(
+        lambda: (r := target.poll()) and r["session"]["dead_status"] is not None and r
+    )
+    assert poll["session"]["pane_dead"] is True and poll["session"]["dead_status"] == 5
+    assert "boom" in poll["capture"]
+    assert poll["exit_code"] == 5
+
+
+def test_poll_absent_session(target: Target) -> None:
+    result = target.poll()
+    assert result["ok"] is True
+    assert result["session"]["exists"] is False and result["capture"] == ""
+    assert result["exit_code"] is None
+
+
+def test_dead_session_is_replaced_without_restart(target: Target) -> None:
+    assert target.apply(command="exit 1")["ok"] is True
+    assert wait_until(lambda: target.state()["pane_dead"])
+    result = target.apply(command="echo second; sleep 30")
+    assert result["ok"] is True, result["error"]
+    assert result["stopped"]["session_existed"] is True
+    assert target.state()["pane_dead"] is False
+
+
+def test_signals_restored_after_apply(target: Target) -> None:
+    before = signal.getsignal(signal.SIGHUP)
+    target.apply()
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+# --------------------------------------------------------------------------- failures, GPUs
+
+
+def test_failure_after_install_still_answers_with_steps(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_launch(self: agent.Deploy) -> Any:
+        raise RuntimeError("tmux exploded")
+
+    monkeypatch.setattr(agent.Deploy, "launch", broken_launch)
+    result = target.apply(checkpoints=None, checkpoint_mode="keep")
+    assert result["ok"] is False and result["error"]["kind"] == "failed"
+    assert "tmux exploded" in result["error"]["message"]
+    statuses = {s["name"]: s["status"] for s in result["steps"]}
+    assert statuses["install"] == "ok" and statuses["launch"] == "failed"
+    assert statuses["checkpoints"] == "skipped"
+    assert result["record"]["outcome"].startswith("failed")
+    assert json.loads(target.state_file("current.json").read_text())["outcome"].startswith("failed")
+    assert target.lock_path.read_text() == ""
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
+  *) echo "1234, /usr/bin/python3, 22512"; echo "99, python3, [N/A]";;
+esac
+"""
+
+
+def test_preflight_lists_gpus_and_holders(
+    target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI)
+    fake.chmod(0o755)
+    real_which = agent.which
+    monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    gpus = preflight(target, create=False, gpus=2)["gpus"]
+    assert gpus["visible"] == 2 and gpus["names"] == ["NVIDIA Fake 80GB"] * 2
+    assert gpus["error"] is None
+    assert gpus["holders"] == [
+        {"pid": 1234, "name": "/usr/bin/python3", "used_memory": 22512},
+        {"pid": 99, "name": "python3", "used_memory": None},
+    ]

@@ -1,0 +1,270 @@
+"""Configuration errors: exit 2 and one line naming file, key path and line per problem."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli.main import cli, main
+from tests.unit.projectfiles import write_project
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    write_project(tmp_path)
+    return tmp_path
+
+
+def check(project: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-i", str(project / "inventory.yaml"), "inventory", "check", *args])
+    out, err = capsys.readouterr()
+    return int(exit_info.value.code or 0), out, err
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_valid_inventory_prints_resolved_view(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = check(project, capsys)
+    assert (code, err) == (0, "")
+    assert "inventory" in out and "ok (2 targets, 1 hosts)" in out
+    assert (
+        "target prod: pve CT 200, session dflash, /root/dflash/train_dflash_pipeline.py  (default)"
+        in out
+    )
+
+
+def test_json_view(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = check(project, capsys, "--json")
+    view = json.loads(out)
+    assert code == 0
+    assert view["targets"]["staging"]["vmid"] == 201
+    assert view["targets"]["prod"]["checkpoints"] == "/root/dflash/checkpoints"
+    assert view["hosts"]["pve"]["host_key_policy"] == "strict"
+
+
+def test_missing_inventory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = check(tmp_path, capsys)
+    assert code == 2
+    assert err == f"error: {tmp_path / 'inventory.yaml'}: inventory file not found\n"
+
+
+def test_yaml_syntax_error_names_line_and_column(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(project / "inventory.yaml", "    port: 22\n", "    port: [22\n")
+    code, _, err = check(project, capsys)
+    assert code == 2
+    assert err.startswith(f"error: {project / 'inventory.yaml'}:")
+    assert "YAML syntax error" in err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "{host: pve, vmid: 200,",
+            "{host: pvx, vmid: 200,",
+            "inventory.yaml:9: targets.prod.host: unknown host 'pvx' (hosts: pve)",
+        ),
+        (
+            "vmid: 201",
+            "vmid: -1",
+            "inventory.yaml:10: targets.staging.vmid: must be a positive integer (got -1)",
+        ),
+        (
+            "vmid: 201",
+            'vmid: "201"',
+            "inventory.yaml:10: targets.staging.vmid: must be a positive integer (got '201')",
+        ),
+        (
+            "    port: 22\n",
+            "    prot: 22\n",
+            "inventory.yaml:5: hosts.pve.prot: unknown key (check the spelling)",
+        ),
+        (
+            "default_target: prod",
+            "default_target: prd",
+            "inventory.yaml:11: default_target: unknown target 'prd'",
+        ),
+        (
+            "host_key_policy: strict",
+            "host_key_policy: yolo",
+            "inventory.yaml:6: hosts.pve.host_key_policy: Input should be 'strict' or 'accept-new'",
+        ),
+    ],
+)
+def test_inventory_errors(
+    project: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, expected: str
+) -> None:
+    edit(project / "inventory.yaml", old, new)
+    code, out, err = check(project, capsys)
+    assert code == 2
+    assert out == ""
+    assert err == f"error: {project}/{expected}\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "session: dflash",
+            "session: 'a:b'",
+            "dflash.yaml:2: session: 'a:b' is not a usable tmux session name "
+            "(letters, digits, '_' and '-', at most 64, not starting with '-')",
+        ),
+        (
+            "workdir: /root/dflash",
+            "workdir: root/dflash",
+            "dflash.yaml:3: workdir: must be an absolute path inside the container "
+            "(got 'root/dflash')",
+        ),
+        (
+            "checkpoints: checkpoints",
+            "checkpoints: ../elsewhere",
+            "dflash.yaml:7: checkpoints: must not contain '..': it would escape workdir "
+            "(got '../elsewhere')",
+        ),
+        (
+            "checkpoints: checkpoints",
+            "checkpoints: /",
+            "dflash.yaml:7: checkpoints: must be a path relative to workdir, strictly inside it "
+            "(got '/')",
+        ),
+        (
+            "checkpoints: checkpoints",
+            "checkpoints: /data/ckpt",
+            "dflash.yaml:7: checkpoints: must be a path relative to workdir, strictly inside it "
+            "(got '/data/ckpt')",
+        ),
+        (
+            "checkpoints: checkpoints",
+            "checkpoints: .",
+            "dflash.yaml:7: checkpoints: must name something inside workdir, not workdir itself "
+            "(got '.')",
+        ),
+        (
+            "  source: train.py",
+            "  source: missing.py",
+            "dflash.yaml:5: script.source: script not found: {dir}/missing.py",
+        ),
+        (
+            "gpus: 8",
+            "gpu: 8",
+            "dflash.yaml:10: gpu: unknown key (check the spelling)",
+        ),
+        (
+            "env: {}",
+            "env: {'BAD NAME': x}",
+            "dflash.yaml:9: env: 'BAD NAME' is not a valid environment variable name",
+        ),
+    ],
+)
+def test_playbook_errors(
+    project: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, expected: str
+) -> None:
+    edit(project / "playbooks" / "dflash.yaml", old, new)
+    code, _, err = check(project, capsys)
+    assert code == 2
+    expected = expected.format(dir=project / "playbooks")
+    # Both targets share the playbook, so the problem is reported for each of them.
+    assert err == f"error: {project}/playbooks/{expected}\n{project}/playbooks/{expected}\n"
+
+
+def test_several_problems_one_line_each(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "inventory.yaml").write_text(
+        textwrap.dedent(
+            """\
+            hosts:
+              pve: {address: 10.1.2.6, colour: blue}
+            targets:
+              prod: {host: pve, vmid: 0, playbook: playbooks/dflash.yaml}
+            """
+        )
+    )
+    code, _, err = check(project, capsys)
+    assert code == 2
+    inv = project / "inventory.yaml"
+    assert err.splitlines() == [
+        f"error: {inv}:2: hosts.pve.colour: unknown key (check the spelling)",
+        f"{inv}:4: targets.prod.vmid: must be a positive integer (got 0)",
+    ]
+
+
+def test_missing_playbook_names_the_inventory_line(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(
+        project / "inventory.yaml",
+        "vmid: 201, playbook: playbooks/dflash.yaml",
+        "vmid: 201, playbook: nope.yaml",
+    )
+    code, _, err = check(project, capsys)
+    assert code == 2
+    assert err == (
+        f"error: {project}/inventory.yaml:10: targets.staging.playbook: "
+        f"playbook file not found: {project}/nope.yaml\n"
+    )
+
+
+def test_duplicate_keys_are_errors(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(
+        project / "inventory.yaml",
+        "default_target: prod",
+        "default_target: prod\ndefault_target: staging",
+    )
+    code, _, err = check(project, capsys)
+    assert code == 2
+    assert (
+        err == f"error: {project}/inventory.yaml:11: default_target: key appears more than once\n"
+    )
+
+
+def test_inventory_from_environment(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHER_INVENTORY", str(project / "inventory.yaml"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inventory", "check"])
+    assert exit_info.value.code == 0
+    assert "ok (2 targets" in capsys.readouterr().out
+
+
+def test_unknown_target_is_usage_error(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-i", str(project / "inventory.yaml"), "-t", "nope", "deploy", "--dry-run"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: {project / 'inventory.yaml'}: unknown target 'nope' (known: prod, staging)\n"
+    )
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    runner = CliRunner()
+    commands: list[list[str]] = [[]]
+    for name, command in cli.commands.items():
+        commands.append([name])
+        for sub in getattr(command, "commands", {}):
+            commands.append([name, sub])
+    for path in commands:
+        result = runner.invoke(cli, [*path, "--help"], prog_name="launcher")
+        assert result.exit_code == 0, path
+        assert "Example" in result.output or "Typical use" in result.output, f"{path}: no example"
+        assert "launcher " in result.output.split("Usage:", 1)[1], path
+
+
+def test_version() -> None:
+    from launcher import __version__
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.output == f"launcher, version {__version__}\n"
