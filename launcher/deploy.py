@@ -25,12 +25,15 @@ from launcher.config import Target
 from launcher.container import Container
 from launcher.errors import (
     ContainerError,
+    ExitCode,
     LauncherError,
     RefusedError,
     UnsafePathError,
 )
+from launcher.fleet import FleetContext, Outcome
 from launcher.history import append_local_history
 from launcher.remote import Connection
+from launcher.ui import step_line
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024
@@ -307,3 +310,22 @@ def plan(
 def _emit_agent_steps(response: dict[str, Any], emit: Callable[[str, str, str], None]) -> None:
     for step in response.get("steps") or []:
         emit(str(step.get("name")), str(step.get("status")), str(step.get("detail", "")))
+
+
+def deploy_work(options: DeployOptions) -> Callable[[FleetContext], Outcome]:
+    """Deploy as a fleet workflow: step lines go to the target's output, the report to the row."""
+
+    def work(ctx: FleetContext) -> Outcome:
+        target = ctx.target
+
+        def show(step: Step) -> None:
+            ctx.say(step_line(step.name, step.status, step.detail))
+
+        report = deploy(target, ctx.conn, options, on_step=show)
+        if options.dry_run:
+            summary = f"dry run: nothing was changed on {target.label}"
+        else:
+            summary = f"deployed {target.label}: sha256 {report.sha256[:12]}"
+        return Outcome(target.name, ExitCode.OK, summary, report.to_json())
+
+    return work

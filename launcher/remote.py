@@ -14,7 +14,7 @@ import secrets
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +169,8 @@ class Connection:
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
+        # paramiko's SFTP client is not safe for concurrent requests from several threads.
+        self._sftp_lock = threading.Lock()
 
     # -- connecting -----------------------------------------------------------------------
     def _connected(self) -> paramiko.SSHClient:
@@ -292,12 +294,81 @@ class Connection:
             channel.close()
         return CommandResult(command, code, stdout, stderr, time.monotonic() - started)
 
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        *,
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: bytes | None = None,
+        close_stdin: bool = True,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Run a command and hand its output over as it arrives; returns its exit code.
+
+        stdout and stderr are read together, so neither can fill up and block the other.
+        `timeout` bounds the whole command (None: no limit), `idle_timeout` the silence on both
+        streams. With `close_stdin=False` the remote side's stdin stays open until the channel
+        closes, so it can notice the client going away. On any exception, KeyboardInterrupt
+        included, the channel is closed at once (the remote command loses its pipes) and the
+        exception propagates.
+        """
+        ep = self.endpoint
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        transport = self._connected().get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(f"{ep.name}: connection to {ep.hostname} was lost")
+        try:
+            channel = transport.open_session(timeout=ep.connect_timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
+        STATS.count("commands")
+        last_data = started
+        try:
+            channel.settimeout(ep.connect_timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            if close_stdin:
+                channel.shutdown_write()
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise CommandTimeout(
+                        f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
+                    )
+                if idle_timeout is not None and now - last_data >= idle_timeout:
+                    raise CommandTimeout(
+                        f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}"
+                    )
+                select.select([channel], [], [], 0.5)
+                while channel.recv_ready():
+                    last_data = time.monotonic()
+                    on_stdout(channel.recv(65536))
+                while channel.recv_stderr_ready():
+                    last_data = time.monotonic()
+                    data = channel.recv_stderr(65536)
+                    if on_stderr is not None:
+                        on_stderr(data)
+                pending = channel.recv_ready() or channel.recv_stderr_ready()
+                if (channel.eof_received or channel.closed) and not pending:
+                    break
+            if not channel.status_event.wait(ep.connect_timeout):
+                raise CommandTimeout(f"{ep.name}: no exit status after EOF: {_short(command)}")
+            return channel.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
+        finally:
+            channel.close()
+
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
         """Write `data` to `remote_path` on the host over SFTP, readable by the owner only."""
         ep = self.endpoint
         try:
             sftp = self._sftp_client()
-            with sftp.open(remote_path, "wb") as handle:
+            with self._sftp_lock, sftp.open(remote_path, "wb") as handle:
                 handle.chmod(mode)
                 handle.set_pipelined(True)
                 handle.write(data)
@@ -308,7 +379,9 @@ class Connection:
     def remove(self, remote_path: str) -> None:
         """Remove a host file; a file that is already gone is fine."""
         try:
-            self._sftp_client().remove(remote_path)
+            sftp = self._sftp_client()
+            with self._sftp_lock:
+                sftp.remove(remote_path)
         except FileNotFoundError:
             pass
         except (OSError, paramiko.SSHException, EOFError) as exc:

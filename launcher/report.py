@@ -57,35 +57,48 @@ def to_json(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> dict
     }
 
 
-def to_junit(target: str, probe: ProbeResult) -> str:
-    """One test case per check; failures and warnings carry the observed/expected message."""
-    suite = ET.Element(
-        "testsuite",
-        name=f"launcher.verify.{target}",
-        tests=str(len(probe.checks)),
-        failures=str(sum(r.verdict is Verdict.FAIL for r in probe.checks)),
-        errors="1" if probe.verdict == "unreachable" else "0",
-        time=f"{probe.duration:.3f}",
-    )
-    for result in probe.checks:
-        case = ET.SubElement(
-            suite, "testcase", classname=f"launcher.verify.{target}", name=result.name
-        )
+def to_junit(runs: Sequence[tuple[str, ProbeResult | None, dict[str, Any] | None]]) -> str:
+    """JUnit XML: a test suite per target, a test case per check (and per deploy, for smoke).
+
+    Each run is (target, probe or None, deploy report or None).
+    """
+    suites = ET.Element("testsuites")
+    for target, probe, deploy in runs:
+        suites.append(_junit_suite(target, probe, deploy))
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _junit_suite(
+    target: str, probe: ProbeResult | None, deploy: dict[str, Any] | None
+) -> ET.Element:
+    classname = f"launcher.{target}"
+    checks = probe.checks if probe else []
+    failures = sum(r.verdict is Verdict.FAIL for r in checks)
+    errors = 0
+    suite = ET.Element("testsuite", name=classname)
+    if deploy is not None:
+        case = ET.SubElement(suite, "testcase", classname=classname, name="deploy")
+        if not deploy.get("ok", True):
+            errors += 1
+            ET.SubElement(case, "error", message=str(deploy.get("error")), type="deploy")
+    for result in checks:
+        case = ET.SubElement(suite, "testcase", classname=classname, name=result.name)
         message = f"observed {result.observed}; expected {result.expected}"
         if result.verdict is Verdict.FAIL:
             failure = ET.SubElement(case, "failure", message=message, type="unhealthy")
-            failure.text = "\n".join(probe.last_lines())
+            failure.text = "\n".join(probe.last_lines()) if probe else ""
         elif result.verdict is Verdict.WARN:
             ET.SubElement(case, "system-out").text = f"warning: {message}"
-    if probe.verdict == "unreachable":
-        case = ET.SubElement(
-            suite, "testcase", classname=f"launcher.verify.{target}", name="reachable"
-        )
+    if probe is not None and probe.verdict == "unreachable":
+        errors += 1
+        case = ET.SubElement(suite, "testcase", classname=classname, name="reachable")
         ET.SubElement(case, "error", message=probe.reason, type="unreachable")
-    suites = ET.Element("testsuites")
-    suites.append(suite)
-    ET.indent(suites)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+    suite.set("tests", str(len(suite)))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("time", f"{probe.duration:.3f}" if probe else "0")
+    return suite
 
 
 def sparkline(values: Sequence[float]) -> str:
@@ -154,4 +167,27 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
     if probe.verdict != "healthy" and probe.last_lines():
         lines.append("  last lines:")
         lines.extend(f"    | {line}" for line in probe.last_lines())
+    return "\n".join(lines)
+
+
+def render_status(
+    target: str, probe: ProbeResult, queue_names: Sequence[str], extra: dict[str, Any]
+) -> str:
+    """`launcher status`: the probe text plus what deploy recorded and how fresh the log is."""
+    lines = [render_text(target, probe, queue_names)]
+    state = probe.latest.state if probe.latest else None
+    if state is not None:
+        pane = "no session" if not state.session_exists else "dead" if state.pane_dead else "alive"
+        if state.pane_dead and state.exit_code is not None:
+            pane += f" (exit {state.exit_code})"
+        lines.append(f"  pane: {pane}")
+    age = extra.get("log_age")
+    if isinstance(age, int | float):
+        lines.append(f"  last output: {age:.0f} s ago")
+    record = extra.get("record")
+    if isinstance(record, dict):
+        sha = str(record.get("sha256") or "?")[:12]
+        lines.append(
+            f"  deployed: sha256 {sha} at {record.get('time')} by {record.get('operator')}"
+        )
     return "\n".join(lines)

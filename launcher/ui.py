@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 MARKS = {
     "ok": "✓",
@@ -50,17 +53,28 @@ def echo_step(name: str, status: str, detail: str, *, prefix: str = "") -> None:
         print(line, flush=True)
 
 
-class ProbeDisplay:
-    """Progress of a probe: a live line on a TTY, one plain line per poll otherwise."""
+def progress_text(event: object, latest: str) -> str:
+    """One line about a probe poll: phase, elapsed time and the newest sample."""
+    elapsed = getattr(event, "elapsed", 0.0)
+    error = getattr(event, "error", None)
+    if error:
+        return f"{elapsed:5.0f}s unreachable: {error}"
+    if getattr(event, "phase", "") == "warmup":
+        left = getattr(event, "remaining_warmup", 0.0)
+        return f"{elapsed:5.0f}s warmup, {left:.0f}s left · {latest}"
+    ok = getattr(event, "consecutive", 0)
+    return f"{elapsed:5.0f}s judging, {ok} passing in a row · {latest}"
 
-    def __init__(self, target: str, *, enabled: bool) -> None:
-        self.target = target
+
+class LiveLine:
+    """One transient, updating line on a TTY (stderr); plain lines on stderr otherwise."""
+
+    def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
-        self.tty = enabled and is_tty(sys.stderr)
         self._live: object | None = None
 
-    def __enter__(self) -> ProbeDisplay:
-        if self.tty:
+    def __enter__(self) -> LiveLine:
+        if self.enabled and is_tty(sys.stderr):
             from rich.console import Console
             from rich.live import Live
 
@@ -69,23 +83,75 @@ class ProbeDisplay:
             self._live = live
         return self
 
-    def update(self, event: object, latest: str) -> None:
+    def say(self, line: str) -> None:
         if not self.enabled:
             return
-        phase = getattr(event, "phase", "")
-        elapsed = getattr(event, "elapsed", 0.0)
-        if getattr(event, "error", None):
-            text = f"[{self.target} {elapsed:5.0f}s] unreachable: {event.error}"  # type: ignore[attr-defined]
-        elif phase == "warmup":
-            left = getattr(event, "remaining_warmup", 0.0)
-            text = f"[{self.target} {elapsed:5.0f}s] warmup, {left:.0f}s left · {latest}"
-        else:
-            ok = getattr(event, "consecutive", 0)
-            text = f"[{self.target} {elapsed:5.0f}s] judging ({ok} passing in a row) · {latest}"
         if self._live is not None:
-            self._live.update(text)  # type: ignore[attr-defined]
+            self._live.update(line)  # type: ignore[attr-defined]
         else:
-            print(text, file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+
+def echo_line(line: str) -> None:
+    """A step line as built by step_line, coloured by its mark on a TTY."""
+    if is_tty():
+        from rich.console import Console
+        from rich.markup import escape
+
+        status = next((s for s, mark in MARKS.items() if line.lstrip().startswith(mark)), "")
+        style = STYLES.get(status)
+        text = escape(line)
+        Console(highlight=False).print(f"[{style}]{text}[/{style}]" if style else text)
+    else:
+        print(line, flush=True)
+
+
+class FleetDisplay:
+    """Many targets at once: a live table on a TTY, `[target] line` prefixes otherwise."""
+
+    def __init__(self, targets: list[str], *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = enabled and is_tty(sys.stderr)
+        self.latest = dict.fromkeys(targets, "waiting")
+        self._live: object | None = None
+        self._width = max((len(t) for t in targets), default=0)
+        import threading
+
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> FleetDisplay:
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            live = Live(self._table(), console=Console(stderr=True), refresh_per_second=4)
+            live.__enter__()
+            self._live = live
+        return self
+
+    def _table(self) -> Table:
+        from rich.table import Table
+
+        table = Table(box=None, show_header=True, header_style="bold")
+        table.add_column("target")
+        table.add_column("latest")
+        for target, line in self.latest.items():
+            table.add_row(target, line)
+        return table
+
+    def say(self, target: str, line: str) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self.latest[target] = line
+            if self._live is not None:
+                self._live.update(self._table())  # type: ignore[attr-defined]
+            else:
+                print(f"[{target:<{self._width}}] {line}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:

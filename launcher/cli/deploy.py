@@ -6,23 +6,18 @@ import json
 
 import click
 
-from launcher.cli.main import AppContext, pass_app
+from launcher.cli.main import AppContext, fleet_options, pass_app
 
 
 @click.command("deploy")
+@fleet_options
 @click.option("--restart", is_flag=True, help="Stop the running session first (C-c, wait, kill).")
 @click.option("--dry-run", is_flag=True, help="Print every step it would take; change nothing.")
 @click.option(
-    "--grace",
-    type=float,
-    metavar="SECONDS",
-    help="Wait this long after C-c (default: playbook stop_grace).",
+    "--grace", type=float, metavar="SECONDS", help="Wait this long after C-c (default: playbook)."
 )
 @click.option(
-    "--purge-checkpoints",
-    "purge",
-    is_flag=True,
-    help="Delete old checkpoints instead of archiving them.",
+    "--purge-checkpoints", "purge", is_flag=True, help="Delete old checkpoints, not archive them."
 )
 @click.option(
     "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
@@ -45,46 +40,24 @@ def deploy_command(
       launcher deploy -t staging              # first launch; refuses if a run is active
       launcher deploy --restart -t prod       # replace the running job
       launcher deploy --restart --dry-run     # show the plan, change nothing
+      launcher deploy --restart --all         # every target, in parallel, one table
     """
-    from launcher.deploy import DeployOptions, deploy
-    from launcher.errors import LauncherError, UsageError
-    from launcher.remote import ConnectionPool
-    from launcher.ui import echo_step
+    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.deploy import DeployOptions, deploy_work
+    from launcher.errors import UsageError
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
-    target = app.target()
     options = DeployOptions(
         restart=restart,
         dry_run=dry_run,
         checkpoint_mode="purge" if purge else "keep" if keep else "archive",
         grace=grace,
     )
-
-    def show(step: object) -> None:
-        if not as_json:
-            echo_step(step.name, step.status, step.detail)  # type: ignore[attr-defined]
-
-    with ConnectionPool() as pool:
-        conn = pool.get(target.host_name, target.host)
-        try:
-            report = deploy(target, conn, options, on_step=show)
-        except LauncherError as error:
-            if as_json:
-                click.echo(
-                    json.dumps(
-                        {
-                            "target": target.name,
-                            "ok": False,
-                            "exit_code": int(error.exit_code),
-                            "error": error.message,
-                        }
-                    )
-                )
-            raise
+    outcomes = run_on_targets(app, deploy_work(options), quiet=as_json)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    elif dry_run:
-        click.echo(f"dry run: nothing was changed on {target.label}")
-    else:
-        click.echo(f"deployed {target.label}: sha256 {report.sha256[:12]}")
+        reports = [o.data for o in outcomes]
+        click.echo(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    elif len(outcomes) == 1:
+        click.echo(outcomes[0].summary)
+    exit_with(outcomes, title="deploy", table=not as_json)

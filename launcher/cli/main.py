@@ -7,8 +7,9 @@ Workflow modules (and so pydantic, paramiko) are imported inside commands, so th
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -26,6 +27,8 @@ class AppContext:
     inventory_option: str | None
     target_names: list[str] = field(default_factory=list)
     debug: bool = False
+    all_targets: bool = False
+    parallel: int = 8
     _inventory: Inventory | None = None
 
     def inventory(self) -> Inventory:
@@ -35,9 +38,9 @@ class AppContext:
             self._inventory = load_inventory(inventory_path(self.inventory_option))
         return self._inventory
 
-    def targets(self, *, all_targets: bool = False) -> list[Target]:
+    def targets(self) -> list[Target]:
         inventory = self.inventory()
-        names = inventory.resolve_names(self.target_names, all_targets=all_targets)
+        names = inventory.resolve_names(self.target_names, all_targets=self.all_targets)
         return [inventory.target(name) for name in names]
 
     def target(self) -> Target:
@@ -48,6 +51,52 @@ class AppContext:
 
 
 pass_app = click.make_pass_decorator(AppContext)
+
+
+def _add_targets(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> None:
+    ctx.find_object(AppContext).target_names.extend(value)  # type: ignore[union-attr]
+
+
+def _set_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(AppContext).all_targets = True  # type: ignore[union-attr]
+
+
+def _set_parallel(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        ctx.find_object(AppContext).parallel = value  # type: ignore[union-attr]
+
+
+# `-t` is accepted before and after the command name (`launcher -t a deploy -t b`).
+target_option = click.option(
+    "-t",
+    "--target",
+    multiple=True,
+    metavar="NAME",
+    expose_value=False,
+    callback=_add_targets,
+    help="Target or group (repeat or comma-separate; default: default_target).",
+)
+
+
+def fleet_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """-t (several), --all and --parallel, for commands that can act on many targets at once."""
+    command = click.option(
+        "--parallel",
+        type=click.IntRange(min=1),
+        metavar="N",
+        expose_value=False,
+        callback=_set_parallel,
+        help="At most N hosts at a time (default 8); a host's containers run together.",
+    )(command)
+    command = click.option(
+        "--all",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_all,
+        help="Every target in the inventory.",
+    )(command)
+    return target_option(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -90,17 +139,38 @@ def cli(
 def _register() -> None:
     from launcher.cli.deploy import deploy_command
     from launcher.cli.inventory import inventory
+    from launcher.cli.operate import (
+        attach_command,
+        doctor_command,
+        history_command,
+        logs_command,
+        rollback_command,
+        stop_command,
+    )
     from launcher.cli.sandbox import sandbox
-    from launcher.cli.verify import status_command, verify_command
+    from launcher.cli.verify import smoke_command, status_command, verify_command
 
-    for command in (inventory, sandbox, deploy_command, verify_command, status_command):
+    for command in (
+        inventory,
+        sandbox,
+        deploy_command,
+        verify_command,
+        status_command,
+        smoke_command,
+        logs_command,
+        stop_command,
+        attach_command,
+        history_command,
+        rollback_command,
+        doctor_command,
+    ):
         cli.add_command(command)
 
 
 _register()
 
 
-def _fail(error: LauncherError, debug: bool) -> NoReturn:
+def print_error(error: LauncherError, *, debug: bool = False) -> None:
     if debug:
         import traceback
 
@@ -108,6 +178,10 @@ def _fail(error: LauncherError, debug: bool) -> NoReturn:
     click.echo(f"error: {error.message}", err=True)
     if error.hint:
         click.echo(f"hint: {error.hint}", err=True)
+
+
+def _fail(error: LauncherError, debug: bool) -> NoReturn:
+    print_error(error, debug=debug)
     sys.exit(int(error.exit_code))
 
 

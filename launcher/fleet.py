@@ -1,0 +1,161 @@
+"""Run one workflow on many targets at once and end with one table.
+
+One connection per host (shared by that host's containers), at most `parallel` hosts at a time,
+every container of an admitted host in parallel. One target's failure never stops the others;
+Ctrl-C cancels all of them and closes their connections.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.config import Target
+from launcher.errors import ExitCode, LauncherError
+from launcher.remote import Connection, ConnectionPool
+
+
+@dataclass
+class Outcome:
+    """What one target's run of a workflow came to: a row of the final table."""
+
+    target: str
+    exit_code: ExitCode
+    summary: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def result(self) -> str:
+        return {
+            ExitCode.OK: "ok",
+            ExitCode.UNHEALTHY: "unhealthy",
+            ExitCode.USAGE: "invalid",
+            ExitCode.UNREACHABLE: "unreachable",
+            ExitCode.REFUSED: "refused",
+            ExitCode.INTERRUPTED: "interrupted",
+        }[self.exit_code]
+
+
+class Cancelled(Exception):
+    """Raised inside a worker when the fleet run was interrupted."""
+
+
+@dataclass
+class FleetContext:
+    """Handed to each worker: its connection, a cancellable sleep and a line printer."""
+
+    target: Target
+    conn: Connection
+    cancel: threading.Event
+    say: Callable[[str], None]
+
+    def sleep(self, seconds: float) -> None:
+        if self.cancel.wait(seconds):
+            raise Cancelled()
+
+
+Work = Callable[[FleetContext], Outcome]
+
+
+def worst(codes: Sequence[ExitCode]) -> ExitCode:
+    """The overall exit code: the most severe of the targets' codes (0 when there are none)."""
+    return max(codes, default=ExitCode.OK)
+
+
+def run_fleet(
+    targets: Sequence[Target],
+    work: Work,
+    *,
+    parallel: int = 8,
+    say: Callable[[str, str], None] = lambda target, line: None,
+) -> list[Outcome]:
+    """Run `work` for every target; outcomes come back in the order of `targets`."""
+    by_host: dict[str, list[Target]] = defaultdict(list)
+    for target in targets:
+        by_host[target.host_name].append(target)
+    cancel = threading.Event()
+    hosts_at_once = threading.BoundedSemaphore(max(1, parallel))
+    outcomes: dict[str, Outcome] = {}
+    lock = threading.Lock()
+
+    with ConnectionPool() as pool:
+
+        def one_host(host_targets: list[Target]) -> None:
+            with hosts_at_once:
+                if cancel.is_set():
+                    return
+                first = host_targets[0]
+                conn = pool.get(first.host_name, first.host)
+                with ThreadPoolExecutor(max_workers=len(host_targets)) as inner:
+                    for target, outcome in zip(
+                        host_targets,
+                        inner.map(lambda t: _one_target(t, conn, work, cancel, say), host_targets),
+                        strict=True,
+                    ):
+                        with lock:
+                            outcomes[target.name] = outcome
+
+        executor = ThreadPoolExecutor(max_workers=len(by_host) or 1)
+        futures = [executor.submit(one_host, group) for group in by_host.values()]
+        try:
+            # Waiting in short slices keeps the main thread responsive to Ctrl-C.
+            while not all(f.done() for f in futures):
+                wait(futures, timeout=0.2)
+        except KeyboardInterrupt:
+            cancel.set()
+            pool.close()  # in-flight commands fail fast instead of running to their deadline
+            executor.shutdown(wait=True, cancel_futures=True)
+            raise
+        executor.shutdown(wait=True)
+        for future in futures:
+            future.result()
+    return [
+        outcomes.get(t.name) or Outcome(t.name, ExitCode.INTERRUPTED, "not started")
+        for t in targets
+    ]
+
+
+def _one_target(
+    target: Target,
+    conn: Connection,
+    work: Work,
+    cancel: threading.Event,
+    say: Callable[[str, str], None],
+) -> Outcome:
+    context = FleetContext(target, conn, cancel, lambda line: say(target.name, line))
+    try:
+        return work(context)
+    except Cancelled:
+        return Outcome(target.name, ExitCode.INTERRUPTED, "interrupted")
+    except LauncherError as error:
+        if cancel.is_set():
+            return Outcome(target.name, ExitCode.INTERRUPTED, "interrupted")
+        return error_outcome(target.name, error)
+
+
+def error_outcome(target: str, error: LauncherError) -> Outcome:
+    data = {
+        "target": target,
+        "ok": False,
+        "exit_code": int(error.exit_code),
+        "error": error.message,
+    }
+    return Outcome(target, error.exit_code, error.message, data)
+
+
+def render_table(outcomes: Sequence[Outcome], *, title: str) -> str:
+    """The closing table: target, result, key figures, exit code; then the overall code."""
+    rows = [(o.target, o.result, o.summary, str(int(o.exit_code))) for o in outcomes]
+    headers = ("target", "result", "summary", "exit")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:2])]
+    lines = [f"{title}:"]
+    lines.append(f"  {headers[0]:<{widths[0]}}  {headers[1]:<{widths[1]}}  exit  {headers[2]}")
+    for name, result, summary, code in rows:
+        lines.append(f"  {name:<{widths[0]}}  {result:<{widths[1]}}  {code:>4}  {summary}")
+    overall = worst([o.exit_code for o in outcomes])
+    lines.append(f"  overall exit {int(overall)}")
+    return "\n".join(lines)
