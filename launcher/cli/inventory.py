@@ -62,7 +62,7 @@ def check(app: AppContext, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view, indent=2, sort_keys=True))
         return
-    click.echo(f"inventory {inv.path}: ok ({len(targets)} targets, {len(inv.spec.hosts)} hosts)")
+    click.echo(f"{inv.path}: ok ({len(targets)} targets, {len(inv.spec.hosts)} hosts)")
     for name, host in inv.spec.hosts.items():
         click.echo(
             f"  host {name}: {host.user}@{host.address}:{host.port} ({host.host_key_policy})"

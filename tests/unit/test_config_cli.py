@@ -37,7 +37,7 @@ def test_valid_inventory_prints_resolved_view(
 ) -> None:
     code, out, err = check(project, capsys)
     assert (code, err) == (0, "")
-    assert "inventory" in out and "ok (2 targets, 1 hosts)" in out
+    assert f"{project / 'inventory.yaml'}: ok (2 targets, 1 hosts)" in out
     assert (
         "target prod: pve CT 200, session dflash, /root/dflash/train_dflash_pipeline.py  (default)"
         in out
@@ -268,3 +268,10 @@ def test_version() -> None:
 
     result = CliRunner().invoke(cli, ["--version"])
     assert result.output == f"launcher, version {__version__}\n"
+
+
+def test_repository_inventory_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-i", str(root / "inventory.yaml"), "inventory", "check"])
+    assert exit_info.value.code == 0, capsys.readouterr().err

@@ -1,0 +1,151 @@
+"""The remote layer against the sandbox's real sshd: host keys, deadlines, streams, quoting."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.config import HostSpec
+from launcher.container import Container
+from launcher.errors import CommandTimeout, ConnectError, ContainerError, HostKeyError
+from launcher.remote import STATS, Connection, resolve_endpoint
+from launcher.sandbox import Sandbox, SandboxInfo
+
+pytestmark = pytest.mark.e2e
+
+ARG = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
+
+
+def host_spec(info: SandboxInfo, **overrides: object) -> HostSpec:
+    values: dict[str, object] = {
+        "address": info.address,
+        "port": info.port,
+        "identity_file": str(info.identity_file),
+        "known_hosts": str(info.known_hosts),
+        "connect_timeout": 5,
+    }
+    values.update(overrides)
+    return HostSpec.model_validate(values)
+
+
+def connect(info: SandboxInfo, **overrides: object) -> Connection:
+    return Connection(resolve_endpoint("sandbox", host_spec(info, **overrides)))
+
+
+@pytest.fixture(scope="module")
+def conn(sandbox: tuple[Sandbox, SandboxInfo]) -> Connection:
+    connection = connect(sandbox[1])
+    yield connection  # type: ignore[misc]
+    connection.close()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(ARG, min_size=1, max_size=5))
+def test_any_argv_reaches_the_container_unchanged(conn: Connection, argv: list[str]) -> None:
+    container = Container(conn, 200, label="sandbox")
+    result = container.exec(["printf", r"%s\0", *argv])
+    assert result.exit_code == 0, result.err
+    assert result.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1] == argv
+
+
+def test_exit_code_and_streams(conn: Connection) -> None:
+    result = Container(conn, 200, label="sandbox").exec(
+        ["sh", "-c", "echo out; echo err >&2; exit 7"]
+    )
+    assert (result.exit_code, result.out, result.err) == (7, "out\n", "err\n")
+
+
+def test_large_output_on_both_streams_does_not_hang(conn: Connection) -> None:
+    script = (
+        "head -c 3000000 /dev/zero | tr '\\0' o & head -c 3000000 /dev/zero | tr '\\0' e >&2; wait"
+    )
+    result = conn.run(f"sh -c {script!r}", timeout=60)
+    assert result.ok
+    assert len(result.stdout) == 3_000_000 and len(result.stderr) == 3_000_000
+
+
+def test_command_deadline(conn: Connection) -> None:
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+        conn.run("sleep 30", timeout=1)
+    assert time.monotonic() - started < 3
+    assert conn.run("echo still usable").out == "still usable\n"
+
+
+def test_one_connection_for_many_commands(sandbox: tuple[Sandbox, SandboxInfo]) -> None:
+    before = STATS.connects
+    with connect(sandbox[1]) as connection:
+        for _ in range(5):
+            assert connection.run("true").ok
+    assert STATS.connects - before == 1
+
+
+def test_unknown_host_key_is_refused_with_advice(
+    sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path
+) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with (
+        connect(sandbox[1], known_hosts=str(empty)) as connection,
+        pytest.raises(HostKeyError) as error,
+    ):
+        connection.run("true")
+    assert "is not in" in error.value.message
+    assert error.value.hint and "ssh-keyscan -p" in error.value.hint
+    assert empty.read_text() == ""
+
+
+def test_accept_new_records_the_key(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    with connect(sandbox[1], known_hosts=str(known), host_key_policy="accept-new") as connection:
+        assert connection.run("true").ok
+    assert f"[127.0.0.1]:{sandbox[1].port} ssh-ed25519 " in known.read_text()
+    # Strict from now on: the recorded key is what is checked.
+    with connect(sandbox[1], known_hosts=str(known)) as connection:
+        assert connection.run("true").ok
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(
+    sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path
+) -> None:
+    info = sandbox[1]
+    key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    other_line = " ".join(key.with_suffix(".pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{info.port} {other_line}\n")
+    with (
+        connect(info, known_hosts=str(known), host_key_policy="accept-new") as connection,
+        pytest.raises(HostKeyError, match="CHANGED"),
+    ):
+        connection.run("true")
+
+
+def test_refused_port_fails_after_bounded_retries(sandbox: tuple[Sandbox, SandboxInfo]) -> None:
+    started = time.monotonic()
+    with (
+        connect(sandbox[1], port=1, connect_timeout=1) as connection,
+        pytest.raises(ConnectError, match="cannot connect"),
+    ):
+        connection.run("true")
+    assert time.monotonic() - started < 5
+
+
+def test_stopped_container_is_a_container_error(sandbox: tuple[Sandbox, SandboxInfo]) -> None:
+    sb, info = sandbox
+    sb.stop_container(201)
+    try:
+        with (
+            connect(info) as connection,
+            pytest.raises(ContainerError, match="container 201 not running"),
+        ):
+            Container(connection, 201, label="sandbox").exec(["true"])
+    finally:
+        sb.start_container(201)
