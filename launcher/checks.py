@@ -231,7 +231,7 @@ def _fmt(value: float) -> str:
 
 def _queue(name: str, size: int, seen: Sequence[Seen]) -> CheckResult:
     check = f"queues.{name}"
-    expected = f"{size} entries, all > 0"
+    expected = f"{size} {'entry' if size == 1 else 'entries'}, all > 0"
     for item in reversed(seen):
         values = item.sample.numbers(name)
         if values is None:

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any
 
-from launcher.checks import CheckResult, Verdict
+from launcher.checks import CheckResult, Verdict, history
 from launcher.status import Sample
 from launcher.verify import ProbeResult
 
@@ -116,14 +116,9 @@ def sparkline(values: Sequence[float]) -> str:
 
 
 def throughput_trend(probe: ProbeResult) -> list[float]:
-    """Throughput over the probe: each earlier poll's newest value, then the latest capture."""
-    values: list[float] = []
-    for poll in probe.polls[:-1]:
-        known = [s.throughput for s in poll.samples if s.throughput is not None]
-        if known:
-            values.append(known[-1])
-    values.extend(s.throughput for s in probe.samples if s.throughput is not None)
-    return values[-40:]
+    """Throughput over the whole probe, each status line counted once (see checks.history)."""
+    values = [seen.sample.throughput for seen in history(probe.polls)]
+    return [v for v in values if v is not None][-40:]
 
 
 def format_rate(value: float | None) -> str:
