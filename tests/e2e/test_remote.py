@@ -149,3 +149,16 @@ def test_stopped_container_is_a_container_error(sandbox: tuple[Sandbox, SandboxI
             Container(connection, 201, label="sandbox").exec(["true"])
     finally:
         sb.start_container(201)
+
+
+def test_dropped_link_reconnects_on_next_command(sandbox: tuple[Sandbox, SandboxInfo]) -> None:
+    before = STATS.connects
+    with connect(sandbox[1]) as connection:
+        assert connection.run("true").ok
+        # Cut the TCP connection under the SSH session, as a network drop would.
+        transport = connection._connected().get_transport()
+        assert transport is not None
+        transport.sock.close()  # type: ignore[union-attr]
+        transport.join(5)
+        assert connection.run("echo back").out == "back\n"
+    assert STATS.connects - before == 2
