@@ -175,6 +175,11 @@ class Connection:
     # -- connecting -----------------------------------------------------------------------
     def _connected(self) -> paramiko.SSHClient:
         with self._lock:
+            if self._client is not None and not _alive(self._client):
+                # The link dropped (network blip, sshd restart): start over on the next use.
+                self._client.close()
+                self._client = None
+                self._sftp = None
             if self._client is None:
                 self._client = self._connect()
             return self._client
@@ -422,6 +427,11 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _alive(client: paramiko.SSHClient) -> bool:
+    transport = client.get_transport()
+    return transport is not None and transport.is_active()
 
 
 def _drain(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
