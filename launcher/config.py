@@ -6,6 +6,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -101,7 +102,18 @@ class PlaybookSpec(_Model):
     gpus: Annotated[StrictInt, Field(ge=0)] = 0
     stop_grace: Annotated[float, Field(ge=0)] = 30.0
     keep_archives: Annotated[StrictInt, Field(ge=0)] = 3
+    # Length-bucket boundaries of the trainer's bucketed shuffle (`launcher buckets plan`).
+    buckets: list[StrictInt] | None = None
     verify: VerifySpec = Field(default_factory=VerifySpec)
+
+    @field_validator("buckets")
+    @classmethod
+    def _increasing(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (
+            len(value) < 2 or value[0] < 0 or any(b <= a for a, b in pairwise(value))
+        ):
+            raise ValueError("must be at least two strictly increasing lengths, from 0 or more")
+        return value
 
     @field_validator("session")
     @classmethod
