@@ -59,19 +59,19 @@ class Step:
 
 @dataclass
 class DeployReport:
+    """A deploy that went through (a failed one raises a LauncherError instead)."""
+
     target: str
     steps: list[Step] = field(default_factory=list)
     sha256: str = ""
     result: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    exit_code: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "target": self.target,
-            "ok": self.exit_code == 0,
-            "exit_code": self.exit_code,
-            "error": self.error,
+            "ok": True,
+            "exit_code": 0,
+            "error": None,
             "sha256": self.sha256,
             "steps": [step.__dict__ for step in self.steps],
             "result": self.result,
@@ -92,7 +92,7 @@ def deploy(
     *,
     on_step: StepSink = lambda step: None,
 ) -> DeployReport:
-    """Deploy the target's playbook; errors propagate as LauncherError with the report attached."""
+    """Deploy the target's playbook, reporting each step; failures raise LauncherError."""
     report = DeployReport(target=target.name)
 
     def emit(name: str, status: str, detail: str) -> None:
