@@ -196,7 +196,7 @@ def _alive(state: PaneState) -> CheckResult:
     tail = [line for line in clean_text(state.capture).splitlines() if line.strip()][-5:]
     observed = "pane dead" + (f", exit status {status}" if status is not None else "")
     if tail:
-        observed += "; last lines:\n" + "\n".join(tail)
+        observed += "\n" + "\n".join(tail)  # the first line stays a one-line summary
     return CheckResult("alive", Verdict.FAIL, observed, expected)
 
 

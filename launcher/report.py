@@ -155,9 +155,10 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
         )
     width = max((len(r.name) for r in probe.checks), default=4)
     for r in probe.checks:
+        # Multi-line observations (a dead pane's last lines) are shown in full below the table.
+        observed = r.observed.splitlines()[0] if r.observed else ""
         lines.append(
-            f"  {str(r.verdict).upper():<4}  {r.name:<{width}}  {r.observed}"
-            f"  (expected {r.expected})"
+            f"  {str(r.verdict).upper():<4}  {r.name:<{width}}  {observed}  (expected {r.expected})"
         )
     if probe.verdict != "healthy" and probe.last_lines():
         lines.append("  last lines:")

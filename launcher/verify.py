@@ -151,7 +151,9 @@ class Prober:
             if worst(fatal) is Verdict.FAIL:
                 checks = _merge(fatal, evaluate(self.polls, self.spec))
                 reason = "; ".join(
-                    f"{r.name}: {r.observed}" for r in fatal if r.verdict is Verdict.FAIL
+                    f"{r.name}: {_first_line(r.observed)}"
+                    for r in fatal
+                    if r.verdict is Verdict.FAIL
                 )
                 return self._finish("unhealthy", ExitCode.UNHEALTHY, reason, checks, start)
 
@@ -182,7 +184,7 @@ class Prober:
             if judging and now >= end:
                 failing = [r for r in results if r.verdict is Verdict.FAIL]
                 reason = (
-                    "; ".join(f"{r.name}: {r.observed}" for r in failing)
+                    "; ".join(f"{r.name}: {_first_line(r.observed)}" for r in failing)
                     if failing
                     else f"only {consecutive} of {s.successes} passing polls in the window"
                 )
@@ -228,3 +230,7 @@ def _merge(first: list[CheckResult], second: list[CheckResult]) -> list[CheckRes
     """All checks once, the fatal results winning over the full evaluation's of the same name."""
     names = {r.name for r in first}
     return first + [r for r in second if r.name not in names]
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""

@@ -124,7 +124,7 @@ def test_fatal_signs_on_a_crash_pane() -> None:
     alive, fatal = fatal_signs(state, ChecksSpec())
     assert alive.name == "alive"
     assert alive.verdict is Verdict.FAIL
-    assert alive.observed.startswith("pane dead, exit status 1; last lines:\n")
+    assert alive.observed.startswith("pane dead, exit status 1\n")
     tail = alive.observed.splitlines()[1:]
     assert len(tail) == 5
     assert tail[-1] == "Pane is dead (status 1, Sun Nov 30 22:18:00 2025)"
