@@ -15,6 +15,10 @@ Every op answers with one envelope::
      "warnings": [str], ...op data}
 
 Error kinds: refused, locked, unsafe_path, corrupt, compile, missing, invalid, failed.
+
+Ops: preflight, apply, stop, poll, logs, follow, history, rollback. `follow` streams: its stdout
+carries the log bytes as they are written, a blank line goes to stderr now and then (a write to
+a closed channel ends it), and its envelope is the last line on stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import platform
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -1190,6 +1195,8 @@ def op_poll(request, warnings):
         "capture": capture.rstrip("\n"),
         "exit_code": exit_code,
         "now": time.time(),
+        "record": read_json(os.path.join(state_dir(workdir), "current.json")),
+        "log_age": file_age(log_path(workdir, session)),
     }
 
 
@@ -1201,9 +1208,261 @@ def read_exit_code(path):
         return None
 
 
+# --------------------------------------------------------------------------- ops: logs, follow
+
+
+def read_json(path):
+    """The parsed JSON object in `path`, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def file_age(path):
+    """Seconds since `path` was last written, or None when it does not exist."""
+    try:
+        return max(0.0, time.time() - os.stat(path).st_mtime)
+    except OSError:
+        return None
+
+
+def clean_line(line):
+    """A log line as a terminal would show it: no CR line ending, only the last CR overwrite."""
+    line = line.rstrip("\r")
+    return line.rpartition("\r")[2] if "\r" in line else line
+
+
+def tail_file(path, count, block=65536):
+    """(complete lines, partial last line, offset after the last newline) of the file's end.
+
+    Reads backwards from the end, so a multi-gigabyte log costs only the blocks it needs.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        position, data = size, b""
+        while position > 0 and data.count(b"\n") <= count:
+            step = min(block, position)
+            position -= step
+            f.seek(position)
+            data = f.read(step) + data
+    complete, _, partial = data.rpartition(b"\n")
+    offset = size - len(partial)
+    lines = complete.decode("utf-8", "replace").split("\n") if b"\n" in data else []
+    if position > 0:
+        lines = lines[1:]  # the first one may be cut in the middle
+    lines = [clean_line(line) for line in lines[-count:]] if count > 0 else []
+    return lines, clean_line(partial.decode("utf-8", "replace")), offset
+
+
+def op_logs(request, warnings):
+    """The last N lines of the run's log file (or, raw, of its pane) plus what follow needs."""
+    workdir = workdir_param(request)
+    session = session_param(request)
+    count = max(param(request, "lines", int, default=50), 0)
+    raw = param(request, "raw", bool, default=False)
+    path = log_path(workdir, session)
+    state = session_state(session)
+    result = {
+        "source": "pane" if raw else "log",
+        "log_file": path,
+        "log_exists": os.path.isfile(path),
+        "lines": [],
+        "partial": "",
+        "offset": 0,
+        "session": state,
+        "exit_code": read_exit_code(exit_path(workdir, session)),
+    }
+    if raw:
+        if state["exists"]:
+            _, out, _ = tmux(
+                ["capture-pane", "-p", "-J", "-S", "-%d" % count, "-t", "=%s:" % session]
+            )
+            lines = out.rstrip("\n").split("\n") if out.strip() else []
+            result["lines"] = [line.rstrip() for line in lines[-count:]] if count else []
+    elif result["log_exists"]:
+        lines, partial, offset = tail_file(path, count)
+        result.update({"lines": lines, "partial": partial, "offset": offset})
+    return result
+
+
+def run_end(workdir, session):
+    """How the run ended ({"reason", "exit_code"}), or None while it is still running."""
+    code = read_exit_code(exit_path(workdir, session))
+    if code is not None:
+        return {"reason": "exited", "exit_code": code}
+    state = session_state(session)
+    if not state["exists"]:
+        return {"reason": "session gone", "exit_code": None}
+    if state["pane_dead"]:
+        return {"reason": "exited", "exit_code": state["dead_status"]}
+    return None
+
+
+def stdin_closed(timeout):
+    """Wait up to `timeout` s; True when stdin reached EOF (the client closed the channel)."""
+    try:
+        ready, _, _ = select.select([0], [], [], timeout)
+        return bool(ready) and os.read(0, 4096) == b""
+    except (OSError, ValueError):
+        time.sleep(timeout)
+        return False
+
+
+def follow_log(workdir, session, offset, write, beat, client_gone, options=None):
+    """Write the log from `offset` on as it grows, until the run ends or the client goes away.
+
+    write(bytes) sends log data; beat() proves the client is still there (a write to a closed
+    channel fails); client_gone(seconds) waits and says whether the client closed its end.
+    Returns {"ended": run_end() or None, "client_gone": bool, "offset": int}.
+    """
+    options = options or {}
+    interval = options.get("interval", 0.2)
+    heartbeat = options.get("heartbeat", 5.0)
+    settle = options.get("settle", 0.5)
+    check_every = options.get("check_every", 1.0)
+    path = log_path(workdir, session)
+    position, handle, ended, drain_until = offset, None, None, None
+    last_beat = last_check = 0.0
+    result = {"ended": None, "client_gone": False, "offset": offset}
+    try:
+        while True:
+            if handle is None:
+                with contextlib.suppress(OSError):
+                    handle = open(path, "rb")  # noqa: SIM115 (closed in finally)
+            data = b""
+            if handle is not None:
+                if os.fstat(handle.fileno()).st_size < position:
+                    position = 0  # truncated or replaced: start again from its beginning
+                handle.seek(position)
+                data = handle.read(65536)
+            if data:
+                position += len(data)
+                result["offset"] = position
+                write(data)
+                if drain_until is not None:
+                    drain_until = max(drain_until, time.monotonic() + interval)
+                continue
+            now = time.monotonic()
+            if ended is None and now - last_check >= check_every:
+                last_check = now
+                ended = run_end(workdir, session)
+                if ended is not None:
+                    # pipe-pane's cat may still be writing the last lines: drain a little.
+                    drain_until = now + settle
+            if drain_until is not None and now >= drain_until:
+                result["ended"] = ended
+                return result
+            if now - last_beat >= heartbeat:
+                last_beat = now
+                beat()
+            if client_gone(interval):
+                result["client_gone"] = True
+                return result
+    except (BrokenPipeError, ConnectionError):
+        result["client_gone"] = True
+        return result
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def op_follow(request, warnings):
+    """Stream the run's log to stdout from `offset` until the run ends (envelope on stderr)."""
+    workdir = workdir_param(request)
+    session = session_param(request)
+    offset = max(param(request, "offset", int, default=0), 0)
+    options = {
+        "heartbeat": param(request, "heartbeat", float, default=5.0),
+        "interval": param(request, "interval", float, default=0.2),
+    }
+    out = sys.stdout.buffer
+
+    def write(data):
+        out.write(data)
+        out.flush()
+
+    def beat():
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    # A closed channel must end this op, not kill it mid-write with SIGPIPE.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    return follow_log(workdir, session, offset, write, beat, stdin_closed, options)
+
+
+# --------------------------------------------------------------------------- ops: history, rollback
+
+
+def op_history(request, warnings):
+    """Deploy records from <workdir>/.launcher/deploys.jsonl, newest first."""
+    workdir = workdir_param(request)
+    limit = max(param(request, "limit", int, default=0), 0)
+    path = os.path.join(state_dir(workdir), "deploys.jsonl")
+    records, unreadable = [], 0
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        lines = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            unreadable += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            unreadable += 1
+    if unreadable:
+        warnings.append("%d unreadable line(s) in %s skipped" % (unreadable, path))
+    records.reverse()
+    return {"path": path, "records": records[:limit] if limit else records, "total": len(records)}
+
+
+def op_rollback(request, warnings):
+    """Put <dest>.prev back through the same transaction as apply (lock, guards, stop, launch,
+    record), from a copy in the workdir that is verified (sha256, py_compile) like an upload."""
+    workdir = workdir_param(request)
+    dest = dest_path(workdir, param(request, "dest", str, required=True))
+    previous = dest + ".prev"
+    if os.path.islink(previous) or not os.path.isfile(previous):
+        raise AgentError(
+            "refused", "no previous version to roll back to: %s does not exist" % previous
+        )
+    sha = sha256_file(previous)
+    directory, name = os.path.split(dest)
+    tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, uuid.uuid4().hex[:12]))
+    shutil.copy2(previous, tmp)
+    record = dict(param(request, "record", dict, default={}))
+    record.update({"rollback": True, "rolled_back_from": sha256_or_none(dest)})
+    applied = dict(request)
+    applied.update({"op": "apply", "tmp": tmp, "sha256": sha, "record": record})
+    try:
+        return op_apply(applied, warnings)
+    finally:
+        remove_quietly(tmp)  # the transaction moved or removed it; this covers an early refusal
+
+
 # --------------------------------------------------------------------------- entry points
 
-OPS = {"preflight": op_preflight, "apply": op_apply, "stop": op_stop, "poll": op_poll}
+OPS = {
+    "preflight": op_preflight,
+    "apply": op_apply,
+    "stop": op_stop,
+    "poll": op_poll,
+    "logs": op_logs,
+    "follow": op_follow,
+    "history": op_history,
+    "rollback": op_rollback,
+}
+# Ops whose stdout carries a stream (log bytes): their envelope goes to stderr instead.
+STREAMING_OPS = ("follow",)
 
 
 def envelope(op, error, warnings, data):
@@ -1232,9 +1491,11 @@ def run_local(request):
 
 def main(request):
     result = run_local(request)
+    streaming = isinstance(request, dict) and request.get("op") in STREAMING_OPS
+    out = sys.stderr if streaming else sys.stdout
     try:
-        sys.stdout.write(json.dumps(result) + "\n")
-        sys.stdout.flush()
+        out.write(json.dumps(result) + "\n")
+        out.flush()
     except (BrokenPipeError, OSError):
         return 0  # the work is done; nobody is listening for the answer
     return 0

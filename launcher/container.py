@@ -85,3 +85,12 @@ class Container:
             raise ContainerError(
                 f"{self.label}: `pct` not found on the host: is it a Proxmox node?"
             )
+
+
+def host_command(argv: Sequence[str]) -> str:
+    """A plain command line for the host's shell (not in a container), quoted once."""
+    if not argv:
+        raise ValueError("argv must not be empty")
+    if any("\x00" in arg for arg in argv):
+        raise ValueError("arguments cannot contain NUL bytes")
+    return shlex.join(argv)

@@ -137,6 +137,7 @@ def cli(
 
 
 def _register() -> None:
+    from launcher.cli.buckets import buckets
     from launcher.cli.deploy import deploy_command
     from launcher.cli.inventory import inventory
     from launcher.cli.operate import (
@@ -163,6 +164,7 @@ def _register() -> None:
         history_command,
         rollback_command,
         doctor_command,
+        buckets,
     ):
         cli.add_command(command)
 

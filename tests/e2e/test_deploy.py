@@ -26,6 +26,7 @@ def deploy_ok(project: Project, *args: str) -> str:
 
 
 def test_fresh_deploy_then_restart(project: Project) -> None:
+    tmp_before = host_tmp_files()
     book = project.playbook("fresh")
     project.write({"fresh": (VMID, book)})
     calls_before = project.sandbox.pct_calls()
@@ -58,7 +59,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
     assert sha == TRAINER_SHA
     record = project.ct_text(VMID, "cat", "/root/fresh/.launcher/current.json")
     assert TRAINER_SHA in record
-    assert host_tmp_files() == []
+    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
     project.kill_session(VMID, "fresh")
 
 
@@ -85,6 +86,7 @@ def test_restart_kills_leftover_children_and_frees_gpus(project: Project) -> Non
 
 
 def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
+    tmp_before = host_tmp_files()
     book = project.playbook("corrupt")
     project.write({"corrupt": (VMID, book)})
     deploy_ok(project)
@@ -103,11 +105,12 @@ def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
     assert project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0] == old_sha
     leftovers = project.ct_text(VMID, "sh", "-c", "ls -a /root/corrupt | grep launcher- || true")
     assert leftovers.strip() == ""
-    assert host_tmp_files() == []
+    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
     project.kill_session(VMID, "corrupt")
 
 
 def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
+    tmp_before = host_tmp_files()
     book = project.playbook("race", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=4)
     project.write({"race": (VMID, book)})
     deploy_ok(project)
@@ -119,7 +122,7 @@ def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     assert first.returncode == 0, first_err
     assert second.returncode == 4, second.stderr
     assert "another deploy is running" in second.stderr
-    assert host_tmp_files() == []
+    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
     project.kill_session(VMID, "race")
 
 

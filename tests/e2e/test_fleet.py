@@ -60,6 +60,19 @@ def test_deploy_and_verify_all_in_parallel(fleet: Project) -> None:
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert all(result == ("ok", 0) for result in table_rows(verified.stdout).values())
         assert len(table_rows(verified.stdout)) == 4
+
+        status = fleet.launcher("status", "--all")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert set(table_rows(status.stdout)) == {f"fleet{v}" for v in FLEET}
+
+        doctor = fleet.launcher("doctor", "--all")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert all(row == ("ok", 0) for row in table_rows(doctor.stdout).values())
+
+        stopped = fleet.launcher("stop", "--all", "--grace", "2")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert all(row == ("ok", 0) for row in table_rows(stopped.stdout).values())
+        assert all(not fleet.processes(v, "train_demo.py") for v in FLEET)
     finally:
         kill_all(fleet)
 

@@ -16,14 +16,20 @@ from launcher.remote import CommandResult
 class FakeEndpoint:
     name: str = "fake"
     command_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    hostname: str = "10.1.2.6"
+    port: int = 22
+    user: str = "root"
+    known_hosts: str = "/home/ann/.ssh/known_hosts"
 
 
 Handler = Callable[[list[str], dict[str, Any] | None], CommandResult]
+StreamHandler = Callable[[dict[str, Any], Callable[[bytes], None], Callable[[bytes], None]], int]
 
 
 @dataclass
 class Expectation:
-    kind: str  # "agent:<op>", "push", "put", "remove", "exec"
+    kind: str  # "agent:<op>", "stream:<op>", "push", "put", "remove", "exec", "host"
     respond: Callable[..., Any]
 
 
@@ -72,7 +78,34 @@ class StrictFakeHost:
         if argv[:2] == ["pct", "exec"]:
             code = self._next("exec").respond(argv[4:])
             return CommandResult(command, code or 0, b"", b"", 0.0)
-        raise AssertionError(f"unexpected command {command!r}")
+        # Any other host command: respond(argv) -> exit code, or (exit code, stdout[, stderr]).
+        answer = self._next("host").respond(argv)
+        code, out, err = (*answer, "", "")[:3] if isinstance(answer, tuple) else (answer, "", "")
+        return CommandResult(command, code or 0, str(out).encode(), str(err).encode(), 0.0)
+
+    def expect_stream(self, op: str, respond: StreamHandler) -> None:
+        """A streamed agent op: respond(request, on_stdout, on_stderr) -> exit code."""
+        self.expected.append(Expectation(f"stream:{op}", respond))
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        *,
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: bytes | None = None,
+        close_stdin: bool = True,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        argv = shlex.split(command)
+        if argv[:2] != ["pct", "exec"] or argv[4:6] != ["python3", "-c"] or stdin is None:
+            raise AssertionError(f"unexpected streamed command {command!r}")
+        request = json.loads(stdin.decode().splitlines()[0])["request"]
+        code: int = self._next(f"stream:{request['op']}").respond(
+            request, on_stdout, on_stderr or (lambda data: None)
+        )
+        return code
 
     def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
         self._next("put").respond(remote_path)

@@ -1,0 +1,647 @@
+# mypy: allow-untyped-calls
+"""logs, stop, attach, history, rollback and doctor: agent ops on this host, workflows on a
+strict fake host, and the CLI's help."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import agent
+from launcher.cli.main import cli
+from launcher.config import HostSpec
+from launcher.doctor import config_failed, doctor
+from launcher.errors import (
+    ConfigError,
+    ConnectError,
+    ExitCode,
+    HostKeyError,
+    LauncherError,
+    RemoteError,
+)
+from launcher.operate import (
+    LineSplitter,
+    attach,
+    attach_argv,
+    history,
+    history_lines,
+    logs,
+    rollback,
+    stop,
+)
+from launcher.remote import resolve_endpoint
+from tests.unit.fakehost import StrictFakeHost
+from tests.unit.projectfiles import load_target
+
+NO_SESSION = {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None}
+RUNNING = {"exists": True, "pane_dead": False, "dead_status": None, "pane_pid": 42}
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+# --------------------------------------------------------------------------- agent: logs
+
+
+def test_tail_file_reads_only_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_bytes(b"".join(b"line %d\r\n" % i for i in range(5000)) + b"partial")
+    lines, partial, offset = agent.tail_file(str(log), 3, block=64)
+    assert lines == ["line 4997", "line 4998", "line 4999"]
+    assert partial == "partial"
+    assert offset == log.stat().st_size - len("partial")
+
+
+def test_tail_file_short_and_empty_files(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    data = b"\n=== launcher run x ===\nbar 10%\rbar 100%\n"
+    log.write_bytes(data)
+    expected = ["", "=== launcher run x ===", "bar 100%"]
+    assert agent.tail_file(str(log), 50) == (expected, "", len(data))
+    assert agent.tail_file(str(log), 0)[0] == []
+    log.write_bytes(b"")
+    assert agent.tail_file(str(log), 5) == ([], "", 0)
+
+
+def test_logs_op_without_a_log_or_session(tmp_path: Path, private_tmux: None) -> None:
+    answer = agent.run_local(
+        {"op": "logs", "workdir": str(tmp_path), "session": "nothere", "lines": 5}
+    )
+    assert answer["ok"] is True
+    assert answer["log_exists"] is False and answer["lines"] == []
+    assert answer["session"]["exists"] is False
+
+
+def wait_a_little(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
+
+
+def test_follow_log_streams_until_the_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workdir = str(tmp_path)
+    os.makedirs(agent.state_dir(workdir))
+    log = agent.log_path(workdir, "s")
+    with open(log, "wb") as f:
+        f.write(b"old\n")
+    ended: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run_end", lambda w, s: ended.get("how"))
+
+    def writer() -> None:
+        for i in range(3):
+            time.sleep(0.05)
+            with open(log, "ab") as f:
+                f.write(b"new %d\n" % i)
+        ended["how"] = {"reason": "exited", "exit_code": 1}
+        with open(log, "ab") as f:
+            f.write(b"Traceback\n")
+
+    got = bytearray()
+    thread = threading.Thread(target=writer)
+    thread.start()
+    result = agent.follow_log(
+        workdir,
+        "s",
+        4,
+        got.extend,
+        lambda: None,
+        wait_a_little,
+        {"interval": 0.02, "check_every": 0.02, "settle": 0.1},
+    )
+    thread.join()
+    assert bytes(got) == b"new 0\nnew 1\nnew 2\nTraceback\n"
+    assert result["ended"] == {"reason": "exited", "exit_code": 1}
+    assert result["client_gone"] is False
+    assert result["offset"] == os.path.getsize(log)
+
+
+def test_follow_log_ends_when_the_client_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent, "run_end", lambda w, s: None)
+    beats: list[int] = []
+    result = agent.follow_log(
+        str(tmp_path), "s", 0, lambda d: None, lambda: beats.append(1), lambda t: True
+    )
+    assert result == {"ended": None, "client_gone": True, "offset": 0}
+    assert beats == [1]
+
+
+def test_follow_log_restarts_a_truncated_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workdir = str(tmp_path)
+    os.makedirs(agent.state_dir(workdir))
+    log = agent.log_path(workdir, "s")
+    with open(log, "wb") as f:
+        f.write(b"short\n")
+    monkeypatch.setattr(agent, "run_end", lambda w, s: {"reason": "session gone"})
+    got = bytearray()
+    options = {"interval": 0.01, "check_every": 0.0, "settle": 0.05}
+    agent.follow_log(workdir, "s", 1000, got.extend, lambda: None, lambda t: False, options)
+    assert bytes(got) == b"short\n"
+
+
+# --------------------------------------------------------------------------- agent: poll, history
+
+
+def test_poll_reports_record_and_log_age(tmp_path: Path, private_tmux: None) -> None:
+    request = {"op": "poll", "workdir": str(tmp_path), "session": "s", "lines": 5}
+    answer = agent.run_local(request)
+    assert answer["record"] is None and answer["log_age"] is None
+    agent.append_record(str(tmp_path), {"sha256": "abc"})
+    with open(agent.log_path(str(tmp_path), "s"), "w") as f:
+        f.write("x\n")
+    answer = agent.run_local(request)
+    assert answer["record"] == {"sha256": "abc"}
+    assert 0 <= answer["log_age"] < 5
+
+
+def test_history_op_newest_first_skips_bad_lines(tmp_path: Path) -> None:
+    for n in range(3):
+        agent.append_record(str(tmp_path), {"n": n})
+    with open(os.path.join(agent.state_dir(str(tmp_path)), "deploys.jsonl"), "a") as f:
+        f.write("{not json\n")
+    answer = agent.run_local({"op": "history", "workdir": str(tmp_path)})
+    assert [r["n"] for r in answer["records"]] == [2, 1, 0]
+    assert answer["total"] == 3
+    assert "1 unreadable line(s)" in answer["warnings"][0]
+    limited = agent.run_local({"op": "history", "workdir": str(tmp_path), "limit": 1})
+    assert [r["n"] for r in limited["records"]] == [2]
+    empty = agent.run_local({"op": "history", "workdir": str(tmp_path / "none")})
+    assert empty["records"] == [] and empty["ok"] is True
+
+
+# --------------------------------------------------------------------------- agent: rollback
+
+
+@pytest.fixture
+def private_tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A private tmux socket directory, so nothing reaches the developer's tmux server."""
+    socket_dir = tempfile.mkdtemp(prefix="lo-")
+    monkeypatch.setenv("TMUX_TMPDIR", socket_dir)
+    monkeypatch.delenv("TMUX", raising=False)
+    yield
+    subprocess.run(["tmux", "kill-server"], capture_output=True, check=False)
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+SLEEPER = "import time\nprint('v%d', flush=True)\ntime.sleep(60)\n"
+
+
+def apply_request(tmp_path: Path, session: str, version: int, **extra: Any) -> dict[str, Any]:
+    workdir = tmp_path / "wd"
+    workdir.mkdir(exist_ok=True)
+    source = SLEEPER % version
+    tmp = workdir / f".push-{version}.tmp"
+    tmp.write_text(source)
+    request = {
+        "op": "apply",
+        "workdir": str(workdir),
+        "dest": "train.py",
+        "tmp": str(tmp),
+        "sha256": hashlib.sha256(source.encode()).hexdigest(),
+        "session": session,
+        "restart": True,
+        "grace": 0.5,
+        "checkpoints": "checkpoints",
+        "checkpoint_mode": "keep",
+        "command": "exec python3 train.py",
+        "record": {"playbook": "demo"},
+        "lock_path": str(tmp_path / "run" / "deploy.lock"),
+    }
+    request.update(extra)
+    return request
+
+
+def sha_of(version: int) -> str:
+    return hashlib.sha256((SLEEPER % version).encode()).hexdigest()
+
+
+@needs_tmux
+def test_rollback_op_restores_prev_through_the_transaction(
+    tmp_path: Path, private_tmux: None
+) -> None:
+    session = "r" + uuid.uuid4().hex[:8]
+    workdir = tmp_path / "wd"
+    try:
+        first = agent.run_local(apply_request(tmp_path, session, 1))
+        assert first["ok"], first["error"]
+        request = apply_request(tmp_path, session, 1)
+        del request["tmp"], request["sha256"]
+        request["op"] = "rollback"
+        none = agent.run_local(request)
+        assert none["error"]["kind"] == "refused"
+        assert "no previous version" in none["error"]["message"]
+
+        assert agent.run_local(apply_request(tmp_path, session, 2))["ok"]
+        refused = agent.run_local({**request, "restart": False})
+        assert refused["error"]["kind"] == "refused"
+        assert "use --restart" in refused["error"]["message"]
+
+        done = agent.run_local(request)
+        assert done["ok"], done["error"]
+        assert [s["name"] for s in done["steps"]][-4:] == [
+            "stop",
+            "checkpoints",
+            "launch",
+            "record",
+        ]
+        assert agent.sha256_file(str(workdir / "train.py")) == sha_of(1)
+        assert agent.sha256_file(str(workdir / "train.py.prev")) == sha_of(2)
+        assert done["record"]["rollback"] is True
+        assert done["record"]["rolled_back_from"] == sha_of(2)
+        assert done["stopped"]["was_running"] is True
+        assert [p.name for p in workdir.iterdir() if "launcher-rollback" in p.name] == []
+    finally:
+        agent.stop_run(session, 0.2, 0, [])
+
+
+def test_rollback_op_refuses_an_unsafe_dest(tmp_path: Path) -> None:
+    request = apply_request(tmp_path, "s", 1, op="rollback", dest="../x.py")
+    answer = agent.run_local(request)
+    assert answer["error"]["kind"] == "unsafe_path"
+
+
+# --------------------------------------------------------------------------- workflows: logs
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Any:
+    return load_target(tmp_path)
+
+
+def logs_answer(**overrides: Any) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "source": "log",
+        "log_file": "/root/dflash/.launcher/dflash.log",
+        "log_exists": True,
+        "lines": ["a", "b"],
+        "partial": "",
+        "offset": 10,
+        "session": RUNNING,
+        "exit_code": None,
+    }
+    answer.update(overrides)
+    return answer
+
+
+def test_logs_tail_shows_lines_and_partial(target: Any) -> None:
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    host.expect_agent("logs", lambda req: seen.update(req) or logs_answer(partial="c"))
+    shown: list[str] = []
+    result = logs(target, host, tail=7, on_line=shown.append)  # type: ignore[arg-type]
+    host.assert_done()
+    assert shown == ["a", "b", "c"]
+    assert result.exit_code == ExitCode.OK and not result.followed
+    assert seen["lines"] == 7 and seen["raw"] is False and seen["session"] == "dflash"
+
+
+def test_logs_without_log_or_pane_exit_1(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("logs", logs_answer(log_exists=False, lines=[], session=NO_SESSION))
+    result = logs(target, host)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.UNHEALTHY
+    assert "no log file" in result.summary and "no session" in result.summary
+    host.expect_agent("logs", logs_answer(source="pane", session=NO_SESSION))
+    raw = logs(target, host, raw=True)  # type: ignore[arg-type]
+    assert raw.exit_code == ExitCode.UNHEALTHY and "no session 'dflash'" in raw.summary
+    host.assert_done()
+
+
+def envelope(**data: Any) -> bytes:
+    body = {"ok": True, "op": "follow", "error": None, "warnings": [], **data}
+    return ("\n" + json.dumps(body) + "\n").encode()
+
+
+def test_logs_follow_streams_over_one_exec(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("logs", logs_answer(partial="half"))
+    seen: dict[str, Any] = {}
+
+    def follow(request: dict[str, Any], out: Callable[[bytes], None], err: Any) -> int:
+        seen.update(request)
+        out(b"half line\r\nnext ")
+        err(b"\n")  # heartbeat
+        out(b"one\nbar 1%\rbar 99%\r\nlast")
+        err(envelope(ended={"reason": "exited", "exit_code": 0}, client_gone=False))
+        return 0
+
+    host.expect_stream("follow", follow)
+    shown: list[str] = []
+    result = logs(target, host, follow=True, on_line=shown.append)  # type: ignore[arg-type]
+    host.assert_done()
+    assert shown == ["a", "b", "half line", "next one", "bar 99%", "last"]
+    assert seen["offset"] == 10
+    assert result.followed and result.ended == {"reason": "exited", "exit_code": 0}
+    assert result.summary == "the run ended with exit code 0"
+
+
+def test_logs_follow_ctrl_c_stops_following_only(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("logs", logs_answer())
+
+    def interrupted(request: dict[str, Any], out: Callable[[bytes], None], err: Any) -> int:
+        out(b"x\n")
+        raise KeyboardInterrupt
+
+    host.expect_stream("follow", interrupted)
+    result = logs(target, host, follow=True)  # type: ignore[arg-type]
+    host.assert_done()
+    assert result.interrupted and result.exit_code == ExitCode.OK
+    assert "the run goes on" in result.summary
+
+
+def test_logs_follow_not_started_when_the_run_ended(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("logs", logs_answer(exit_code=1, partial="tail"))
+    shown: list[str] = []
+    result = logs(target, host, follow=True, on_line=shown.append)  # type: ignore[arg-type]
+    host.assert_done()
+    assert shown[-1] == "tail" and not result.followed
+    assert "not following: the run has ended" in result.summary
+
+
+def test_logs_follow_failure_is_remote_error(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("logs", logs_answer())
+
+    def broken(request: dict[str, Any], out: Callable[[bytes], None], err: Any) -> int:
+        err(b"lxc-attach: failed\n")
+        return 1
+
+    host.expect_stream("follow", broken)
+    with pytest.raises(RemoteError, match="following the log failed"):
+        logs(target, host, follow=True)  # type: ignore[arg-type]
+
+
+def test_line_splitter_joins_split_utf8() -> None:
+    shown: list[str] = []
+    splitter = LineSplitter(shown.append)
+    data = "é ok\n".encode()
+    splitter.feed(data[:1])
+    splitter.feed(data[1:])
+    splitter.flush()
+    assert shown == ["é ok"]
+
+
+# --------------------------------------------------------------------------- stop, attach
+
+
+def stop_report(**overrides: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "was_running": True,
+        "session_existed": True,
+        "pids": [42, 43],
+        "forced": False,
+        "leftover": [],
+        "gpu_holders": [],
+    }
+    report.update(overrides)
+    return {"stopped": report}
+
+
+def test_stop_reports_pids_and_gpus(target: Any) -> None:
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    host.expect_agent("stop", lambda req: seen.update(req) or stop_report())
+    result = stop(target, host, grace=7)  # type: ignore[arg-type]
+    host.assert_done()
+    assert result.exit_code == ExitCode.OK
+    assert seen["grace"] == 7 and seen["gpus"] == 8 and seen["lock_path"]
+    assert [(s.name, s.status) for s in result.steps] == [
+        ("stop", "ok"),
+        ("processes", "ok"),
+        ("gpus", "ok"),
+    ]
+    assert "pids 42, 43" in result.summary
+
+
+def test_stop_without_session_and_with_leftovers(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("stop", stop_report(was_running=False, session_existed=False, pids=[]))
+    result = stop(target, host)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.OK and "nothing to stop" in result.summary
+    assert result.steps == []
+    host.expect_agent(
+        "stop",
+        stop_report(forced=True, leftover=[43], gpu_holders=[{"pid": 43, "name": "python3"}]),
+    )
+    bad = stop(target, host)  # type: ignore[arg-type]
+    host.assert_done()
+    assert bad.exit_code == ExitCode.UNREACHABLE
+    assert [s.status for s in bad.steps] == ["ok", "failed", "failed"]
+
+
+def test_attach_argv_uses_the_hosts_settings() -> None:
+    spec = HostSpec(
+        address="10.0.0.5",
+        port=2222,
+        user="ops",
+        identity_file="/keys/id",
+        known_hosts="/kh/known hosts",
+        host_key_policy="accept-new",
+        jump="bastion:2200",
+        connect_timeout=7.5,
+    )
+    endpoint = resolve_endpoint("pve", spec, ssh_config=Path("/nonexistent"))
+    argv = attach_argv(endpoint, 200, "dflash")
+    assert argv == [
+        "ssh",
+        "-t",
+        "-p",
+        "2222",
+        "-l",
+        "ops",
+        "-i",
+        "/keys/id",
+        "-o",
+        'UserKnownHostsFile="/kh/known hosts"',
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "ProxyJump=bastion:2200",
+        "-o",
+        "ConnectTimeout=8",
+        "--",
+        "10.0.0.5",
+        "pct exec 200 -- tmux attach -t =dflash:",
+    ]
+    strict = attach_argv(resolve_endpoint("pve", HostSpec(address="h"), Path("/none")), 1, "s")
+    assert "StrictHostKeyChecking=yes" in strict and not any("ProxyJump" in a for a in strict)
+
+
+def poll_answer(session: dict[str, Any]) -> dict[str, Any]:
+    return {"session": session, "capture": "", "exit_code": None, "now": 0.0}
+
+
+def test_attach_checks_the_session_first(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("poll", poll_answer(NO_SESSION))
+    missing = attach(target, host)  # type: ignore[arg-type]
+    assert missing.exit_code == ExitCode.UNHEALTHY and missing.argv == []
+    assert "no session 'dflash'" in missing.summary
+
+
+# --------------------------------------------------------------------------- history, rollback
+
+RECORD = {
+    "time": "2026-01-02T03:04:05Z",
+    "operator": "ann@ws",
+    "sha256": "3f2a9c1b0d4e" + "0" * 52,
+    "outcome": "launched",
+    "command": "python3 train.py",
+    "stopped": {"session_existed": True, "pids": [5, 6], "forced": True},
+    "checkpoints": {"action": "archive", "from": "/w/c", "to": "/w/c.archived-1"},
+}
+
+
+def test_history_passes_records_newest_first(target: Any) -> None:
+    host = StrictFakeHost()
+    older = {**RECORD, "time": "2026-01-01T00:00:00Z"}
+    host.expect_agent("history", {"records": [RECORD, older], "total": 2, "path": "/p"})
+    result = history(target, host)  # type: ignore[arg-type]
+    host.assert_done()
+    assert [r["time"] for r in result.records] == [RECORD["time"], older["time"]]
+    assert "2 deploy(s)" in result.summary and "3f2a9c1b0d4e" in result.summary
+    lines = history_lines({**RECORD, "rollback": True})
+    assert lines[0].endswith("[rollback]")
+    assert "pids 5, 6 (forced)" in lines[2] and "c.archived-1" in lines[3]
+
+
+def test_rollback_request_and_refusal(target: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    applied = {
+        "steps": [{"name": "verify", "status": "ok", "detail": "sha"}],
+        "record": {"sha256": "a" * 64, "rolled_back_from": "b" * 64},
+    }
+    host.expect_agent("rollback", lambda req: seen.update(req) or applied)
+    steps: list[Any] = []
+    result = rollback(target, host, restart=True, on_step=steps.append)  # type: ignore[arg-type]
+    assert seen["restart"] is True and seen["checkpoint_mode"] == "archive"
+    assert "tmp" not in seen and "sha256" not in seen
+    assert [s.name for s in steps] == ["verify"]
+    assert result.summary.endswith(f"sha256 {'a' * 12} (was {'b' * 12})")
+
+    error = {"kind": "refused", "message": "no previous version to roll back to"}
+    host.expect_agent("rollback", {"ok": False, "error": error})
+    with pytest.raises(LauncherError) as caught:
+        rollback(target, host)  # type: ignore[arg-type]
+    assert caught.value.exit_code == ExitCode.REFUSED
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def preflight_answer(**overrides: Any) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "python": "3.11.2",
+        "tmux": "tmux 3.3a",
+        "workdir": {"exists": True, "writable": True, "created": False},
+        "free_bytes": 10 * 2**30,
+        "gpus": {"visible": 8, "names": [], "error": None, "holders": []},
+        "session": NO_SESSION,
+        "checkpoints": {"path": "/root/dflash/checkpoints", "exists": False, "unsafe": None},
+        "lock": None,
+    }
+    answer.update(overrides)
+    return answer
+
+
+def doctor_host(status: str = "status: running", **pre: Any) -> StrictFakeHost:
+    host = StrictFakeHost()
+    host.expect("host", lambda argv: (0, "/usr/sbin/pct\n") if argv[:2] == ["command", "-v"] else 9)
+    host.expect("host", lambda argv: (0, status + "\n") if argv[:2] == ["pct", "status"] else 9)
+    host.expect_agent("preflight", preflight_answer(**pre))
+    return host
+
+
+def test_doctor_all_pass(target: Any) -> None:
+    host = doctor_host()
+    result = doctor(target, host)  # type: ignore[arg-type]
+    host.assert_done()
+    assert result.exit_code == ExitCode.OK, result.checks
+    assert [c.name for c in result.checks] == [
+        "config", "reachable", "host key", "auth", "pct", "container", "running",
+        "python3", "tmux", "gpus", "disk", "workdir", "lock",
+    ]  # fmt: skip
+    assert all(c.status == "ok" for c in result.checks)
+
+
+def test_doctor_stopped_container_exit_3(target: Any) -> None:
+    host = StrictFakeHost()
+    host.expect("host", lambda argv: (0, "/usr/sbin/pct\n"))
+    host.expect("host", lambda argv: (0, "status: stopped\n"))
+    result = doctor(target, host)  # type: ignore[arg-type]
+    host.assert_done()
+    assert result.exit_code == ExitCode.UNREACHABLE
+    running = next(c for c in result.checks if c.name == "running")
+    assert running.status == "failed" and running.fix == "pct start 200"
+    assert next(c for c in result.checks if c.name == "lock").status == "skipped"
+
+
+def test_doctor_held_lock_exit_4_and_gpus(target: Any) -> None:
+    lock = {"operator": "bob", "from_host": "ws", "client_pid": 1, "since": "t", "stale": False}
+    gpus = {"visible": 2, "names": [], "error": None, "holders": []}
+    host = doctor_host(lock=lock, gpus=gpus)
+    result = doctor(target, host)  # type: ignore[arg-type]
+    failed = [(c.name, c.exit_code) for c in result.checks if c.status == "failed"]
+    assert failed == [("gpus", ExitCode.UNREACHABLE), ("lock", ExitCode.REFUSED)]
+    assert result.exit_code == ExitCode.UNREACHABLE  # the first failure decides
+    host = doctor_host(lock=lock)
+    assert doctor(target, host).exit_code == ExitCode.REFUSED  # type: ignore[arg-type]
+
+
+def test_doctor_host_key_and_unreachable(target: Any) -> None:
+    host = StrictFakeHost()
+
+    def unknown(argv: list[str]) -> int:
+        raise HostKeyError("host key not known", hint="ssh-keyscan -p 22 h >> kh")
+
+    host.expect("host", unknown)
+    result = doctor(target, host)  # type: ignore[arg-type]
+    statuses = {c.name: c.status for c in result.checks}
+    assert statuses["reachable"] == "ok" and statuses["host key"] == "failed"
+    assert statuses["auth"] == "skipped"
+    assert "ssh-keyscan" in (result.checks[2].fix or "")
+
+    def refused(argv: list[str]) -> int:
+        raise ConnectError("cannot connect")
+
+    host.expect("host", refused)
+    down = doctor(target, host)  # type: ignore[arg-type]
+    host.assert_done()
+    assert down.exit_code == ExitCode.UNREACHABLE
+    assert {c.name: c.status for c in down.checks}["reachable"] == "failed"
+
+
+def test_doctor_config_failure_exit_2() -> None:
+    result = config_failed(ConfigError(["inventory.yaml:3: hosts.pve.port: bad"]))
+    assert result.exit_code == ExitCode.USAGE
+    assert result.checks[0].name == "config" and result.checks[0].status == "failed"
+    assert all(c.status == "skipped" for c in result.checks[1:])
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("name", ["logs", "stop", "attach", "history", "rollback", "doctor"])
+def test_every_command_has_help_with_an_example(name: str) -> None:
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and f"launcher {name}" in result.output
