@@ -14,6 +14,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3  # SSH, auth, host key, container missing or stopped
     REFUSED = 4  # lock held by another deploy, active run without --restart
     INTERRUPTED = 130
+    PIPE_CLOSED = 141  # stdout's reader went away, as for a process killed by SIGPIPE
 
 
 class LauncherError(Exception):

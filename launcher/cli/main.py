@@ -6,6 +6,7 @@ Workflow modules (and so pydantic, paramiko) are imported inside commands, so th
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -203,4 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
+    except BrokenPipeError:
+        # The reader went away (`launcher logs -f | head`): no traceback, the shell's SIGPIPE code.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(int(ExitCode.PIPE_CLOSED))
     sys.exit(int(code or 0))
