@@ -81,7 +81,8 @@ class DeployReport:
 StepSink = Callable[[Step], None]
 
 
-def _operator() -> dict[str, Any]:
+def operator_info() -> dict[str, Any]:
+    """Who is acting, recorded in the container's lock."""
     return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
@@ -136,49 +137,17 @@ def deploy(
         _upload(conn, container, script, ct_tmp)
         emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
 
-    record: dict[str, Any] = {
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "operator": f"{getpass.getuser()}@{socket.gethostname()}",
-        "launcher_version": __version__,
-        "playbook": spec.name,
-        "command": spec.command,
-        "target": target.name,
-        "script": playbook.dest_path,
-    }
-    request = {
-        "op": "apply",
-        "workdir": spec.workdir,
-        "dest": spec.script.dest,
-        "tmp": None if unchanged else ct_tmp,
-        "sha256": report.sha256,
-        "session": spec.session,
-        "restart": options.restart,
-        "grace": grace,
-        "checkpoints": spec.checkpoints,
-        "checkpoint_mode": options.checkpoint_mode,
-        "keep_archives": spec.keep_archives,
-        "command": spec.command,
-        "env": spec.env,
-        "width": PANE_WIDTH,
-        "height": PANE_HEIGHT,
-        "history_limit": HISTORY_LIMIT,
-        "gpus": spec.gpus,
-        "lock_path": LOCK_PATH,
-        "operator": _operator(),
-        "record": record,
-    }
-    try:
-        applied = call_agent(container, request, timeout=grace + conn.endpoint.command_timeout)
-    except AgentFailure as failure:
-        _emit_agent_steps(failure.response, emit)
-        raise
-    _emit_agent_steps(applied, emit)
-    for warning in applied.get("warnings", []):
-        emit("warning", "warning", str(warning))
+    request = transaction_request(
+        target, op="apply", restart=options.restart, grace=grace, mode=options.checkpoint_mode
+    )
+    request.update({"tmp": None if unchanged else ct_tmp, "sha256": report.sha256})
+    applied = run_transaction(
+        container, request, emit, timeout=grace + conn.endpoint.command_timeout
+    )
     report.result = {
         key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")
     }
-    append_local_history(target.name, applied.get("record") or record)
+    append_local_history(target.name, applied.get("record") or request["record"])
     return report
 
 
@@ -305,6 +274,61 @@ def plan(
     steps.append(("launch", f"tmux session '{spec.session}' in {spec.workdir}: {spec.command}"))
     steps.append(("record", f"{spec.workdir}/.launcher/deploys.jsonl and the local history"))
     return steps
+
+
+def transaction_request(
+    target: Target, *, op: str, restart: bool, grace: float, mode: CheckpointMode
+) -> dict[str, Any]:
+    """The agent request shared by `apply` (deploy) and `rollback`: one locked transaction."""
+    playbook = target.playbook
+    spec = playbook.spec
+    return {
+        "op": op,
+        "workdir": spec.workdir,
+        "dest": spec.script.dest,
+        "session": spec.session,
+        "restart": restart,
+        "grace": grace,
+        "checkpoints": spec.checkpoints,
+        "checkpoint_mode": mode,
+        "keep_archives": spec.keep_archives,
+        "command": spec.command,
+        "env": spec.env,
+        "width": PANE_WIDTH,
+        "height": PANE_HEIGHT,
+        "history_limit": HISTORY_LIMIT,
+        "gpus": spec.gpus,
+        "lock_path": LOCK_PATH,
+        "operator": operator_info(),
+        "record": {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "operator": f"{getpass.getuser()}@{socket.gethostname()}",
+            "launcher_version": __version__,
+            "playbook": spec.name,
+            "command": spec.command,
+            "target": target.name,
+            "script": playbook.dest_path,
+        },
+    }
+
+
+def run_transaction(
+    container: Container,
+    request: dict[str, Any],
+    emit: Callable[[str, str, str], None],
+    *,
+    timeout: float,
+) -> dict[str, Any]:
+    """Run the transaction in the container, reporting its steps (also those of a failure)."""
+    try:
+        applied = call_agent(container, request, timeout=timeout)
+    except AgentFailure as failure:
+        _emit_agent_steps(failure.response, emit)
+        raise
+    _emit_agent_steps(applied, emit)
+    for warning in applied.get("warnings") or []:
+        emit("warning", "warning", str(warning))
+    return applied
 
 
 def _emit_agent_steps(response: dict[str, Any], emit: Callable[[str, str, str], None]) -> None:

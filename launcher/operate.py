@@ -9,21 +9,22 @@ Every container op is one `pct exec` of the agent; `logs --follow` streams over 
 from __future__ import annotations
 
 import codecs
-import getpass
 import json
 import math
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from launcher import __version__
-from launcher.agentcall import BOOT, ERROR_KINDS, AgentFailure, agent_source, call_agent
+from launcher.agentcall import BOOT, ERROR_KINDS, agent_source, call_agent
 from launcher.config import Target
 from launcher.container import exec_command
-from launcher.deploy import HISTORY_LIMIT, LOCK_PATH, PANE_HEIGHT, PANE_WIDTH, Step
+from launcher.deploy import (
+    LOCK_PATH,
+    Step,
+    operator_info,
+    run_transaction,
+    transaction_request,
+)
 from launcher.errors import ExitCode, RemoteError
 from launcher.history import append_local_history
 from launcher.remote import Connection, Endpoint
@@ -36,10 +37,6 @@ StepSink = Callable[[Step], None]
 # the connection is dead.
 HEARTBEAT = 5.0
 HEARTBEAT_MISSES = 6
-
-
-def operator() -> dict[str, Any]:
-    return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def _ended_text(ended: dict[str, Any] | None) -> str:
@@ -225,7 +222,7 @@ def stop(target: Target, conn: Connection, *, grace: float | None = None) -> Sto
             "grace": wait,
             "gpus": spec.gpus,
             "lock_path": LOCK_PATH,
-            "operator": operator(),
+            "operator": operator_info(),
         },
         timeout=wait + 30 + conn.endpoint.command_timeout,
     )
@@ -390,7 +387,6 @@ def rollback(
     transaction as deploy (guards, stop, checkpoints, launch, record). No previous version, or
     an active run without `restart`, refuses (exit 4)."""
     spec = target.playbook.spec
-    playbook = target.playbook
     wait = spec.stop_grace if grace is None else grace
     result = RollbackResult(ExitCode.OK, "")
 
@@ -399,45 +395,18 @@ def rollback(
         result.steps.append(step)
         on_step(step)
 
-    record: dict[str, Any] = {
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "operator": f"{getpass.getuser()}@{socket.gethostname()}",
-        "launcher_version": __version__,
-        "playbook": spec.name,
-        "command": spec.command,
-        "target": target.name,
-        "script": playbook.dest_path,
-    }
-    request = {
-        "op": "rollback",
-        "workdir": spec.workdir,
-        "dest": spec.script.dest,
-        "session": spec.session,
-        "restart": restart,
-        "grace": wait,
-        "checkpoints": spec.checkpoints,
-        "checkpoint_mode": "keep" if keep_checkpoints else "archive",
-        "keep_archives": spec.keep_archives,
-        "command": spec.command,
-        "env": spec.env,
-        "width": PANE_WIDTH,
-        "height": PANE_HEIGHT,
-        "history_limit": HISTORY_LIMIT,
-        "gpus": spec.gpus,
-        "lock_path": LOCK_PATH,
-        "operator": operator(),
-        "record": record,
-    }
+    request = transaction_request(
+        target,
+        op="rollback",
+        restart=restart,
+        grace=wait,
+        mode="keep" if keep_checkpoints else "archive",
+    )
     container = container_for(target, conn)
-    try:
-        applied = call_agent(container, request, timeout=wait + conn.endpoint.command_timeout)
-    except AgentFailure as failure:
-        _emit_steps(failure.response, emit)
-        raise
-    _emit_steps(applied, emit)
-    for warning in applied.get("warnings") or []:
-        emit("warning", "warning", str(warning))
-    saved = applied.get("record") or record
+    applied = run_transaction(
+        container, request, emit, timeout=wait + conn.endpoint.command_timeout
+    )
+    saved = applied.get("record") or request["record"]
     result.sha256 = str(saved.get("sha256") or "")
     result.rolled_back_from = saved.get("rolled_back_from")
     result.result = {k: applied.get(k) for k in ("script", "stopped", "checkpoints", "launched")}
