@@ -1,0 +1,469 @@
+"""Each benchmark figure: run launcher and its alternatives on the sandbox, return table rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    CRASH_VMID,
+    DEPLOY_VMID,
+    HAND_VMID,
+    MUX_VMID,
+    SESSION,
+    WORKDIR,
+    BenchEnv,
+    BenchError,
+    Timed,
+    check,
+)
+from rows import Row, median
+
+Log = Callable[[str], None]
+MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+CRASH_AFTER = 3.0
+CRASH_INTERVAL = 2.0
+HAND_CHECK = 180.0  # the hand-run check: look at the pane after the warmup
+
+
+@dataclass
+class Samples:
+    """Per-run measurements of one contender in an interleaved comparison."""
+
+    seconds: list[float] = field(default_factory=list)
+    pct: list[int] = field(default_factory=list)
+    ssh: list[int] = field(default_factory=list)
+
+    def add(self, env: BenchEnv, run: Callable[[], Timed], what: str) -> None:
+        pct0, ssh0 = env.pct_calls(), env.ssh_accepts()
+        result = check(run(), what)
+        self.seconds.append(result.seconds)
+        self.pct.append(env.pct_calls() - pct0)
+        self.ssh.append(env.ssh_accepts() - ssh0)
+
+
+def _json(result: Timed, what: str) -> dict[str, Any]:
+    """The JSON document a command printed (the last one, if it printed several)."""
+    try:
+        doc = json.loads(result.out)
+    except ValueError:
+        tail = "\n".join((result.err or result.out).strip().splitlines()[-8:])
+        raise BenchError(f"{what} printed no JSON (exit {result.code}):\n{tail}") from None
+    if isinstance(doc, list):
+        doc = doc[-1]
+    if not isinstance(doc, dict):
+        raise BenchError(f"{what} printed unexpected JSON: {result.out[:200]}")
+    return doc
+
+
+def _counts(values: list[int]) -> float | str:
+    lo, hi = min(values), max(values)
+    return float(lo) if lo == hi else f"{lo}–{hi}"
+
+
+# -- deploy --restart against A and B ---------------------------------------------------------
+
+
+def deploy_comparison(
+    env: BenchEnv, inventory: Path, runs: int, latency: float, log: Log
+) -> tuple[Samples, Samples, Samples]:
+    """Interleaved L, A, B runs of the same redeploy (a new script version each round)."""
+    env.set_latency(latency)
+    launcher, hand, mux = Samples(), Samples(), Samples()
+    deploy = ("-t", "demo", "deploy", "--restart")
+
+    def run_b() -> Timed:
+        result = env.run(env.handwritten_argv(MUX_VMID, mux=True))
+        env.close_master()  # after the timed part
+        return result
+
+    try:
+        # Warm-up (not counted): the workdirs (a redeploy by hand assumes one), caches.
+        for vmid in (HAND_VMID, MUX_VMID):
+            env.sandbox.ct_exec(vmid, ["mkdir", "-p", WORKDIR])
+        check(env.launcher(inventory, *deploy), "warm-up deploy")
+        check(env.run(env.handwritten_argv(HAND_VMID, mux=False)), "warm-up A")
+        check(run_b(), "warm-up B")
+        for i in range(runs):
+            env.new_script()
+            launcher.add(env, lambda: env.launcher(inventory, *deploy), "launcher deploy")
+            hand.add(env, lambda: env.run(env.handwritten_argv(HAND_VMID, mux=False)), "A")
+            mux.add(env, run_b, "B")
+            log(
+                f"  run {i + 1}/{runs} at {latency:g} s pct latency: launcher "
+                f"{launcher.seconds[-1]:.2f} s, A {hand.seconds[-1]:.2f} s, "
+                f"B {mux.seconds[-1]:.2f} s"
+            )
+    finally:
+        env.set_latency(0)
+    return launcher, hand, mux
+
+
+def deploy_rows(
+    results: dict[float, tuple[Samples, Samples, Samples]], targets: dict[float, float]
+) -> list[Row]:
+    rows = []
+    for latency, (lau, hand, mux) in results.items():
+        lm, am, bm = median(lau.seconds), median(hand.seconds), median(mux.seconds)
+        goal = targets.get(latency)
+        rows.append(
+            Row(
+                f"deploy --restart wall, pct latency {latency:g} s",
+                "s",
+                lm,
+                am,
+                bm,
+                ratio=lm / bm,
+                target=f"<= {goal:g}x B" if goal else "",
+                met=lm / bm <= goal if goal else None,
+                note=f"median of {len(lau.seconds)}; ratio launcher/B",
+            )
+        )
+    lau, hand, mux = results[min(results)]
+    pct = max(lau.pct)
+    rows.append(
+        Row(
+            "pct invocations per deploy --restart",
+            "calls",
+            _counts(lau.pct),
+            _counts(hand.pct),
+            _counts(mux.pct),
+            target="<= 3",
+            met=pct <= 3,
+        )
+    )
+    rows.append(
+        Row(
+            "SSH connections per deploy --restart",
+            "conns",
+            _counts(lau.ssh),
+            _counts(hand.ssh),
+            _counts(mux.ssh),
+            target="1 per host",
+            met=max(lau.ssh) <= 1,
+            note="sshd 'Accepted publickey' lines",
+        )
+    )
+    return rows
+
+
+# -- crash to verify exit, one poll -----------------------------------------------------------
+
+
+def crash_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row]:
+    """Deploy a trainer that crashes after 3 s; time from its exit to verify exiting 1."""
+    delays: list[float] = []
+    per_poll: list[float] = []
+    conns: list[int] = []
+    exit_file = "/root/crash/.launcher/crash.exit"
+    for i in range(runs):
+        check(env.launcher(inventory, "-t", "crash", "deploy", "--restart"), "crash deploy")
+        pct0, ssh0 = env.pct_calls(), env.ssh_accepts()
+        started = time.time()
+        result = check(
+            env.launcher(
+                inventory,
+                "-t",
+                "crash",
+                "verify",
+                "--wait",
+                "60",
+                "--interval",
+                f"{CRASH_INTERVAL:g}",
+                "--json",
+                timeout=90,
+            ),
+            "verify of a crashing run",
+            codes=(1,),
+        )
+        report = _json(result, "verify --json")
+        if report.get("verdict") != "unhealthy":
+            raise BenchError(f"verify of a crashing run said {report.get('verdict')!r}")
+        crashed = env.ct_file_mtime(CRASH_VMID, exit_file)
+        if crashed is None or crashed < started - 2:
+            raise BenchError(f"the crashing trainer left no fresh {exit_file}")
+        polls = int(report["timings"]["polls"])
+        delays.append(result.ended - crashed)
+        per_poll.append((env.pct_calls() - pct0) / max(polls, 1))
+        conns.append(env.ssh_accepts() - ssh0)
+        log(f"  run {i + 1}/{runs}: verify exited {delays[-1]:.2f} s after the crash")
+    limit = CRASH_INTERVAL + 2
+    return [
+        Row(
+            f"crash to verify exit 1 (--interval {CRASH_INTERVAL:g})",
+            "s",
+            median(delays),
+            HAND_CHECK,
+            HAND_CHECK,
+            target=f"<= {limit:g} s",
+            met=median(delays) <= limit,
+            note=f"median of {runs}; A/B: the hand-run check after the warmup",
+        ),
+        Row(
+            "pct invocations per verify poll",
+            "calls",
+            max(per_poll),
+            target="1",
+            met=max(per_poll) <= 1,
+        ),
+        Row(
+            "SSH connections per verify",
+            "conns",
+            _counts(conns),
+            target="1 per host",
+            met=max(conns) <= 1,
+        ),
+    ]
+
+
+def status_row(env: BenchEnv, inventory: Path, runs: int) -> Row:
+    """`launcher status` (start-up + one poll) next to one hand-typed capture-pane over ssh."""
+    capture = ["pct", "exec", str(DEPLOY_VMID), "--", "tmux", "capture-pane", "-p", "-J"]
+    capture += ["-S", "-500", "-t", SESSION]
+    lau: list[float] = []
+    hand: list[float] = []
+    pct: list[int] = []
+    for _ in range(runs):
+        pct0 = env.pct_calls()
+        status = env.launcher(inventory, "-t", "demo", "status")
+        lau.append(check(status, "status", codes=(0, 1)).seconds)
+        pct.append(env.pct_calls() - pct0)
+        hand.append(check(env.run(env.ssh_argv(*capture)), "ssh capture-pane").seconds)
+    return Row(
+        "launcher status (one poll, judged) wall",
+        "s",
+        median(lau),
+        median(hand),
+        None,
+        ratio=median(lau) / median(hand),
+        note=f"{max(pct)} pct call; A: one ssh pct exec tmux capture-pane; ratio launcher/A",
+    )
+
+
+# -- start-up ---------------------------------------------------------------------------------
+
+
+def startup_rows(env: BenchEnv, runs: int) -> list[Row]:
+    script = env.python.parent / "launcher"
+    ways: list[tuple[str, list[str]]] = [
+        ("python -m launcher", [str(env.python), "-m", "launcher"])
+    ]
+    if script.is_file():
+        ways.insert(0, (".venv/bin/launcher", [str(script)]))
+    rows = []
+    for flag in ("--help", "--version"):
+        for label, argv in ways:
+            check(env.run([*argv, flag]), f"{label} {flag}")  # warm-up
+            times = [check(env.run([*argv, flag]), f"{label} {flag}").seconds for _ in range(runs)]
+            rows.append(
+                Row(
+                    f"launcher {flag} wall ({label})",
+                    "s",
+                    median(times),
+                    target="<= 0.25 s",
+                    met=median(times) <= 0.25,
+                    note=f"median of {runs}",
+                )
+            )
+    return rows
+
+
+# -- fleet ------------------------------------------------------------------------------------
+
+
+def supports_all(env: BenchEnv, inventory: Path) -> tuple[bool, bool]:
+    """(deploy and verify take --all, deploy takes --parallel)."""
+    deploy = env.launcher(inventory, "deploy", "--help").out
+    verify = env.launcher(inventory, "verify", "--help").out
+    return "--all" in deploy and "--all" in verify, "--parallel" in deploy
+
+
+def _max_rss_mib(err: str) -> float:
+    found = MAX_RSS.findall(err)
+    return max(int(k) for k in found) / 1024 if found else float("nan")
+
+
+def _parallel(env: BenchEnv, argvs: list[list[str]], timeout: float) -> tuple[float, list[Timed]]:
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            a,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env.env,
+            cwd=env.project,
+        )
+        for a in argvs
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        results.append(Timed(0.0, p.returncode, out, err, time.time()))
+    return time.perf_counter() - start, results
+
+
+@dataclass
+class FleetRun:
+    deploy: float
+    verify: float
+    rss_mib: float
+    deploy_ssh: int
+    verify_codes: list[int]
+    busy: float = 0.0  # fraction of the machine's CPU in use while it ran
+
+    @property
+    def seconds(self) -> float:
+        return self.deploy + self.verify
+
+
+def fleet_once(
+    env: BenchEnv, inventory: Path, targets: list[str], multi: tuple[bool, bool]
+) -> FleetRun:
+    """deploy --restart then verify on every target of `inventory`; wall time of both."""
+    busy0 = env.cpu_ticks()
+    run = _fleet_once(env, inventory, targets, multi)
+    busy1 = env.cpu_ticks()
+    run.busy = (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1)
+    return run
+
+
+def _fleet_once(
+    env: BenchEnv, inventory: Path, targets: list[str], multi: tuple[bool, bool]
+) -> FleetRun:
+    all_ok, parallel = multi
+    verify = ["verify", "--wait", "5", "--interval", "1", "--successes", "2", "--window", "30"]
+    timev = ["/usr/bin/time", "-v"]
+    ssh0 = env.ssh_accepts()
+    if all_ok:
+        par = ["--parallel", str(len(targets))] if parallel else []
+        deploy = check(
+            env.launcher(inventory, "deploy", "--restart", "--all", *par), "deploy --all"
+        )
+        ssh = env.ssh_accepts() - ssh0
+        ver = env.run([*timev, *env.launcher_argv(inventory, *verify, "--all", *par)], timeout=120)
+        return FleetRun(deploy.seconds, ver.seconds, _max_rss_mib(ver.err), ssh, [ver.code])
+    d_wall, deploys = _parallel(
+        env, [env.launcher_argv(inventory, "-t", t, "deploy", "--restart") for t in targets], 120
+    )
+    for d in deploys:
+        check(d, "deploy (one process per target)")
+    ssh = env.ssh_accepts() - ssh0
+    v_wall, vers = _parallel(
+        env, [[*timev, *env.launcher_argv(inventory, "-t", t, *verify)] for t in targets], 120
+    )
+    rss = max(_max_rss_mib(v.err) for v in vers)
+    return FleetRun(d_wall, v_wall, rss, ssh, [v.code for v in vers])
+
+
+def fleet_rows(env: BenchEnv, vmids: list[int], runs: int, log: Log) -> list[Row]:
+    book = env.playbook("fleet")
+    names = [f"fleet-{v}" for v in vmids]
+    inv_n = env.inventory("fleet-n", {n: (v, book) for n, v in zip(names, vmids, strict=True)})
+    inv_1 = env.inventory("fleet-1", {names[0]: (vmids[0], book)})
+    multi = supports_all(env, inv_n)
+    fallback = "" if multi[0] else f"FALLBACK: {len(vmids)} separate launcher processes"
+    one: list[FleetRun] = []
+    many: list[FleetRun] = []
+    fleet_once(env, inv_n, names, multi)  # warm-up: first launch everywhere
+    for i in range(runs):
+        env.new_script()
+        one.append(fleet_once(env, inv_1, names[:1], multi))
+        many.append(fleet_once(env, inv_n, names, multi))
+        log(
+            f"  run {i + 1}/{runs}: 1 CT {one[-1].deploy:.2f} + {one[-1].verify:.2f} s, "
+            f"{len(vmids)} CTs {many[-1].deploy:.2f} + {many[-1].verify:.2f} s (deploy + verify)"
+        )
+    t1 = median([r.seconds for r in one])
+    tn = median([r.seconds for r in many])
+    unhealthy = sum(1 for r in one + many for c in r.verify_codes if c != 0)
+    notes = [
+        n for n in (fallback, f"{unhealthy} verify runs not healthy" if unhealthy else "") if n
+    ]
+    split = (
+        f"deploy + verify medians: 1 CT {median([r.deploy for r in one]):.2f} + "
+        f"{median([r.verify for r in one]):.2f} s, {len(vmids)} CTs "
+        f"{median([r.deploy for r in many]):.2f} + {median([r.verify for r in many]):.2f} s"
+    )
+    busy = (
+        f"machine CPU busy (all {os.cpu_count()} cores): 1 CT "
+        f"{median([r.busy for r in one]):.0%}, {len(vmids)} CTs "
+        f"{median([r.busy for r in many]):.0%}"
+    )
+    note = "; ".join([split, busy, *notes])
+    rss = median([r.rss_mib for r in many])
+    n = len(vmids)
+    return [
+        Row(
+            f"fleet: deploy --restart + verify, {n} CTs vs 1",
+            "s",
+            tn,
+            ratio=tn / t1,
+            target="<= 2x one",
+            met=tn / t1 <= 2,
+            note=note,
+        ),
+        Row(
+            f"SSH connections per deploy on {n} CTs (one host)",
+            "conns",
+            _counts([r.deploy_ssh for r in many]),
+            target="1 per host",
+            met=max(r.deploy_ssh for r in many) <= 1,
+            note=fallback,
+        ),
+        Row(
+            f"peak RSS of verify on {n} CTs",
+            "MiB",
+            rss,
+            target="<= 150 MiB",
+            met=rss <= 150,
+            note="/usr/bin/time -v" + (", largest process (fallback)" if fallback else ""),
+        ),
+    ]
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def parser_rows(lines: int) -> list[Row]:
+    """Lines per second, best of 3: parsing alone, and parsing plus reading what checks read.
+
+    Field values are converted when first read, so the second figure is the one that counts.
+    """
+    from bench_parser import synthetic_pane
+
+    from launcher.status import parse_pane
+
+    pane = synthetic_pane(lines)
+    rows = []
+    for label, read in (("parse only", False), ("parse + read step/loss/tput/q_pre", True)):
+        best = float("inf")
+        count = 0
+        for _ in range(3):
+            start = time.perf_counter()
+            samples = parse_pane(pane)
+            if read:
+                for s in samples:
+                    _ = (s.step, s.loss, s.throughput, s.numbers("q_pre"))
+            best = min(best, time.perf_counter() - start)
+            count = len(samples)
+        rate = count / best
+        rows.append(
+            Row(
+                f"parser: status lines/s, {label}",
+                "lines/s",
+                rate,
+                target=">= 100,000/s",
+                met=rate >= 100_000,
+                note=f"{count:,} lines, best of 3, one core",
+            )
+        )
+    return rows

@@ -1,0 +1,103 @@
+"""Where one `launcher deploy --restart` spends its time: imports, connect, each remote call.
+
+Runs the real CLI in this process with timers wrapped around launcher's functions (in memory
+only; nothing in launcher/ changes), then one bare agent round trip (a poll) for reference.
+Prints JSON: {"phases": [[name, seconds], ...], "total": s, "poll_round_trip": s,
+"reference_seconds": s} (the last: time spent on the reference poll after the deploy).
+
+Usage: python bench/profile_deploy.py -i INVENTORY -t TARGET
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+T0 = time.perf_counter()
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+import launcher.agentcall  # noqa: E402
+import launcher.cli.main  # noqa: E402
+import launcher.container  # noqa: E402
+import launcher.deploy  # noqa: E402
+import launcher.remote  # noqa: E402
+
+IMPORTED = time.perf_counter()
+NESTED = "(in the next) "  # timed inside the phase listed after it (not added to the sum)
+phases: list[tuple[str, float]] = [("imports (cli, deploy, remote: paramiko, pydantic)", 0.0)]
+
+
+def timed(owner: Any, attr: str, label: Callable[..., str]) -> None:
+    original = getattr(owner, attr)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            phases.append((label(*args, **kwargs), time.perf_counter() - start))
+
+    setattr(owner, attr, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-i", "--inventory", required=True)
+    parser.add_argument("-t", "--target", required=True)
+    args = parser.parse_args()
+    phases[0] = (phases[0][0], IMPORTED - T0)
+
+    timed(launcher.remote.Connection, "_connect", lambda *a, **k: NESTED + "connect (SSH)")
+    timed(launcher.remote.Connection, "put", lambda *a, **k: "SFTP put to the host")
+    timed(launcher.remote.Connection, "remove", lambda *a, **k: "SFTP remove of the host temp")
+    timed(launcher.container.Container, "push", lambda *a, **k: "pct push (one ssh exec)")
+    timed(
+        launcher.deploy,
+        "call_agent",
+        lambda container, request, **k: f"agent {request.get('op')} (one pct exec)",
+    )
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # launcher's own report; JSON is ours
+            launcher.cli.main.main(["-i", args.inventory, "-t", args.target, "deploy", "--restart"])
+    except SystemExit as exit_:
+        if exit_.code:
+            raise
+    total = time.perf_counter() - start
+
+    accounted = sum(s for name, s in phases[1:] if not name.startswith(NESTED))
+    phases.append(("other (config, rendering, local work)", total - accounted))
+    deploy_phases = list(phases)
+    after = time.perf_counter()
+
+    # One bare agent round trip on a connection that is already open, for reference.
+    from launcher.config import inventory_path, load_inventory
+    from launcher.runops import container_for, poll_once
+
+    target = load_inventory(inventory_path(args.inventory)).target(args.target)
+    with launcher.remote.ConnectionPool() as pool:
+        container = container_for(target, pool.get(target.host_name, target.host))
+        poll_once(container, target, 10)  # connects
+        poll_start = time.perf_counter()
+        poll_once(container, target, 10)
+        poll = time.perf_counter() - poll_start
+    json.dump(
+        {
+            "phases": [[name, round(s, 4)] for name, s in deploy_phases],
+            "total": round(total + phases[0][1], 4),
+            "poll_round_trip": round(poll, 4),
+            "reference_seconds": round(time.perf_counter() - after, 4),
+        },
+        sys.stdout,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""launcher against what its users would otherwise type, in one run on a sandbox of its own.
+
+  A: the hand-written redeploy, one ssh per step (bench/handwritten.sh)
+  B: the same steps over one multiplexed OpenSSH connection (handwritten.sh --control-dir)
+
+Prints one table (figure, launcher, A, B, ratio, target, met). Exits 0 when targets are missed
+(it reports); non-zero only when something could not be measured. Needs root (LXC, sshd).
+
+Usage: bench/run.py [--runs N] [--quick] [--json FILE] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures
+from harness import CRASH_VMID, DEPLOY_VMID, HAND_VMID, MUX_VMID, BenchEnv, BenchError
+from rows import Row, render_markdown, render_text
+
+LATENCIES = {0.0: 0.6, 0.3: 0.5}  # pct start-up latency -> target ratio launcher/B
+FLEET = 16
+PROFILE = Path(__file__).resolve().parent / "profile_deploy.py"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def profile(env: BenchEnv, inventory: Path, latency: float) -> dict[str, Any]:
+    """One in-process profiled deploy (a new script version, so the upload happens)."""
+    env.set_latency(latency)
+    try:
+        env.new_script()
+        result = env.run([str(env.python), str(PROFILE), "-i", str(inventory), "-t", "demo"])
+        if result.code != 0:
+            raise BenchError(f"profile_deploy.py exited {result.code}: {result.err[-2000:]}")
+        data: dict[str, Any] = json.loads(result.out.strip().splitlines()[-1])
+        data["wall"] = result.seconds
+        return data
+    finally:
+        env.set_latency(0)
+
+
+def render_profile(profiles: dict[float, dict[str, Any]]) -> str:
+    out = ["where one deploy --restart spends its time (one profiled run):"]
+    for latency, data in profiles.items():
+        startup = data["wall"] - data["total"] - data["reference_seconds"]
+        wall = data["wall"] - data["reference_seconds"]
+        out.append(
+            f"  pct latency {latency:g} s: {wall:.2f} s wall "
+            f"(interpreter start-up and exit {startup:.2f} s; for reference, one bare agent "
+            f"round trip on an open connection: {data['poll_round_trip']:.2f} s)"
+        )
+        out.extend(f"    {seconds:6.3f} s  {name}" for name, seconds in data["phases"])
+    return "\n".join(out)
+
+
+def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[Row]:
+    """Every figure that needs the sandbox, in the order of the table."""
+    demo = env.playbook("demo")
+    crash = env.playbook(
+        "crash", session="crash", DEMO_MODE="crash", DEMO_CRASH_AFTER=f"{figures.CRASH_AFTER:g}"
+    )
+    inventory = env.inventory(
+        "inventory", {"demo": (DEPLOY_VMID, demo), "crash": (CRASH_VMID, crash)}
+    )
+    results = {}
+    for latency in LATENCIES:
+        log(f"deploy --restart: launcher, A, B interleaved, pct latency {latency:g} s")
+        results[latency] = figures.deploy_comparison(env, inventory, args.runs, latency, log)
+    rows = figures.deploy_rows(results, LATENCIES)
+    log("profiling one deploy per latency")
+    args.profiles = {lat: profile(env, inventory, lat) for lat in LATENCIES}
+    log("launcher status against one ssh capture-pane")
+    rows.append(figures.status_row(env, inventory, args.runs))
+    log("crash to verify exit")
+    rows += figures.crash_rows(env, inventory, args.runs, log)
+    log(f"fleet: {len(fleet)} containers against 1")
+    rows += figures.fleet_rows(env, fleet, args.runs, log)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (median; default 5)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 run each, fleet of 2, targets not enforced (CI)"
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
+    if args.runs < 1:
+        parser.error("--runs must be 1 or more")
+    if os.geteuid() != 0:
+        log("bench/run.py needs root (it brings up LXC containers and an sshd)")
+        return 2
+    enforce = not args.quick
+    fleet = list(range(300, 300 + (2 if args.quick else FLEET)))
+    started = time.monotonic()
+
+    env = BenchEnv(sorted({*fleet, DEPLOY_VMID, CRASH_VMID, HAND_VMID, MUX_VMID}))
+    rows: list[Row] = []
+    try:
+        log(f"sandbox: {len(env.vmids)} containers under {env.tmp}")
+        env.up()
+        log("launcher --help / --version")
+        startup = figures.startup_rows(env, 3 if args.quick else max(args.runs, 10))
+        rows += measure(args, env, fleet)
+        rows += startup
+        log("parser")
+        rows += figures.parser_rows(20_000 if args.quick else 200_000)
+    except (BenchError, subprocess.SubprocessError, OSError, ValueError, KeyError) as error:
+        if os.environ.get("BENCH_DEBUG"):
+            traceback.print_exc()
+        log(f"error: {error}")
+        return 1
+    finally:
+        log("bringing the sandbox down")
+        env.close()
+
+    table = render_markdown(rows, enforce) if args.markdown else render_text(rows, enforce)
+    print(table)
+    print()
+    print(render_profile(args.profiles))
+    if enforce:
+        missed = [r.figure for r in rows if r.target and not r.met]
+        print(f"\ntargets met: {sum(1 for r in rows if r.target) - len(missed)}", end="")
+        print(f" of {sum(1 for r in rows if r.target)}" + (f"; missed: {missed}" if missed else ""))
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"({args.runs} run(s) per figure, {time.monotonic() - started:.0f} s; load {load})")
+    if args.json:
+        doc = {
+            "runs": args.runs,
+            "quick": args.quick,
+            "rows": [r.to_json() for r in rows],
+            "profile": {str(k): v for k, v in args.profiles.items()},
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
