@@ -533,9 +533,10 @@ def read_lock_content(fd):
 
 
 def describe_holder(holder):
-    return "%s@%s (pid %s) since %s" % (
+    return "%s from %s (pid %s; in the container pid %s) since %s" % (
         holder.get("operator", "?"),
         holder.get("from_host", "?"),
+        holder.get("client_pid", "?"),
         holder.get("agent_pid", "?"),
         holder.get("since", "?"),
     )
@@ -591,7 +592,7 @@ class DeployLock:
             os.close(fd)
             raise AgentError(
                 "locked",
-                "another deploy holds the lock: %s" % describe_holder(holder),
+                "another deploy is running: %s" % describe_holder(holder),
                 holder=holder,
             ) from None
         self.fd = fd
@@ -780,6 +781,9 @@ class Deploy:
         self.height = param(request, "height", int, default=50)
         self.history_limit = param(request, "history_limit", int, default=100000)
         self.gpus = param(request, "gpus", int, default=0)
+        # Check disk space and GPUs here too, so a deploy needs no separate preflight call.
+        self.check_resources = param(request, "check_resources", bool, default=False)
+        self.need_bytes = param(request, "need_bytes", int, default=0)
         self.shell = param(request, "shell", str, default="/bin/sh")
         self.python = param(request, "python", str, default=sys.executable or "python3")
         self.record_base = param(request, "record", dict, default={})
@@ -797,6 +801,7 @@ class Deploy:
             "checkpoints": None,
             "launched": None,
             "record": None,
+            "preflight": None,
         }
 
     def validate(self):
@@ -818,6 +823,8 @@ class Deploy:
             self.step("paths", self.check_paths)
             self.step("lock", self.take_lock)
             self.step("tmux", self.check_tmux)
+            if self.check_resources:
+                self.step("resources", self.check_disk_and_gpus)
             self.step("active_check", self.check_active)
             self.step("verify", self.verify_sha)
             self.step("compile", self.compile_check)
@@ -877,13 +884,36 @@ class Deploy:
             raise AgentError("missing", "tmux is not installed in the container")
         return "ok", version
 
+    def check_disk_and_gpus(self):
+        free = free_bytes(self.workdir)
+        gpus = gpu_report(self.gpus)
+        self.result["preflight"] = {
+            "python": platform.python_version(),
+            "free_bytes": free,
+            "gpus": gpus,
+        }
+        if free is not None and free < self.need_bytes:
+            raise AgentError("missing", "only %d bytes free under %s" % (free, self.workdir))
+        if self.gpus > 0 and gpus["visible"] < self.gpus:
+            reason = gpus["error"] or "%d visible" % gpus["visible"]
+            raise AgentError("missing", "playbook wants %d GPUs, %s" % (self.gpus, reason))
+        detail = "python %s, %d MiB free" % (platform.python_version(), (free or 0) // 2**20)
+        if self.gpus > 0:
+            detail += ", %d GPUs" % gpus["visible"]
+            if gpus["holders"]:
+                held = ", ".join("%s %s" % (h["pid"], h["name"]) for h in gpus["holders"])
+                detail += " (held by %s)" % held
+        return "ok", detail
+
     def check_active(self):
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
         if self.restart:
             return "ok", "restart requested"
         if pane_active(self.old_state):
-            raise AgentError("refused", "session '%s' is running; use --restart" % self.session)
+            raise AgentError(
+                "refused", "session '%s' is running; use --restart to replace it" % self.session
+            )
         if self.old_pids:
             raise AgentError(
                 "refused",

@@ -18,6 +18,10 @@ NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
 NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
 
 
+class PushFailed(ContainerError):
+    """`pct push` reported a failure (the container itself is there and running)."""
+
+
 class HostShell(Protocol):
     """What the container layer needs from a host connection (a strict fake in unit tests)."""
 
@@ -64,7 +68,7 @@ class Container:
         result = self.host.run(push_command(self.vmid, host_path, ct_path, perms=perms))
         self._raise_for_container(result)
         if not result.ok:
-            raise ContainerError(
+            raise PushFailed(
                 f"{self.label}: pct push to {ct_path} failed (exit {result.exit_code}): "
                 f"{result.tail(3)}"
             )

@@ -1,8 +1,8 @@
-"""The deploy workflow: plan, preflight, verified upload, then one locked transaction in the CT.
+"""The deploy workflow: verified upload, then one locked transaction in the container.
 
-pct invocations: one exec (preflight), one push (the script), one exec (the transaction); the
-push is skipped when the same script is already in place. Everything that could stop the deploy
-is checked before the transaction's first destructive step (see agent.py `apply`).
+pct invocations: one push (the script, to a temp name in workdir) and one exec (the transaction,
+which runs every check before its first change: see agent.py `Deploy`). A first deploy adds one
+preflight exec that creates the workdir; `--dry-run` is that preflight alone.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Literal
 from launcher import __version__
 from launcher.agentcall import AgentFailure, call_agent
 from launcher.config import Target
-from launcher.container import Container
+from launcher.container import Container, PushFailed
 from launcher.errors import (
     ContainerError,
     ExitCode,
@@ -108,39 +108,37 @@ def deploy(
     container = Container(conn, target.vmid, label=target.label)
     grace = spec.stop_grace if options.grace is None else options.grace
 
-    pre = call_agent(
-        container,
-        {
-            "op": "preflight",
-            "workdir": spec.workdir,
-            "dest": spec.script.dest,
-            "session": spec.session,
-            "checkpoints": spec.checkpoints,
-            "gpus": spec.gpus,
-            "need_bytes": len(script),
-            "create_workdir": not options.dry_run,
-            "lock_path": LOCK_PATH,
-        },
-    )
-    _judge_preflight(target, pre, options, len(script), emit)
-    unchanged = pre.get("dest_sha256") == report.sha256
-
     if options.dry_run:
+        pre = _preflight(target, container, len(script), create_workdir=False)
+        _judge_preflight(target, pre, options, len(script), emit)
+        unchanged = pre.get("dest_sha256") == report.sha256
         for name, detail in plan(target, options, pre, unchanged, grace):
             emit(name, "planned", detail)
         return report
 
+    # The transaction checks everything again before its first change (disk, GPUs, tmux, lock,
+    # active session, sha256, py_compile, checkpoints), so the common case is two pct calls.
     ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
-    if unchanged:
-        emit("upload", "unchanged", f"{playbook.dest_path} already has sha256 {report.sha256[:12]}")
-    else:
+    try:
         _upload(conn, container, script, ct_tmp)
-        emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
+    except PushFailed:
+        # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
+        pre = _preflight(target, container, len(script), create_workdir=True)
+        _judge_preflight(target, pre, options, len(script), emit)
+        _upload_again(conn, container, script, ct_tmp)
+    emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
 
     request = transaction_request(
         target, op="apply", restart=options.restart, grace=grace, mode=options.checkpoint_mode
     )
-    request.update({"tmp": None if unchanged else ct_tmp, "sha256": report.sha256})
+    request.update(
+        {
+            "tmp": ct_tmp,
+            "sha256": report.sha256,
+            "check_resources": True,
+            "need_bytes": len(script) * 2 + DISK_MARGIN,
+        }
+    )
     applied = run_transaction(
         container, request, emit, timeout=grace + conn.endpoint.command_timeout
     )
@@ -154,6 +152,26 @@ def deploy(
 LOCK_PATH = "/run/launcher/deploy.lock"
 
 
+def _preflight(
+    target: Target, container: Container, need_bytes: int, *, create_workdir: bool
+) -> dict[str, Any]:
+    spec = target.playbook.spec
+    return call_agent(
+        container,
+        {
+            "op": "preflight",
+            "workdir": spec.workdir,
+            "dest": spec.script.dest,
+            "session": spec.session,
+            "checkpoints": spec.checkpoints,
+            "gpus": spec.gpus,
+            "need_bytes": need_bytes,
+            "create_workdir": create_workdir,
+            "lock_path": LOCK_PATH,
+        },
+    )
+
+
 def _temp_name(workdir: str, dest_path: str) -> str:
     """A unique temp name in workdir (which preflight created), so the final mv is a rename."""
     name = posixpath.basename(dest_path)
@@ -163,13 +181,17 @@ def _temp_name(workdir: str, dest_path: str) -> str:
 def _upload(conn: Connection, container: Container, script: bytes, ct_tmp: str) -> None:
     """SFTP to a host temp file, then `pct push` into workdir; the host temp is always removed."""
     with conn.temp_upload(script, suffix=".py") as host_tmp:
-        try:
-            container.push(host_tmp, ct_tmp, perms="0644")
-        except LauncherError:
-            # A failed push may have left part of the file behind in the container.
-            with contextlib.suppress(LauncherError):
-                container.exec(["rm", "-f", "--", ct_tmp], timeout=30)
-            raise
+        container.push(host_tmp, ct_tmp, perms="0644")
+
+
+def _upload_again(conn: Connection, container: Container, script: bytes, ct_tmp: str) -> None:
+    """The second and last try; a failed push may leave part of the file in the container."""
+    try:
+        _upload(conn, container, script, ct_tmp)
+    except PushFailed:
+        with contextlib.suppress(LauncherError):
+            container.exec(["rm", "-f", "--", ct_tmp], timeout=30)
+        raise
 
 
 def _judge_preflight(

@@ -31,7 +31,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
     project.write({"fresh": (VMID, book)})
     calls_before = project.sandbox.pct_calls()
     out = deploy_ok(project)
-    assert project.sandbox.pct_calls() - calls_before == 3, "preflight exec, push, apply exec"
+    assert project.sandbox.pct_calls() - calls_before == 4, "push, preflight (mkdir), push, apply"
     assert "deployed fresh" in out
     project.wait_for(
         lambda: project.ct(VMID, "test", "-d", "/root/fresh/checkpoints").returncode == 0,
@@ -47,7 +47,9 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
         p for p in tree(project, VMID, "/root/fresh") if "checkpoints" not in p and ".log" not in p
     ] == [p for p in before if "checkpoints" not in p and ".log" not in p]
 
+    calls_before = project.sandbox.pct_calls()
     out = deploy_ok(project, "--restart")
+    assert project.sandbox.pct_calls() - calls_before == 2, "a redeploy: push, transaction"
     assert "archived-" in out
     project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the new trainer")
     time.sleep(0.5)

@@ -55,13 +55,16 @@ def run_deploy(tmp_path: Path, host: StrictFakeHost, **options: Any) -> tuple[li
     return steps, report
 
 
-def test_fresh_deploy_calls_in_order(tmp_path: Path) -> None:
+def expect_upload(host: StrictFakeHost, push_code: int = 0) -> None:
+    host.expect("put")
+    host.expect("push", lambda argv: push_code)
+    host.expect("remove")
+
+
+def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
     host = StrictFakeHost()
     seen: dict[str, Any] = {}
-    host.expect_agent("preflight", lambda req: seen.setdefault("pre", req) and preflight())
-    host.expect("put")
-    host.expect("push")
-    host.expect("remove")
+    expect_upload(host)
 
     def apply(request: dict[str, Any]) -> dict[str, Any]:
         seen["apply"] = request
@@ -69,29 +72,38 @@ def test_fresh_deploy_calls_in_order(tmp_path: Path) -> None:
 
     host.expect_agent("apply", apply)
     steps, report = run_deploy(tmp_path, host, restart=True)
-    assert host.calls == ["agent:preflight", "put", "push", "remove", "agent:apply"]
-    assert [s.name for s in steps] == ["preflight", "upload", "lock", "install", "launch"]
+    assert host.calls == ["put", "push", "remove", "agent:apply"]
+    assert [s.name for s in steps] == ["upload", "lock", "install", "launch"]
     assert report.sha256 == SHA
     request = seen["apply"]
     assert request["sha256"] == SHA
     assert request["restart"] is True
     assert request["grace"] == 5
     assert request["checkpoint_mode"] == "archive"
+    assert request["check_resources"] is True
+    assert request["need_bytes"] > len(SCRIPT)
     assert request["tmp"].startswith("/root/dflash/.train_dflash_pipeline.py.launcher-")
-    assert seen["pre"]["create_workdir"] is True
     assert host.files == {}, "the host temp file must be removed"
 
 
-def test_unchanged_script_skips_the_push(tmp_path: Path) -> None:
+def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> None:
     host = StrictFakeHost()
-    host.expect_agent("preflight", preflight(dest_sha256=SHA))
-    host.expect_agent("apply", lambda req: APPLIED if req["tmp"] is None else {})
+    expect_upload(host, push_code=1)  # no workdir yet
+    host.expect_agent("preflight", lambda req: preflight() if req["create_workdir"] else {})
+    expect_upload(host)
+    host.expect_agent("apply", APPLIED)
     steps, _ = run_deploy(tmp_path, host)
-    assert steps[1] == Step(
-        "upload",
-        "unchanged",
-        f"/root/dflash/train_dflash_pipeline.py already has sha256 {SHA[:12]}",
-    )
+    assert host.calls == [
+        "put",
+        "push",
+        "remove",
+        "agent:preflight",
+        "put",
+        "push",
+        "remove",
+        "agent:apply",
+    ]
+    assert steps[0].name == "preflight"
 
 
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:
@@ -149,48 +161,58 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
 def test_preflight_failures_stop_before_any_change(
     tmp_path: Path, overrides: dict[str, Any], options: dict[str, Any], code: ExitCode, message: str
 ) -> None:
+    """On a first deploy (or --dry-run) the preflight's verdict stops everything."""
     host = StrictFakeHost()
+    expect_upload(host, push_code=1)
     host.expect_agent("preflight", preflight(**overrides))
     with pytest.raises(LauncherError) as error:
         run_deploy(tmp_path, host, **options)
     assert error.value.exit_code == code
     assert error.value.message == f"prod (pve CT 200): {message}"
-    assert host.calls == ["agent:preflight"]
+    assert host.calls == ["put", "push", "remove", "agent:preflight"]
 
 
-def test_failed_push_cleans_up_in_container_and_host(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "message", "code"),
+    [
+        ("missing", "tmux is not installed in the container", ExitCode.UNREACHABLE),
+        ("missing", "playbook wants 8 GPUs, 2 visible", ExitCode.UNREACHABLE),
+        ("refused", "session 'dflash' is running; use --restart to replace it", ExitCode.REFUSED),
+        ("locked", "another deploy is running: ann@ws", ExitCode.REFUSED),
+        ("unsafe_path", "checkpoints path 'c' is unsafe: a symlink", ExitCode.USAGE),
+        ("corrupt", "transfer corrupted: expected a, got b", ExitCode.UNREACHABLE),
+        ("compile", "SyntaxError: invalid syntax", ExitCode.USAGE),
+    ],
+)
+def test_transaction_refusals_map_to_exit_codes(
+    tmp_path: Path, kind: str, message: str, code: ExitCode
+) -> None:
     host = StrictFakeHost()
-    host.expect_agent("preflight", preflight())
-    host.expect("put")
-    host.expect("push", lambda argv: 1)
-    removed: list[list[str]] = []
-    host.expect("exec", lambda argv: removed.append(argv))
-    host.expect("remove")
-    with pytest.raises(ContainerError, match=r"pct push to .* failed"):
-        run_deploy(tmp_path, host)
-    assert removed and removed[0][:3] == ["rm", "-f", "--"]
-    assert host.files == {}
-
-
-def test_agent_refusal_reports_steps(tmp_path: Path) -> None:
-    host = StrictFakeHost()
-    host.expect_agent("preflight", preflight())
-    host.expect("put")
-    host.expect("push")
-    host.expect("remove")
-    host.expected.append(
-        type(host.expected[0])(
-            "agent:apply",
-            lambda req: {
-                "ok": False,
-                "error": {"kind": "corrupt", "message": "transfer corrupted: expected a, got b"},
-                "steps": [{"name": "verify", "status": "failed", "detail": "sha256 mismatch"}],
-            },
-        )
+    expect_upload(host)
+    host.expect_agent(
+        "apply",
+        {
+            "ok": False,
+            "error": {"kind": kind, "message": message},
+            "steps": [{"name": "check", "status": "failed", "detail": message}],
+        },
     )
     steps: list[Step] = []
     with pytest.raises(LauncherError) as error:
         deploy(load_target(tmp_path), host, DeployOptions(), on_step=steps.append)  # type: ignore[arg-type]
-    assert error.value.exit_code == ExitCode.UNREACHABLE
-    assert "transfer corrupted" in error.value.message
-    assert steps[-1] == Step("verify", "failed", "sha256 mismatch")
+    assert error.value.exit_code == code
+    assert error.value.message == f"prod (pve CT 200): {message}"
+    assert steps[-1] == Step("check", "failed", message)
+
+
+def test_failed_second_push_cleans_up_in_container_and_host(tmp_path: Path) -> None:
+    host = StrictFakeHost()
+    expect_upload(host, push_code=1)
+    host.expect_agent("preflight", preflight())
+    expect_upload(host, push_code=1)
+    removed: list[list[str]] = []
+    host.expect("exec", lambda argv: removed.append(argv))
+    with pytest.raises(ContainerError, match=r"pct push to .* failed"):
+        run_deploy(tmp_path, host)
+    assert removed and removed[0][:3] == ["rm", "-f", "--"]
+    assert host.files == {}
