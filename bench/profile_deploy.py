@@ -54,9 +54,11 @@ def main() -> None:
     phases[0] = (phases[0][0], IMPORTED - T0)
 
     timed(launcher.remote.Connection, "_connect", lambda *a, **k: NESTED + "connect (SSH)")
-    timed(launcher.remote.Connection, "put", lambda *a, **k: "SFTP put to the host")
-    timed(launcher.remote.Connection, "remove", lambda *a, **k: "SFTP remove of the host temp")
-    timed(launcher.container.Container, "push", lambda *a, **k: "pct push (one ssh exec)")
+    timed(
+        launcher.container.Container,
+        "push",
+        lambda *a, **k: "push: stdin to a host temp file + pct push (one ssh exec)",
+    )
     timed(
         launcher.deploy,
         "call_agent",

@@ -844,6 +844,7 @@ class Deploy:
         return error, self.result
 
     def step(self, name, action):
+        started = time.monotonic()
         try:
             status, detail = action()
         except AgentError as exc:
@@ -853,7 +854,8 @@ class Deploy:
             message = "%s: %s" % (type(exc).__name__, exc)
             self.steps.append({"name": name, "status": "failed", "detail": message})
             raise AgentError("failed", "%s failed: %s" % (name, message)) from exc
-        self.steps.append({"name": name, "status": status, "detail": detail})
+        seconds = round(time.monotonic() - started, 3)
+        self.steps.append({"name": name, "status": status, "detail": detail, "seconds": seconds})
 
     def cleanup(self):
         # The pushed temp file never outlives the transaction; only removed once proven ours.

@@ -40,11 +40,18 @@ def exec_command(vmid: int, argv: Sequence[str]) -> str:
     return shlex.join(["pct", "exec", str(vmid), "--", *argv])
 
 
-def push_command(vmid: int, host_path: str, ct_path: str, *, perms: str | None = None) -> str:
-    argv = ["pct", "push", str(vmid), host_path, ct_path]
-    if perms:
-        argv += ["--perms", perms]
-    return shlex.join(argv)
+# Runs on the host: stdin -> a private temp file -> `pct push` -> the temp file removed, whatever
+# happens (also on a dropped connection). Values arrive as positional parameters, never glued in.
+PUSH_SCRIPT = (
+    'tmp=$(mktemp /tmp/.launcher-XXXXXXXXXX) || exit 1; trap \'rm -f "$tmp"\' EXIT; '
+    "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; "
+    'cat > "$tmp" && pct push "$1" "$tmp" "$2" --perms "$3"'
+)
+
+
+def push_command(vmid: int, ct_path: str, *, perms: str) -> str:
+    """The host command that pushes its stdin to `ct_path` in container `vmid`."""
+    return shlex.join(["sh", "-c", PUSH_SCRIPT, "launcher-push", str(vmid), ct_path, perms])
 
 
 class Container:
@@ -63,9 +70,11 @@ class Container:
         self._raise_for_container(result)
         return result
 
-    def push(self, host_path: str, ct_path: str, *, perms: str | None = None) -> CommandResult:
-        """`pct push`; callers verify the content: pct may exit 0 after a failed write."""
-        result = self.host.run(push_command(self.vmid, host_path, ct_path, perms=perms))
+    def push(self, data: bytes, ct_path: str, *, perms: str = "0644") -> CommandResult:
+        """`data` to `ct_path` through a host temp file and `pct push`, in one host command.
+
+        Callers verify the content: pct may exit 0 after a failed write."""
+        result = self.host.run(push_command(self.vmid, ct_path, perms=perms), stdin=data)
         self._raise_for_container(result)
         if not result.ok:
             raise PushFailed(

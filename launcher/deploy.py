@@ -120,12 +120,12 @@ def deploy(
     # active session, sha256, py_compile, checkpoints), so the common case is two pct calls.
     ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
     try:
-        _upload(conn, container, script, ct_tmp)
+        container.push(script, ct_tmp)
     except PushFailed:
         # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
         pre = _preflight(target, container, len(script), create_workdir=True)
         _judge_preflight(target, pre, options, len(script), emit)
-        _upload_again(conn, container, script, ct_tmp)
+        _upload_again(container, script, ct_tmp)
     emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
 
     request = transaction_request(
@@ -178,16 +178,10 @@ def _temp_name(workdir: str, dest_path: str) -> str:
     return posixpath.join(workdir, f".{name}.launcher-{secrets.token_hex(6)}.tmp")
 
 
-def _upload(conn: Connection, container: Container, script: bytes, ct_tmp: str) -> None:
-    """SFTP to a host temp file, then `pct push` into workdir; the host temp is always removed."""
-    with conn.temp_upload(script, suffix=".py") as host_tmp:
-        container.push(host_tmp, ct_tmp, perms="0644")
-
-
-def _upload_again(conn: Connection, container: Container, script: bytes, ct_tmp: str) -> None:
+def _upload_again(container: Container, script: bytes, ct_tmp: str) -> None:
     """The second and last try; a failed push may leave part of the file in the container."""
     try:
-        _upload(conn, container, script, ct_tmp)
+        container.push(script, ct_tmp)
     except PushFailed:
         with contextlib.suppress(LauncherError):
             container.exec(["rm", "-f", "--", ct_tmp], timeout=30)

@@ -7,15 +7,12 @@ only the connect phase is retried.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-import secrets
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,7 @@ from tenacity import (
 )
 
 from launcher.config import HostSpec
-from launcher.errors import AuthError, CommandTimeout, ConnectError, HostKeyError, RemoteError
+from launcher.errors import AuthError, CommandTimeout, ConnectError, HostKeyError
 
 KEEPALIVE_SECONDS = 15
 CONNECT_ATTEMPTS = 3
@@ -67,7 +64,6 @@ class CommandResult:
 class ConnectionStats:
     connects: int = 0
     commands: int = 0
-    uploads: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -167,10 +163,7 @@ class Connection:
         self.endpoint = endpoint
         self._jump = jump
         self._client: paramiko.SSHClient | None = None
-        self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
-        # paramiko's SFTP client is not safe for concurrent requests from several threads.
-        self._sftp_lock = threading.Lock()
 
     # -- connecting -----------------------------------------------------------------------
     def _connected(self) -> paramiko.SSHClient:
@@ -179,7 +172,6 @@ class Connection:
                 # The link dropped (network blip, sshd restart): start over on the next use.
                 self._client.close()
                 self._client = None
-                self._sftp = None
             if self._client is None:
                 self._client = self._connect()
             return self._client
@@ -368,54 +360,8 @@ class Connection:
         finally:
             channel.close()
 
-    def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        """Write `data` to `remote_path` on the host over SFTP, readable by the owner only."""
-        ep = self.endpoint
-        try:
-            sftp = self._sftp_client()
-            with self._sftp_lock, sftp.open(remote_path, "wb") as handle:
-                handle.chmod(mode)
-                handle.set_pipelined(True)
-                handle.write(data)
-            STATS.count("uploads")
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise RemoteError(f"{ep.name}: upload to {remote_path} failed: {exc}") from None
-
-    def remove(self, remote_path: str) -> None:
-        """Remove a host file; a file that is already gone is fine."""
-        try:
-            sftp = self._sftp_client()
-            with self._sftp_lock:
-                sftp.remove(remote_path)
-        except FileNotFoundError:
-            pass
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise RemoteError(f"{self.endpoint.name}: cannot remove {remote_path}: {exc}") from None
-
-    @contextmanager
-    def temp_upload(self, data: bytes, *, suffix: str = "") -> Iterator[str]:
-        """Upload to a fresh host temp file, removed again whatever happens."""
-        path = f"/tmp/.launcher-{secrets.token_hex(8)}{suffix}"
-        try:
-            self.put(data, path)
-            yield path
-        finally:
-            with contextlib.suppress(RemoteError):
-                self.remove(path)
-
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        client = self._connected()
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = client.open_sftp()
-                self._sftp.get_channel().settimeout(self.endpoint.command_timeout)  # type: ignore[union-attr]
-            return self._sftp
-
     def close(self) -> None:
         with self._lock:
-            if self._sftp is not None:
-                self._sftp.close()
-                self._sftp = None
             if self._client is not None:
                 self._client.close()
                 self._client = None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,7 @@ class StrictFakeHost:
     expected: list[Expectation] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     endpoint: FakeEndpoint = field(default_factory=FakeEndpoint)
-    files: dict[str, bytes] = field(default_factory=dict)
+    pushed: dict[str, bytes] = field(default_factory=dict)
 
     def expect_agent(
         self, op: str, answer: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
@@ -72,8 +71,9 @@ class StrictFakeHost:
             answer = self._next(f"agent:{request['op']}").respond(request)
             body = {"ok": True, "op": request["op"], "error": None, "warnings": [], **answer}
             return CommandResult(command, 0, (json.dumps(body) + "\n").encode(), b"", 0.0)
-        if argv[:2] == ["pct", "push"]:
-            code = self._next("push").respond(argv)
+        if argv[:2] == ["sh", "-c"] and argv[3:4] == ["launcher-push"]:
+            code = self._next("push").respond(argv[4:])
+            self.pushed[argv[5]] = stdin or b""
             return CommandResult(command, code or 0, b"", b"", 0.0)
         if argv[:2] == ["pct", "exec"]:
             code = self._next("exec").respond(argv[4:])
@@ -106,23 +106,6 @@ class StrictFakeHost:
             request, on_stdout, on_stderr or (lambda data: None)
         )
         return code
-
-    def put(self, data: bytes, remote_path: str, *, mode: int = 0o600) -> None:
-        self._next("put").respond(remote_path)
-        self.files[remote_path] = data
-
-    def remove(self, remote_path: str) -> None:
-        self._next("remove").respond(remote_path)
-        self.files.pop(remote_path, None)
-
-    @contextmanager
-    def temp_upload(self, data: bytes, *, suffix: str = "") -> Iterator[str]:
-        path = f"/tmp/.launcher-test{suffix}"
-        self.put(data, path)
-        try:
-            yield path
-        finally:
-            self.remove(path)
 
     def assert_done(self) -> None:
         assert not self.expected, f"expected calls never made: {[e.kind for e in self.expected]}"

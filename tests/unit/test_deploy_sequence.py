@@ -56,9 +56,7 @@ def run_deploy(tmp_path: Path, host: StrictFakeHost, **options: Any) -> tuple[li
 
 
 def expect_upload(host: StrictFakeHost, push_code: int = 0) -> None:
-    host.expect("put")
     host.expect("push", lambda argv: push_code)
-    host.expect("remove")
 
 
 def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
@@ -72,7 +70,7 @@ def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
 
     host.expect_agent("apply", apply)
     steps, report = run_deploy(tmp_path, host, restart=True)
-    assert host.calls == ["put", "push", "remove", "agent:apply"]
+    assert host.calls == ["push", "agent:apply"]
     assert [s.name for s in steps] == ["upload", "lock", "install", "launch"]
     assert report.sha256 == SHA
     request = seen["apply"]
@@ -83,7 +81,7 @@ def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
     assert request["check_resources"] is True
     assert request["need_bytes"] > len(SCRIPT)
     assert request["tmp"].startswith("/root/dflash/.train_dflash_pipeline.py.launcher-")
-    assert host.files == {}, "the host temp file must be removed"
+    assert list(host.pushed.values()) == [SCRIPT]
 
 
 def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> None:
@@ -93,16 +91,7 @@ def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> N
     expect_upload(host)
     host.expect_agent("apply", APPLIED)
     steps, _ = run_deploy(tmp_path, host)
-    assert host.calls == [
-        "put",
-        "push",
-        "remove",
-        "agent:preflight",
-        "put",
-        "push",
-        "remove",
-        "agent:apply",
-    ]
+    assert host.calls == ["push", "agent:preflight", "push", "agent:apply"]
     assert steps[0].name == "preflight"
 
 
@@ -169,7 +158,7 @@ def test_preflight_failures_stop_before_any_change(
         run_deploy(tmp_path, host, **options)
     assert error.value.exit_code == code
     assert error.value.message == f"prod (pve CT 200): {message}"
-    assert host.calls == ["put", "push", "remove", "agent:preflight"]
+    assert host.calls == ["push", "agent:preflight"]
 
 
 @pytest.mark.parametrize(
@@ -215,4 +204,3 @@ def test_failed_second_push_cleans_up_in_container_and_host(tmp_path: Path) -> N
     with pytest.raises(ContainerError, match=r"pct push to .* failed"):
         run_deploy(tmp_path, host)
     assert removed and removed[0][:3] == ["rm", "-f", "--"]
-    assert host.files == {}

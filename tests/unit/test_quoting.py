@@ -74,14 +74,43 @@ def test_nul_is_refused() -> None:
         exec_command(200, ["a\x00b"])
 
 
-def test_push_command_quotes_paths() -> None:
-    cmd = push_command(200, "/tmp/x y", "/root/it's here.py", perms="0644")
-    assert shlex.split(cmd) == [
-        "pct",
-        "push",
-        "200",
-        "/tmp/x y",
-        "/root/it's here.py",
-        "--perms",
-        "0644",
-    ]
+def test_push_streams_stdin_through_a_host_temp_file(tmp_path: Path) -> None:
+    """The push command: stdin to a private temp file, `pct push` of it, the temp file removed."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    pct = folder / "pct"
+    # Prints its argv NUL-separated, then a copy of the file it was asked to push.
+    pct.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\0" "$a"; done; cat "$3"\n')
+    pct.chmod(0o755)
+    hostile = "/root/it's here; $(touch /tmp/pwned).py"
+    env = {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
+    command = push_command(200, hostile, perms="0644")
+    out = subprocess.run(
+        ["bash", "-c", command], input=b"payload\n", env=env, capture_output=True, check=True
+    ).stdout
+    *argv, content = out.split(b"\0")
+    assert [a.decode() for a in argv[:3]] == ["push", "200", argv[2].decode()]
+    host_tmp = argv[2].decode()
+    assert host_tmp.startswith("/tmp/.launcher-")
+    assert [a.decode() for a in argv[3:]] == [hostile, "--perms", "0644"]
+    assert content == b"payload\n"
+    assert not Path(host_tmp).exists(), "the host temp file must be removed"
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_push_failure_still_removes_the_temp_file(tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "pct").write_text('#!/bin/sh\necho "$3" > "$LOG"; exit 5\n')
+    (folder / "pct").chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}", "LOG": str(log)}
+    result = subprocess.run(
+        ["bash", "-c", push_command(200, "/root/x.py", perms="0644")],
+        input=b"x",
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert result.returncode == 5
+    assert not Path(log.read_text().strip()).exists()
