@@ -435,6 +435,17 @@ def run_pids(pane_pid, session):
     return found - protected_pids(table)
 
 
+SHELLS = ("sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "tcsh", "csh")
+
+
+def is_shell(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip().lstrip("-") in SHELLS
+    except (OSError, TypeError):
+        return False
+
+
 def alive(pids):
     live = set()
     for pid in pids:
@@ -635,9 +646,14 @@ def stop_run(session, grace, gpus, warnings):
         return report
     if pane_active(state):
         tmux(["send-keys", "-t", "=%s:" % session, "C-c"])
+        # A session someone started by hand runs the trainer under an interactive shell, which
+        # survives C-c: there the run is over when everything but that shell has exited.
+        shell = pane_pid if state.get("run") is None and is_shell(pane_pid) else None
 
         def finished():
             seen.update(run_pids(pane_pid, session))
+            if shell is not None:
+                return not alive(seen - {shell})
             return not pane_active(session_state(session)) and not alive(seen)
 
         # forced: asking was not enough within the grace period.

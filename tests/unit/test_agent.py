@@ -634,3 +634,44 @@ def test_preflight_lists_gpus_and_holders(
         {"pid": 1234, "name": "/usr/bin/python3", "used_memory": 22512},
         {"pid": 99, "name": "python3", "used_memory": None},
     ]
+
+
+def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> None:
+    """A person's session: an interactive shell runs the trainer. C-c ends the trainer (the
+    shell lives on), and the stop must see the run as finished, not wait out the grace."""
+    target.workdir.mkdir(parents=True)
+    subprocess.run(
+        [
+            TMUX,
+            "new-session",
+            "-d",
+            "-s",
+            target.session,
+            "-x",
+            "120",
+            "-y",
+            "20",
+            "bash",
+            "--norc",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            TMUX,
+            "send-keys",
+            "-t",
+            f"={target.session}:",
+            "python3 -c 'import time; time.sleep(60)'",
+            "Enter",
+        ],
+        check=True,
+    )
+    wait_until(lambda: len(agent.run_pids(target.state()["pane_pid"], target.session)) >= 2)
+    request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
+    started = time.monotonic()
+    stop = agent.run_local({**request, "grace": 20.0, "lock_path": str(target.lock_path)})
+    assert stop["ok"] is True, stop["error"]
+    assert stop["stopped"]["forced"] is False
+    assert time.monotonic() - started < 10
+    assert target.state()["exists"] is False
