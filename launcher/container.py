@@ -43,7 +43,7 @@ def exec_command(vmid: int, argv: Sequence[str]) -> str:
 # Runs on the host: stdin -> a private temp file -> `pct push` -> the temp file removed, whatever
 # happens (also on a dropped connection). Values arrive as positional parameters, never glued in.
 PUSH_SCRIPT = (
-    'tmp=$(mktemp /tmp/.launcher-XXXXXXXXXX) || exit 1; trap \'rm -f "$tmp"\' EXIT; '
+    "tmp=$(mktemp /tmp/.launcher-XXXXXXXXXX) || exit 1; trap 'rm -f \"$tmp\"' EXIT; "
     "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; "
     'cat > "$tmp" && pct push "$1" "$tmp" "$2" --perms "$3"'
 )
