@@ -508,6 +508,18 @@ def gpu_holders():
     return holders, None
 
 
+def describe_holders(holders):
+    """`pid 106 python3 (8 GPUs)`: one entry per process, however many GPUs it holds."""
+    counts, names = {}, {}
+    for holder in holders:
+        counts[holder["pid"]] = counts.get(holder["pid"], 0) + 1
+        names[holder["pid"]] = os.path.basename(str(holder["name"]))
+    return ", ".join(
+        "pid %s %s (%d GPU%s)" % (pid, names[pid], n, "" if n == 1 else "s")
+        for pid, n in sorted(counts.items())
+    )
+
+
 def gpu_report(wanted):
     if wanted <= 0:
         return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True}
@@ -919,8 +931,7 @@ class Deploy:
         if self.gpus > 0:
             detail += ", %d GPUs" % gpus["visible"]
             if gpus["holders"]:
-                held = ", ".join("%s %s" % (h["pid"], h["name"]) for h in gpus["holders"])
-                detail += " (held by %s)" % held
+                detail += " (held by %s)" % describe_holders(gpus["holders"])
         return "ok", detail
 
     def check_active(self):
