@@ -14,7 +14,8 @@ import pytest
 from launcher.sandbox import Sandbox, SandboxInfo
 from tests.e2e.project import Project
 
-SANDBOX_VMIDS = (200, 201)
+# Four containers: the fleet tests use all of them, the others mostly 200 and 201.
+SANDBOX_VMIDS = (200, 201, 202, 203)
 SANDBOX_GPUS = 8
 REQUIRED = ("lxc-start", "lxc-attach", "lxc-info", "ssh", "ssh-keygen", "tmux", "/usr/sbin/sshd")
 

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from launcher.sandbox import Sandbox, SandboxInfo
-from tests.e2e.conftest import SANDBOX_GPUS, SshRunner, missing_requirements, ssh_argv
+from tests.e2e.conftest import (
+    SANDBOX_GPUS,
+    SANDBOX_VMIDS,
+    SshRunner,
+    missing_requirements,
+    ssh_argv,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -38,12 +44,12 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.1) ->
 def test_up_writes_inventory_and_known_hosts(sandbox: Box) -> None:
     sb, info = sandbox
     assert info.address == "127.0.0.1" and info.user == "root"
-    assert info.vmids == (200, 201)
+    assert info.vmids == SANDBOX_VMIDS
     assert info.state_dir == sb.state_dir
     inventory = info.inventory_path.read_text()
     assert f"port: {info.port}" in inventory
     assert "host_key_policy: strict" in inventory
-    for name in ("sandbox:", "sandbox-200:", "sandbox-201:", "default_target: sandbox"):
+    for name in ("sandbox:", "default_target: sandbox", *(f"sandbox-{v}:" for v in SANDBOX_VMIDS)):
         assert name in inventory
     playbook = (info.state_dir / "playbooks" / "demo.yaml").read_text()
     assert f"source: {DEMO_TRAINER}" in playbook
@@ -52,7 +58,7 @@ def test_up_writes_inventory_and_known_hosts(sandbox: Box) -> None:
     assert re.fullmatch(rf"\[127\.0\.0\.1\]:{info.port} ssh-ed25519 \S+", line)
     status = sb.status()
     assert status.sshd_alive and status.port == info.port
-    assert status.containers == {200: "running", 201: "running"}
+    assert status.containers == dict.fromkeys(SANDBOX_VMIDS, "running")
 
 
 def test_pct_exec_over_ssh_returns_output_and_exit_code(ssh: SshRunner) -> None:
@@ -168,8 +174,7 @@ def test_pct_list_and_errors(ssh: SshRunner) -> None:
     listing = ssh("pct", "list").stdout.decode().splitlines()
     assert listing == [
         "VMID       Status     Lock         Name                ",
-        "200        running                 sandbox-200         ",
-        "201        running                 sandbox-201         ",
+        *(f"{v}        running                 sandbox-{v}         " for v in SANDBOX_VMIDS),
     ]
     unknown_option = ssh("pct", "exec", 200, "ls", "-la")
     assert unknown_option.returncode == 255
