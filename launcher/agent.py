@@ -510,7 +510,8 @@ def gpu_holders():
 
 def describe_holders(holders):
     """`pid 106 python3 (8 GPUs)`: one entry per process, however many GPUs it holds."""
-    counts, names = {}, {}
+    counts: dict[int, int] = {}
+    names: dict[int, str] = {}
     for holder in holders:
         counts[holder["pid"]] = counts.get(holder["pid"], 0) + 1
         names[holder["pid"]] = os.path.basename(str(holder["name"]))

@@ -109,7 +109,7 @@ def deploy(
     grace = spec.stop_grace if options.grace is None else options.grace
 
     if options.dry_run:
-        pre = _preflight(target, container, len(script), create_workdir=False)
+        pre = preflight(target, container, len(script), create_workdir=False)
         _judge_preflight(target, pre, options, len(script), emit)
         unchanged = pre.get("dest_sha256") == report.sha256
         for name, detail in plan(target, options, pre, unchanged, grace):
@@ -123,7 +123,7 @@ def deploy(
         container.push(script, ct_tmp)
     except PushFailed:
         # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
-        pre = _preflight(target, container, len(script), create_workdir=True)
+        pre = preflight(target, container, len(script), create_workdir=True)
         _judge_preflight(target, pre, options, len(script), emit)
         _upload_again(container, script, ct_tmp)
     emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
@@ -152,9 +152,15 @@ def deploy(
 LOCK_PATH = "/run/launcher/deploy.lock"
 
 
-def _preflight(
-    target: Target, container: Container, need_bytes: int, *, create_workdir: bool
+def preflight(
+    target: Target,
+    container: Container,
+    need_bytes: int,
+    *,
+    create_workdir: bool,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
+    """The agent's preflight: what the container has, and (on request) a created workdir."""
     spec = target.playbook.spec
     return call_agent(
         container,
@@ -169,6 +175,7 @@ def _preflight(
             "create_workdir": create_workdir,
             "lock_path": LOCK_PATH,
         },
+        timeout=timeout,
     )
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.agentcall import call_agent
 from launcher.config import Target
 from launcher.container import host_command
-from launcher.deploy import DISK_MARGIN, LOCK_PATH
+from launcher.deploy import DISK_MARGIN, preflight
 from launcher.errors import (
     AuthError,
     ConnectError,
@@ -156,20 +155,8 @@ def _inside(target: Target, conn: Connection, checks: _Checks) -> None:
     spec = target.playbook.spec
     need = target.playbook.script_source.stat().st_size
     try:
-        pre = call_agent(
-            container_for(target, conn),
-            {
-                "op": "preflight",
-                "workdir": spec.workdir,
-                "dest": spec.script.dest,
-                "session": spec.session,
-                "checkpoints": spec.checkpoints,
-                "gpus": spec.gpus,
-                "need_bytes": need,
-                "create_workdir": False,
-                "lock_path": LOCK_PATH,
-            },
-            timeout=120,
+        pre = preflight(
+            target, container_for(target, conn), need, create_workdir=False, timeout=120
         )
     except ContainerError as exc:
         checks.fail("python3", exc.message, exc.hint or "install python3 in the container")

@@ -255,14 +255,9 @@ class Connection:
             raise _RetryableConnect(f"via {self.endpoint.hostname}: {exc}") from None
 
     # -- commands -------------------------------------------------------------------------
-    def run(
-        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult:
-        """Run a shell command string on the host, with a deadline on the whole exchange."""
+    def _open_channel(self) -> paramiko.Channel:
+        """A new session channel on this host's one connection (opened on first use)."""
         ep = self.endpoint
-        limit = timeout if timeout is not None else ep.command_timeout
-        started = time.monotonic()
-        deadline = started + limit
         transport = self._connected().get_transport()
         if transport is None or not transport.is_active():
             raise ConnectError(f"{ep.name}: connection to {ep.hostname} was lost")
@@ -271,6 +266,17 @@ class Connection:
         except (paramiko.SSHException, OSError) as exc:
             raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
         STATS.count("commands")
+        return channel
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        """Run a shell command string on the host, with a deadline on the whole exchange."""
+        ep = self.endpoint
+        limit = timeout if timeout is not None else ep.command_timeout
+        started = time.monotonic()
+        deadline = started + limit
+        channel = self._open_channel()
         try:
             channel.settimeout(limit)
             channel.exec_command(command)
@@ -314,14 +320,7 @@ class Connection:
         ep = self.endpoint
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        transport = self._connected().get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectError(f"{ep.name}: connection to {ep.hostname} was lost")
-        try:
-            channel = transport.open_session(timeout=ep.connect_timeout)
-        except (paramiko.SSHException, OSError) as exc:
-            raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
-        STATS.count("commands")
+        channel = self._open_channel()
         last_data = started
         try:
             channel.settimeout(ep.connect_timeout)
