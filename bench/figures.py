@@ -438,23 +438,10 @@ def parser_rows(lines: int) -> list[Row]:
 
     Field values are converted when first read, so the second figure is the one that counts.
     """
-    from bench_parser import synthetic_pane
+    from bench_parser import measure, synthetic_pane
 
-    from launcher.status import parse_pane
-
-    pane = synthetic_pane(lines)
     rows = []
-    for label, read in (("parse only", False), ("parse + read step/loss/tput/q_pre", True)):
-        best = float("inf")
-        count = 0
-        for _ in range(3):
-            start = time.perf_counter()
-            samples = parse_pane(pane)
-            if read:
-                for s in samples:
-                    _ = (s.step, s.loss, s.throughput, s.numbers("q_pre"))
-            best = min(best, time.perf_counter() - start)
-            count = len(samples)
+    for label, count, best in measure(synthetic_pane(lines)):
         rate = count / best
         rows.append(
             Row(
