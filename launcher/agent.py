@@ -23,6 +23,7 @@ a closed channel ends it), and its envelope is the last line on stderr.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import fcntl
@@ -796,8 +797,10 @@ class Deploy:
         self.workdir = workdir_param(request)
         self.session = session_param(request)
         self.dest_rel = param(request, "dest", str, required=True)
-        # No temp file: the client saw the same script already in place and skipped the push.
+        # The script comes either inline (base64, written here to a temp file) or pushed before
+        # this call with `pct push` to `tmp`; no script at all when the client saw it in place.
         self.tmp = param(request, "tmp", str)
+        self.content_b64 = param(request, "content_b64", str)
         self.sha256 = param(request, "sha256", str, required=True).lower()
         self.restart = param(request, "restart", bool, default=False)
         self.grace = param(request, "grace", float, default=30.0)
@@ -849,6 +852,8 @@ class Deploy:
 
     def run(self):
         try:
+            if self.content_b64 is not None:
+                self.step("receive", self.receive)
             self.step("paths", self.check_paths)
             self.step("lock", self.take_lock)
             self.step("tmux", self.check_tmux)
@@ -896,6 +901,27 @@ class Deploy:
             self.warnings.append("could not release the lock: %s" % exc)
 
     # -- checks (nothing destructive)
+
+    def receive(self):
+        """Write the inline script next to where it will live (same filesystem: mv is a rename)."""
+        if self.tmp is not None:
+            raise AgentError("invalid", "give either tmp or content_b64, not both")
+        try:
+            data = base64.b64decode(self.content_b64, validate=True)
+        except (ValueError, TypeError) as exc:
+            raise AgentError(
+                "corrupt", "transfer corrupted: the script is not valid base64: %s" % exc
+            ) from None
+        os.makedirs(state_dir(self.workdir), exist_ok=True)
+        name = ".%s.launcher-%s.tmp" % (os.path.basename(self.dest_rel), uuid.uuid4().hex[:12])
+        path = os.path.join(self.workdir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.tmp, self.tmp_ok = path, True  # ours from here on: removed on any failure
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return "ok", "%d bytes to %s" % (len(data), path)
 
     def check_paths(self):
         if self.tmp is not None:

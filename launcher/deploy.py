@@ -1,12 +1,14 @@
-"""The deploy workflow: verified upload, then one locked transaction in the container.
+"""The deploy workflow: the script and one locked transaction in the container.
 
-pct invocations: one push (the script, to a temp name in workdir) and one exec (the transaction,
-which runs every check before its first change: see agent.py `Deploy`). A first deploy adds one
-preflight exec that creates the workdir; `--dry-run` is that preflight alone.
+pct invocations: one exec, the transaction (agent.py `Deploy`), which receives the script inline,
+checks its sha256 and everything else that could stop the deploy, and only then changes things.
+A script over INLINE_LIMIT is pushed first (`pct push` to a temp name in workdir, plus a
+preflight that creates the workdir on a first deploy). `--dry-run` is one preflight exec.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import getpass
 import hashlib
@@ -37,6 +39,8 @@ from launcher.ui import step_line
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024
+# Scripts up to this size travel inside the transaction's request; larger ones via `pct push`.
+INLINE_LIMIT = 4 * 1024 * 1024
 PANE_WIDTH = 250
 PANE_HEIGHT = 50
 HISTORY_LIMIT = 100_000
@@ -116,17 +120,23 @@ def deploy(
             emit(name, "planned", detail)
         return report
 
-    # The transaction checks everything again before its first change (disk, GPUs, tmux, lock,
-    # active session, sha256, py_compile, checkpoints), so the common case is two pct calls.
-    ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
-    try:
-        container.push(script, ct_tmp)
-    except PushFailed:
-        # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
-        pre = preflight(target, container, len(script), create_workdir=True)
-        _judge_preflight(target, pre, options, len(script), emit)
-        _upload_again(container, script, ct_tmp)
-    emit("upload", "ok", f"{len(script)} bytes to {ct_tmp} (sha256 checked next, in the CT)")
+    # The transaction runs every check before its first change (disk, GPUs, tmux, lock, active
+    # session, sha256, py_compile, checkpoints), so one `pct exec` is the whole deploy. A script
+    # too large to travel inline is pushed first with `pct push` (its sha256 is checked the same).
+    inline = len(script) <= INLINE_LIMIT
+    ct_tmp: str | None = None
+    if inline:
+        emit("upload", "ok", f"{len(script)} bytes inline with the transaction (sha256 checked)")
+    else:
+        ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
+        try:
+            container.push(script, ct_tmp)
+        except PushFailed:
+            # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
+            pre = preflight(target, container, len(script), create_workdir=True)
+            _judge_preflight(target, pre, options, len(script), emit)
+            _upload_again(container, script, ct_tmp)
+        emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp} (sha256 checked next)")
 
     request = transaction_request(
         target, op="apply", restart=options.restart, grace=grace, mode=options.checkpoint_mode
@@ -134,6 +144,7 @@ def deploy(
     request.update(
         {
             "tmp": ct_tmp,
+            "content_b64": base64.b64encode(script).decode("ascii") if inline else None,
             "sha256": report.sha256,
             "check_resources": True,
             "need_bytes": len(script) * 2 + DISK_MARGIN,

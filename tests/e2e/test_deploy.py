@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from launcher.deploy import INLINE_LIMIT
 from tests.e2e.project import DEMO_TRAINER, Project, host_tmp_files, json_out, tree
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
     project.write({"fresh": (VMID, book)})
     calls_before = project.sandbox.pct_calls()
     out = deploy_ok(project)
-    assert project.sandbox.pct_calls() - calls_before == 4, "push, preflight (mkdir), push, apply"
+    assert project.sandbox.pct_calls() - calls_before == 1, "one transaction, script inline"
     assert "deployed fresh" in out
     project.wait_for(
         lambda: project.ct(VMID, "test", "-d", "/root/fresh/checkpoints").returncode == 0,
@@ -49,7 +50,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
 
     calls_before = project.sandbox.pct_calls()
     out = deploy_ok(project, "--restart")
-    assert project.sandbox.pct_calls() - calls_before == 2, "a redeploy: push, transaction"
+    assert project.sandbox.pct_calls() - calls_before == 1, "one transaction, script inline"
     assert "archived-" in out
     project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the new trainer")
     time.sleep(0.5)
@@ -93,9 +94,10 @@ def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
     project.write({"corrupt": (VMID, book)})
     deploy_ok(project)
     old_sha = project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0]
-    # A different script, so the push cannot be skipped as unchanged.
+    # A new version over the inline limit, so it travels by `pct push` (the partial-write fault).
     changed = project.root / "train_v2.py"
-    changed.write_bytes(DEMO_TRAINER.read_bytes() + b"\n# v2\n")
+    padding = b"# " + b"x" * 998 + b"\n"
+    changed.write_bytes(DEMO_TRAINER.read_bytes() + padding * (INLINE_LIMIT // len(padding) + 1))
     book["script"]["source"] = str(changed)
     project.write({"corrupt": (VMID, book)})
     project.sandbox.set_faults(partial_push=True)
@@ -109,6 +111,23 @@ def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
     assert leftovers.strip() == ""
     assert host_tmp_files() == tmp_before, "upload temp files left on the host"
     project.kill_session(VMID, "corrupt")
+
+
+def test_large_script_first_deploy_by_push(project: Project) -> None:
+    big = project.root / "train_big.py"
+    padding = b"# " + b"y" * 998 + b"\n"
+    big.write_bytes(DEMO_TRAINER.read_bytes() + padding * (INLINE_LIMIT // len(padding) + 1))
+    book = project.playbook("bigpush")
+    book["script"]["source"] = str(big)
+    project.write({"bigpush": (VMID, book)})
+    calls = project.sandbox.pct_calls()
+    out = deploy_ok(project)
+    # push (no workdir yet), preflight (creates it), push again, transaction
+    assert project.sandbox.pct_calls() - calls == 4
+    assert "pushed to" in out
+    sha = project.ct_text(VMID, "sha256sum", "/root/bigpush/train_demo.py").split()[0]
+    assert sha == hashlib.sha256(big.read_bytes()).hexdigest()
+    project.kill_session(VMID, "bigpush")
 
 
 def test_two_deploys_at_once_one_is_refused(project: Project) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import base64
 import fcntl
 import hashlib
 import json
@@ -675,3 +676,28 @@ def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> N
     assert stop["stopped"]["forced"] is False
     assert time.monotonic() - started < 10
     assert target.state()["exists"] is False
+
+
+def test_apply_with_the_script_inline_creates_the_workdir(target: Target) -> None:
+    source = SLEEPER
+    request = target.apply_request(source)
+    os.remove(request["tmp"])
+    shutil.rmtree(target.workdir)
+    request.update(tmp=None, content_b64=base64.b64encode(source.encode()).decode())
+    result = agent.run_local(request)
+    assert result["ok"] is True, result["error"]
+    assert result["steps"][0]["name"] == "receive"
+    assert (target.workdir / "train.py").read_text() == source
+    assert [p.name for p in target.workdir.iterdir() if ".launcher-" in p.name] == []
+
+
+def test_inline_script_that_does_not_match_is_corrupt(target: Target) -> None:
+    request = target.apply_request()
+    os.remove(request["tmp"])
+    request.update(tmp=None, content_b64=base64.b64encode(b"print('other')\n").decode())
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "corrupt"
+    assert not (target.workdir / "train.py").exists()
+    assert [p.name for p in target.workdir.iterdir() if ".launcher-" in p.name] == []
+    bad = dict(request, content_b64="not base64!")
+    assert agent.run_local(bad)["error"]["kind"] == "corrupt"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from launcher import deploy as deploy_module
 from launcher.deploy import DeployOptions, Step, deploy
 from launcher.errors import ContainerError, ExitCode, LauncherError
 from tests.unit.fakehost import StrictFakeHost
@@ -59,10 +61,9 @@ def expect_upload(host: StrictFakeHost, push_code: int = 0) -> None:
     host.expect("push", lambda argv: push_code)
 
 
-def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
+def test_deploy_is_one_transaction_with_the_script_inline(tmp_path: Path) -> None:
     host = StrictFakeHost()
     seen: dict[str, Any] = {}
-    expect_upload(host)
 
     def apply(request: dict[str, Any]) -> dict[str, Any]:
         seen["apply"] = request
@@ -70,20 +71,40 @@ def test_redeploy_is_one_push_and_one_transaction(tmp_path: Path) -> None:
 
     host.expect_agent("apply", apply)
     steps, report = run_deploy(tmp_path, host, restart=True)
-    assert host.calls == ["push", "agent:apply"]
+    assert host.calls == ["agent:apply"]
     assert [s.name for s in steps] == ["upload", "lock", "install", "launch"]
     assert report.sha256 == SHA
     request = seen["apply"]
+    assert base64.b64decode(request["content_b64"]) == SCRIPT
+    assert request["tmp"] is None
     assert request["sha256"] == SHA
     assert request["restart"] is True
     assert request["grace"] == 5
     assert request["checkpoint_mode"] == "archive"
     assert request["check_resources"] is True
     assert request["need_bytes"] > len(SCRIPT)
-    assert request["tmp"].startswith("/root/dflash/.train_dflash_pipeline.py.launcher-")
+
+
+@pytest.fixture
+def push_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripts over the inline limit go by `pct push`; make every script one of those."""
+    monkeypatch.setattr(deploy_module, "INLINE_LIMIT", 0)
+
+
+@pytest.mark.usefixtures("push_path")
+def test_large_script_is_pushed_then_one_transaction(tmp_path: Path) -> None:
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    expect_upload(host)
+    host.expect_agent("apply", lambda req: seen.setdefault("apply", req) and APPLIED)
+    run_deploy(tmp_path, host, restart=True)
+    assert host.calls == ["push", "agent:apply"]
     assert list(host.pushed.values()) == [SCRIPT]
+    assert seen["apply"]["content_b64"] is None
+    assert seen["apply"]["tmp"].startswith("/root/dflash/.train_dflash_pipeline.py.launcher-")
 
 
+@pytest.mark.usefixtures("push_path")
 def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> None:
     host = StrictFakeHost()
     expect_upload(host, push_code=1)  # no workdir yet
@@ -147,10 +168,11 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
         ),
     ],
 )
+@pytest.mark.usefixtures("push_path")
 def test_preflight_failures_stop_before_any_change(
     tmp_path: Path, overrides: dict[str, Any], options: dict[str, Any], code: ExitCode, message: str
 ) -> None:
-    """On a first deploy (or --dry-run) the preflight's verdict stops everything."""
+    """On a first deploy by push (or --dry-run) the preflight's verdict stops everything."""
     host = StrictFakeHost()
     expect_upload(host, push_code=1)
     host.expect_agent("preflight", preflight(**overrides))
@@ -177,7 +199,6 @@ def test_transaction_refusals_map_to_exit_codes(
     tmp_path: Path, kind: str, message: str, code: ExitCode
 ) -> None:
     host = StrictFakeHost()
-    expect_upload(host)
     host.expect_agent(
         "apply",
         {
@@ -194,6 +215,7 @@ def test_transaction_refusals_map_to_exit_codes(
     assert steps[-1] == Step("check", "failed", message)
 
 
+@pytest.mark.usefixtures("push_path")
 def test_failed_second_push_cleans_up_in_container_and_host(tmp_path: Path) -> None:
     host = StrictFakeHost()
     expect_upload(host, push_code=1)
