@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from typing import Any
 
@@ -462,7 +463,7 @@ def signal_pids(pids, signum):
             os.kill(pid, signum)
 
 
-def wait_for(predicate, timeout, interval=0.1):
+def wait_for(predicate, timeout, interval=0.05):
     deadline = time.monotonic() + max(timeout, 0.0)
     while True:
         if predicate():
@@ -522,11 +523,11 @@ def describe_holders(holders):
     )
 
 
-def gpu_report(wanted):
+def gpu_report(wanted, holders=True):
     if wanted <= 0:
         return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True}
     names, error = gpu_names()
-    holders, holders_error = ([], None) if error else gpu_holders()
+    holders, holders_error = gpu_holders() if holders and not error else ([], None)
     return {
         "visible": len(names),
         "names": names,
@@ -943,7 +944,8 @@ class Deploy:
 
     def check_disk_and_gpus(self):
         free = free_bytes(self.workdir)
-        gpus = gpu_report(self.gpus)
+        # Who holds the GPUs matters only when this deploy is about to stop a run.
+        gpus = gpu_report(self.gpus, holders=self.restart)
         self.result["preflight"] = {
             "python": platform.python_version(),
             "free_bytes": free,
@@ -996,6 +998,16 @@ class Deploy:
     def compile_check(self):
         if self.tmp is None:
             return "skipped", "script unchanged"
+        if os.path.realpath(self.python) == os.path.realpath(sys.executable or ""):
+            # The run's interpreter is this one: compile here, without a second start-up.
+            with open(self.tmp, "rb") as handle:
+                source = handle.read()
+            try:
+                compile(source, self.dest, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                raise AgentError("compile", message) from None
+            return "ok", self.python
         # Compile to a throwaway file so no __pycache__ appears next to the script.
         with tempfile.TemporaryDirectory(prefix="launcher-compile-") as scratch:
             cfile = os.path.join(scratch, "check.pyc")
