@@ -41,7 +41,7 @@ class Quantity:
 
 
 class Fields(Mapping[str, object]):
-    """A status line's fields: raw text kept, each value converted once, when first read.
+    """A status line's fields: raw text kept, each value converted when first read.
 
     Converting lazily keeps parsing a long scrollback cheap: checks read a handful of fields.
     """
@@ -50,22 +50,17 @@ class Fields(Mapping[str, object]):
 
     def __init__(self, raw: Mapping[str, str | None]) -> None:
         self._raw = raw
-        self._values: dict[str, object] | None = None
+        # Converted values are kept (memory for speed: each is converted once) unless the cyclic
+        # collector would track them, i.e. lists and Quantities, which are rebuilt on each read:
+        # keeping one per sample while reading a long scrollback sets off collector passes
+        # over every sample, which cost more than the conversions they save. The dict is made
+        # here, not on first read, for the same reason: parse_pane pauses the collector.
+        self._values: dict[str, object] = {}
 
     def __getitem__(self, key: str) -> object:
-        values = self._values
-        if values is None:
-            values = self._values = {}
-        elif key in values:
-            return values[key]
-        raw = self._raw[key]
-        if raw is None:
-            value: object = None
-        elif key == "throughput" and raw.endswith("tok/s"):
-            value = _tok_rate(raw)  # the `(12.3Ktok/s)` figure: a plain tok/s float
-        else:
-            value = _classify(raw)
-        values[key] = value
+        value = self.get(key, _ABSENT)
+        if value is _ABSENT:
+            raise KeyError(key)
         return value
 
     def __iter__(self) -> Iterator[str]:
@@ -78,7 +73,15 @@ class Fields(Mapping[str, object]):
         return key in self._raw
 
     def get(self, key: str, default: object = None) -> object:
-        return self[key] if key in self._raw else default
+        value = self._values.get(key, _ABSENT)
+        if value is not _ABSENT:
+            return value
+        if key not in self._raw:
+            return default
+        value = _convert(key, self._raw[key])
+        if not gc.is_tracked(value):
+            self._values[key] = value
+        return value
 
     def raw(self, key: str) -> str | None:
         """The field's text as printed (None when absent or cut off)."""
@@ -99,18 +102,27 @@ class Sample:
 
     def number(self, key: str) -> float | None:
         """The field as a float; None when missing, unknown (`---`) or not numeric."""
-        return _as_number(self.fields.get(key))
+        value = self.fields.get(key)
+        return value if type(value) is float else _as_number(value)
 
     def numbers(self, key: str) -> list[float] | None:
         """A list field as floats; None when missing, unknown, cut off or not all numbers."""
-        value = self.fields.get(key)
-        if type(value) is not tuple or not all(type(item) in _NUMERIC for item in value):
+        fields = self.fields
+        if type(fields) is Fields:
+            text = fields.raw(key)
+            if text is not None and _INT_LIST_RE.fullmatch(text):  # as via the ints, but sooner
+                return list(map(float, text[1:-1].split(",")))
+        value = fields.get(key)
+        if type(value) is not tuple or not _NUMERIC.issuperset(map(type, value)):
             return None
         return list(map(float, value))
 
     @property
     def step(self) -> int | None:
-        value = self.number("step")
+        value = self.fields.get("step")
+        if type(value) is int and -_EXACT_INT <= value <= _EXACT_INT:
+            return value  # what int(float(value)) gives, without the round trip
+        value = _as_number(value)
         if value is None or not math.isfinite(value):
             return None
         return int(value)
@@ -135,7 +147,9 @@ class Sample:
         return None
 
 
-_NUMERIC = (int, float)
+_NUMERIC = frozenset((int, float))
+_EXACT_INT = 2**53  # ints up to this size survive a float round trip unchanged
+_ABSENT = object()
 
 
 def _as_number(value: object) -> float | None:
@@ -162,11 +176,20 @@ _PREFIX_RE = re.compile(r"\s*\[(\d+(?:\.\d+)?)m\]")
 # whitespace, `|` or line start) so `--lr=0.1` or `f(a=1` are not fields. A list runs to `]`
 # or, when cut off, to the end of the line.
 _KEY = r"[A-Za-z_][\w.\-/]*+"
+_VALUE = r"\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|]*+"
+_RATE = rf"{_NUM}\s*[kKMG]?tok/s"
 _TOKEN_RE = re.compile(
     rf"(?:(?<![^\s|])({_KEY})[=~]|\(\s*)"
-    rf"((?(1)(?:\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|]*+)|{_NUM}\s*[kKMG]?tok/s))"
+    rf"((?(1)(?:{_VALUE})|{_RATE}))"
     r"(?(1)|\s*\))"
 )
+# A line's shape (see `_Shapes`): each field as _TOKEN_RE takes it, possessively so a match can't
+# take anything else, with only whitespace and `|` around the fields.
+_SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*+\]?+)", '"': r'("[^"]*+"?+)'}
+_SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*+)"  # neither a list nor a string, as _TOKEN_RE decides
+_SHAPE_RATE = rf"[\s|]*+(?>\(\s*({_RATE})\s*\))"
+_GAP_RE = re.compile(r"[\s|]*")
+_SHAPE_TRIES = 16  # lines per pane to learn a shape from
 # One fullmatch classifies a scalar; the group that matched says what it is.
 _SCALAR_RE = re.compile(
     r"(?P<int>[-+]?\d+)"
@@ -176,6 +199,8 @@ _SCALAR_RE = re.compile(
     rf"|(?P<qn>{_NUM})(?P<qu>[A-Za-z%µ]+(?:/[A-Za-z]+)?)"
     r"|(?:(?P<hh>\d+):)?(?P<mm>\d{1,2}):(?P<ss>\d{2})(?:\.\d+)?"
 )
+# A list of integers float() reads as float(int()) does (exactly, and no overflow).
+_INT_LIST_RE = re.compile(r"\[\s*+[-+]?\d{1,300}+\s*+(?:,\s*+[-+]?\d{1,300}+\s*+)*+\]")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _TOK_RATE_RE = re.compile(r"([kKMG]?)tok/s")
 _RATE_TEXT_RE = re.compile(rf"\s*(?P<n>{_NUM})\s*(?P<m>[kKMG]?)\s*(?:tok/s|tokens/s|t/s|/s)?\s*")
@@ -239,6 +264,19 @@ def _scalar(v: str) -> object:
     if tok is not None:
         return Quantity(float(m["qn"]) * _SCALE[tok[1]], "tok/s")
     return Quantity(float(m["qn"]), unit)
+
+
+def _convert(key: str, raw: str | None) -> object:
+    if raw is None:
+        return None
+    if raw[-1:].isdigit() and raw.isascii() and "_" not in raw:  # as in _scalar, a call sooner
+        try:
+            return int(raw) if raw.lstrip("+-").isdigit() and len(raw) < 4000 else float(raw)
+        except ValueError:
+            pass
+    if key == "throughput" and raw.endswith("tok/s"):
+        return _tok_rate(raw)  # the `(12.3Ktok/s)` figure: a plain tok/s float
+    return _classify(raw)
 
 
 def _classify(v: str) -> object:
@@ -372,9 +410,61 @@ def logical_lines(text: str, *, width: int | None = None) -> list[str]:
 # --- samples -------------------------------------------------------------------------------
 
 
-def _parse(line: str, index: int) -> Sample | None:
+class _Shapes:
+    """Fields of `[Nm]` status lines, as `dict(_TOKEN_RE.findall(line, start))`, but quicker.
+
+    A trainer prints the same status line over and over: the same keys in the same order, only
+    the values changing. The shape of such a line is one anchored regex: each key literal, each
+    value matched the way _TOKEN_RE matches it, and whitespace or `|` between fields. Matching
+    it once costs about half of findall trying every position, and it finds the same fields:
+    no field can start inside whitespace and `|`, and each field starts where findall would
+    start it (after whitespace or `|`; the `[Nm]` prefix ends in `]` for every line alike).
+    The shape is learned from a line findall split, for a few lines per pane; lines of any
+    other shape are split by findall.
+    """
+
+    def __init__(self) -> None:
+        self._shape: re.Pattern[str] | None = None
+        self._keys: tuple[str, ...] = ()
+        self._tries = _SHAPE_TRIES
+
+    def fields(self, line: str, start: int) -> dict[str, str | None]:
+        if self._shape is not None:
+            m = self._shape.match(line, start)
+            if m is not None:
+                return dict(zip(self._keys, m.groups(), strict=True))
+        if not self._tries:
+            return dict(_TOKEN_RE.findall(line, start))
+        self._tries -= 1
+        tokens = list(_TOKEN_RE.finditer(line, start))
+        self._learn(line, start, tokens)
+        return {m[1] or "": m[2] for m in tokens}
+
+    def _learn(self, line: str, start: int, tokens: list[re.Match[str]]) -> None:
+        parts = []
+        for m in tokens:
+            if not _GAP_RE.fullmatch(line, start, m.start()):
+                return  # other text between fields: this line has no shape to learn
+            key, value = m[1], m[2]
+            if key:
+                kind = _SHAPE_KEY_VALUE.get(value[:1], _SHAPE_BARE_VALUE)
+                parts.append(rf"[\s|]++{re.escape(key)}[=~]{kind}")
+            else:
+                parts.append(_SHAPE_RATE)
+            start = m.end()
+        if tokens and _GAP_RE.fullmatch(line, start):
+            parts.append(r"[\s|]*+\Z")
+            self._shape = re.compile("".join(parts))
+            self._keys = tuple(m[1] or "" for m in tokens)
+
+
+def _parse(line: str, index: int, shapes: _Shapes | None = None) -> Sample | None:
     prefix = _PREFIX_RE.match(line)
-    raw: dict[str, str | None] = dict(_TOKEN_RE.findall(line, prefix.end() if prefix else 0))
+    raw: dict[str, str | None]
+    if prefix is not None and shapes is not None:
+        raw = shapes.fields(line, prefix.end())
+    else:
+        raw = dict(_TOKEN_RE.findall(line, prefix.end() if prefix else 0))
     throughput = raw.pop("", None)
     if prefix is None and len(raw) < 2:
         return None
@@ -419,9 +509,10 @@ def parse_pane(text: str, *, width: int | None = None) -> list[Sample]:
     # it rescanning them: about a third of the time on a long scrollback.
     collecting = gc.isenabled()
     gc.disable()
+    shapes = _Shapes()
     try:
         for line in lines:
-            sample = _parse(line, len(samples))
+            sample = _parse(line, len(samples), shapes)
             if sample is not None:
                 samples.append(sample)
     finally:
