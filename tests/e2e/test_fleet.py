@@ -52,7 +52,7 @@ def test_deploy_and_verify_all_in_parallel(fleet: Project) -> None:
         assert rows == {f"fleet{v}": ("ok", 0) for v in FLEET}
         assert "overall exit 0" in deployed.stdout
         # progress lines carry the target's name in plain (non-TTY) mode
-        assert "[fleet200] ✓ preflight" in deployed.stderr
+        assert "[fleet200] ✓ upload" in deployed.stderr
 
         verified = fleet.launcher(
             "verify", "-t", "fleet200,fleet201", "-t", "fleet202", "-t", "fleet203"
