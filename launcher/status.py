@@ -19,6 +19,7 @@ import re
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Fields",
@@ -46,16 +47,29 @@ class Fields(Mapping[str, object]):
     Converting lazily keeps parsing a long scrollback cheap: checks read a handful of fields.
     """
 
-    __slots__ = ("_raw", "_values")
+    __slots__ = ("_match", "_raw", "_values")
 
     def __init__(self, raw: Mapping[str, str | None]) -> None:
-        self._raw = raw
+        # field -> text; or, for a line matched by its shape (`_Shapes`), field -> group of
+        # _match, the mapping shared by all lines of that shape: a long scrollback then keeps
+        # one match object per line instead of a dict and a string per field.
+        self._raw: Mapping[str, Any] = raw
+        self._match: re.Match[str] | None = None
         # Converted values are kept (memory for speed: each is converted once) unless the cyclic
         # collector would track them, i.e. lists and Quantities, which are rebuilt on each read:
         # keeping one per sample while reading a long scrollback sets off collector passes
         # over every sample, which cost more than the conversions they save. The dict is made
         # here, not on first read, for the same reason: parse_pane pauses the collector.
         self._values: dict[str, object] = {}
+
+    @classmethod
+    def _of_match(cls, groups: Mapping[str, int], match: re.Match[str]) -> Fields:
+        fields = cls.__new__(cls)
+        fields._raw, fields._match, fields._values = groups, match, {}
+        return fields
+
+    def __reduce__(self) -> tuple[type[Fields], tuple[dict[str, str | None]]]:
+        return Fields, ({key: self.raw(key) for key in self._raw},)  # a match can't be pickled
 
     def __getitem__(self, key: str) -> object:
         value = self.get(key, _ABSENT)
@@ -78,14 +92,18 @@ class Fields(Mapping[str, object]):
             return value
         if key not in self._raw:
             return default
-        value = _convert(key, self._raw[key])
+        text = self._raw[key]
+        if self._match is not None:
+            text = self._match[text]
+        value = _convert(key, text)
         if not gc.is_tracked(value):
             self._values[key] = value
         return value
 
     def raw(self, key: str) -> str | None:
         """The field's text as printed (None when absent or cut off)."""
-        return self._raw.get(key)
+        text = self._raw.get(key)
+        return text if self._match is None or text is None else self._match[text]
 
     def __repr__(self) -> str:
         return f"Fields({dict(self)!r})"
@@ -187,7 +205,7 @@ _TOKEN_RE = re.compile(
 # take anything else, with only whitespace and `|` around the fields.
 _SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*+\]?+)", '"': r'("[^"]*+"?+)'}
 _SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*+)"  # neither a list nor a string, as _TOKEN_RE decides
-_SHAPE_RATE = rf"[\s|]*+(?>\(\s*({_RATE})\s*\))"
+_SHAPE_RATE = rf"[\s|]*+(?>\(({_NUM}[kKMG]?tok/s)\))"  # unspaced: no .replace(" ", "")
 _GAP_RE = re.compile(r"[\s|]*")
 _SHAPE_TRIES = 16  # lines per pane to learn a shape from
 # One fullmatch classifies a scalar; the group that matched says what it is.
@@ -425,52 +443,65 @@ class _Shapes:
 
     def __init__(self) -> None:
         self._shape: re.Pattern[str] | None = None
-        self._keys: tuple[str, ...] = ()
+        self._groups: dict[str, int] = {}  # field -> group of the shape
         self._tries = _SHAPE_TRIES
 
-    def fields(self, line: str, start: int) -> dict[str, str | None]:
+    def fields(self, line: str, start: int) -> Fields:
         if self._shape is not None:
             m = self._shape.match(line, start)
             if m is not None:
-                return dict(zip(self._keys, m.groups(), strict=True))
+                return Fields._of_match(self._groups, m)
         if not self._tries:
-            return dict(_TOKEN_RE.findall(line, start))
+            return _fields(dict(_TOKEN_RE.findall(line, start)))
         self._tries -= 1
         tokens = list(_TOKEN_RE.finditer(line, start))
         self._learn(line, start, tokens)
-        return {m[1] or "": m[2] for m in tokens}
+        return _fields({m[1] or "": m[2] for m in tokens})
 
     def _learn(self, line: str, start: int, tokens: list[re.Match[str]]) -> None:
         parts = []
-        for m in tokens:
+        groups: dict[str, int] = {}
+        rate = 0
+        for group, m in enumerate(tokens, 1):
             if not _GAP_RE.fullmatch(line, start, m.start()):
                 return  # other text between fields: this line has no shape to learn
             key, value = m[1], m[2]
             if key:
                 kind = _SHAPE_KEY_VALUE.get(value[:1], _SHAPE_BARE_VALUE)
                 parts.append(rf"[\s|]++{re.escape(key)}[=~]{kind}")
-            else:
+                groups[key] = group  # as dict(findall): first place, last value
+            elif m[0] == f"({value})":
                 parts.append(_SHAPE_RATE)
+                rate = group
+            else:
+                return  # a spaced `( 12.3 Ktok/s )`: left to findall
             start = m.end()
         if tokens and _GAP_RE.fullmatch(line, start):
             parts.append(r"[\s|]*+\Z")
+            if rate:
+                groups["throughput"] = rate  # as _fields does
             self._shape = re.compile("".join(parts))
-            self._keys = tuple(m[1] or "" for m in tokens)
+            self._groups = groups
+
+
+def _fields(raw: dict[str, str | None]) -> Fields:
+    """Fields from `dict(_TOKEN_RE.findall(...))`: the `(12.3Ktok/s)` figure is `throughput`."""
+    throughput = raw.pop("", None)
+    if throughput is not None:
+        raw["throughput"] = throughput.replace(" ", "")
+    return Fields(raw)
 
 
 def _parse(line: str, index: int, shapes: _Shapes | None = None) -> Sample | None:
     prefix = _PREFIX_RE.match(line)
-    raw: dict[str, str | None]
     if prefix is not None and shapes is not None:
-        raw = shapes.fields(line, prefix.end())
+        fields = shapes.fields(line, prefix.end())
     else:
         raw = dict(_TOKEN_RE.findall(line, prefix.end() if prefix else 0))
-    throughput = raw.pop("", None)
-    if prefix is None and len(raw) < 2:
-        return None
-    if throughput is not None:
-        raw["throughput"] = throughput.replace(" ", "")
-    return Sample(index, float(prefix[1]) if prefix else None, Fields(raw), line.strip())
+        if prefix is None and len(raw) - ("" in raw) < 2:  # two key=value fields, at least
+            return None
+        fields = _fields(raw)
+    return Sample(index, float(prefix[1]) if prefix else None, fields, line.strip())
 
 
 def _drop_cut_field(sample: Sample) -> Sample:
