@@ -392,9 +392,10 @@ def _drain(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
             out.write(channel.recv(65536))
         while channel.recv_stderr_ready():
             err.write(channel.recv_stderr(65536))
-        if channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready():
-            return out.getvalue(), err.getvalue()
-        if channel.closed:
+        # Done at EOF or close, but only once both buffers are empty: data can arrive on one
+        # stream while the other is being read, just before the close.
+        finished = channel.eof_received or channel.closed
+        if finished and not channel.recv_ready() and not channel.recv_stderr_ready():
             return out.getvalue(), err.getvalue()
 
 
