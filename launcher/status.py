@@ -128,7 +128,7 @@ class Sample:
         fields = self.fields
         if type(fields) is Fields:
             text = fields.raw(key)
-            if text is not None and _INT_LIST_RE.fullmatch(text):  # as via the ints, but sooner
+            if text is not None and _INT_LIST_RE.fullmatch(text):  # the ints' floats, sooner
                 return list(map(float, text[1:-1].split(",")))
         value = fields.get(key)
         if type(value) is not tuple or not _NUMERIC.issuperset(map(type, value)):
@@ -205,7 +205,9 @@ _TOKEN_RE = re.compile(
 # take anything else, with only whitespace and `|` around the fields.
 _SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*+\]?+)", '"': r'("[^"]*+"?+)'}
 _SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*+)"  # neither a list nor a string, as _TOKEN_RE decides
-_SHAPE_RATE = rf"[\s|]*+(?>\(({_NUM}[kKMG]?tok/s)\))"  # unspaced: no .replace(" ", "")
+_UNSPACED_RATE = rf"\(({_NUM}[kKMG]?tok/s)\)"  # needs no .replace(" ", "")
+_UNSPACED_RATE_RE = re.compile(_UNSPACED_RATE)
+_SHAPE_RATE = rf"[\s|]*+(?>{_UNSPACED_RATE})"
 _GAP_RE = re.compile(r"[\s|]*")
 _SHAPE_TRIES = 16  # lines per pane to learn a shape from
 # One fullmatch classifies a scalar; the group that matched says what it is.
@@ -287,7 +289,7 @@ def _scalar(v: str) -> object:
 def _convert(key: str, raw: str | None) -> object:
     if raw is None:
         return None
-    if raw[-1:].isdigit() and raw.isascii() and "_" not in raw:  # as in _scalar, a call sooner
+    if raw[-1:].isdigit() and raw.isascii() and "_" not in raw:  # _scalar's, two calls sooner
         try:
             return int(raw) if raw.lstrip("+-").isdigit() and len(raw) < 4000 else float(raw)
         except ValueError:
@@ -429,7 +431,7 @@ def logical_lines(text: str, *, width: int | None = None) -> list[str]:
 
 
 class _Shapes:
-    """Fields of `[Nm]` status lines, as `dict(_TOKEN_RE.findall(line, start))`, but quicker.
+    """The fields of `[Nm]` status lines, as `_fields(dict(_TOKEN_RE.findall(...)))`, quicker.
 
     A trainer prints the same status line over and over: the same keys in the same order, only
     the values changing. The shape of such a line is one anchored regex: each key literal, each
@@ -470,7 +472,7 @@ class _Shapes:
                 kind = _SHAPE_KEY_VALUE.get(value[:1], _SHAPE_BARE_VALUE)
                 parts.append(rf"[\s|]++{re.escape(key)}[=~]{kind}")
                 groups[key] = group  # as dict(findall): first place, last value
-            elif m[0] == f"({value})":
+            elif _UNSPACED_RATE_RE.fullmatch(m[0]):
                 parts.append(_SHAPE_RATE)
                 rate = group
             else:
