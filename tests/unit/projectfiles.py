@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from launcher.config import Target, load_inventory
 
@@ -48,3 +49,20 @@ def write_project(root: Path) -> Path:
 
 def load_target(root: Path, name: str = "prod") -> Target:
     return load_inventory(write_project(root)).target(name)
+
+
+def preflight_answer(**overrides: Any) -> dict[str, Any]:
+    """What the agent's preflight says about a healthy container (fields overridable)."""
+    answer: dict[str, Any] = {
+        "python": "3.11.2",
+        "tmux": "tmux 3.3a",
+        "workdir": {"exists": True, "writable": True, "created": False},
+        "free_bytes": 10 * 2**30,
+        "gpus": {"visible": 8, "names": [], "error": None, "holders": []},
+        "session": {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None},
+        "dest_sha256": None,
+        "checkpoints": {"path": "/root/dflash/checkpoints", "exists": True, "unsafe": None},
+        "lock": None,
+    }
+    answer.update(overrides)
+    return answer

@@ -14,24 +14,9 @@ from launcher.deploy import DeployOptions, Step, deploy
 from launcher.errors import ContainerError, ExitCode, LauncherError
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import SCRIPT, load_target
+from tests.unit.projectfiles import preflight_answer as preflight
 
 SHA = hashlib.sha256(SCRIPT).hexdigest()
-
-
-def preflight(**overrides: Any) -> dict[str, Any]:
-    answer: dict[str, Any] = {
-        "python": "3.11.2",
-        "tmux": "tmux 3.3a",
-        "workdir": {"exists": True, "writable": True, "created": False},
-        "free_bytes": 10 * 2**30,
-        "gpus": {"visible": 8, "names": [], "error": None, "holders": []},
-        "session": {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None},
-        "dest_sha256": None,
-        "checkpoints": {"path": "/root/dflash/checkpoints", "exists": True, "unsafe": None},
-        "lock": None,
-    }
-    answer.update(overrides)
-    return answer
 
 
 APPLIED = {

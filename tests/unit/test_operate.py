@@ -44,7 +44,7 @@ from launcher.operate import (
 )
 from launcher.remote import resolve_endpoint
 from tests.unit.fakehost import StrictFakeHost
-from tests.unit.projectfiles import load_target
+from tests.unit.projectfiles import load_target, preflight_answer
 
 NO_SESSION = {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None}
 RUNNING = {"exists": True, "pane_dead": False, "dead_status": None, "pane_pid": 42}
@@ -548,26 +548,16 @@ def test_rollback_request_and_refusal(target: Any, tmp_path: Path, monkeypatch: 
 # --------------------------------------------------------------------------- doctor
 
 
-def preflight_answer(**overrides: Any) -> dict[str, Any]:
-    answer: dict[str, Any] = {
-        "python": "3.11.2",
-        "tmux": "tmux 3.3a",
-        "workdir": {"exists": True, "writable": True, "created": False},
-        "free_bytes": 10 * 2**30,
-        "gpus": {"visible": 8, "names": [], "error": None, "holders": []},
-        "session": NO_SESSION,
-        "checkpoints": {"path": "/root/dflash/checkpoints", "exists": False, "unsafe": None},
-        "lock": None,
-    }
-    answer.update(overrides)
-    return answer
+def doctor_preflight(**overrides: Any) -> dict[str, Any]:
+    checkpoints = {"path": "/root/dflash/checkpoints", "exists": False, "unsafe": None}
+    return preflight_answer(**{"session": NO_SESSION, "checkpoints": checkpoints, **overrides})
 
 
 def doctor_host(status: str = "status: running", **pre: Any) -> StrictFakeHost:
     host = StrictFakeHost()
     host.expect("host", lambda argv: (0, "/usr/sbin/pct\n") if argv[:2] == ["command", "-v"] else 9)
     host.expect("host", lambda argv: (0, status + "\n") if argv[:2] == ["pct", "status"] else 9)
-    host.expect_agent("preflight", preflight_answer(**pre))
+    host.expect_agent("preflight", doctor_preflight(**pre))
     return host
 
 
