@@ -676,6 +676,9 @@ def stop_run(session, grace, gpus, warnings):
     if state["exists"]:
         tmux(["kill-session", "-t", "=%s" % session])
     seen.update(run_pids(pane_pid, session))
+    # Killing the session sends SIGHUP: give what it ends a moment to exit before calling
+    # anything left "forced" (an interactive shell, the pane's own process).
+    wait_for(lambda: not alive(seen), 1.0)
     report["pids"] = sorted(seen)
     report["forced"] = report["forced"] or bool(alive(seen))
     report["leftover"] = sorted(terminate(seen, grace))
