@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from launcher.status import parse_pane
+from launcher.verify.parse import parse_pane
 
 
 def synthetic_pane(lines: int, seed: int = 0) -> str:

@@ -27,6 +27,7 @@ from harness import (
 from rows import Row, median
 
 Log = Callable[[str], None]
+AGENT_BYTES = Path(__file__).resolve().parent / "agent_bytes.py"
 MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 CRASH_AFTER = 3.0
 CRASH_INTERVAL = 2.0
@@ -245,6 +246,46 @@ def status_row(env: BenchEnv, inventory: Path, runs: int) -> Row:
         ratio=median(lau) / median(hand),
         note=f"{max(pct)} pct call; A: one ssh pct exec tmux capture-pane; ratio launcher/A",
     )
+
+
+# -- what a verify poll sends ----------------------------------------------------------------
+
+
+def agent_rows(env: BenchEnv, inventory: Path, polls: int) -> list[Row]:
+    """Bytes per verify poll once the agent is cached in the container (after the first poll,
+    which sends it), and one poll's round trip cached next to sending the source each time."""
+    cleared = env.clear_agent_cache(DEPLOY_VMID)
+    result = check(
+        env.run([env.python, AGENT_BYTES, "-i", inventory, "-t", "demo", "--polls", str(polls)]),
+        "bench/agent_bytes.py",
+    )
+    data = json.loads(result.out.strip().splitlines()[-1])
+    first, after = data["first"], data["after"]
+    cached, source = median(data["cached"]), median(data["source"])
+    return [
+        Row(
+            "bytes sent per verify poll after the first",
+            "bytes",
+            float(max(after)),
+            target="<= 2048 B",
+            met=max(after) <= 2048,
+            note=(
+                f"command line + stdin of its pct exec, largest of {len(after)}; the first poll "
+                f"(cache cleared{'' if cleared else ', none there'}) sent {sum(first):,} B "
+                f"in {len(first)} round trips"
+            ),
+        ),
+        Row(
+            "one verify poll round trip (open connection)",
+            "s",
+            cached,
+            ratio=cached / source,
+            note=(
+                f"median of {polls}; sending the agent's source with every call instead: "
+                f"{source:.3f} s; ratio cached/source"
+            ),
+        ),
+    ]
 
 
 # -- start-up ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,32 @@ class Timed:
     out: str
     err: str
     ended: float
+
+
+class Recording:
+    """A launcher host connection that keeps what each command sent, (command line bytes, stdin
+    bytes): what crosses the SSH channel for it, framing and encryption aside."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.sent: list[tuple[int, int]] = []
+
+    @property
+    def endpoint(self) -> Any:
+        return self.conn.endpoint
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> Any:
+        self.sent.append((len(command.encode()), len(stdin or b"")))
+        return self.conn.run(command, stdin=stdin, timeout=timeout)
+
+    def stream(self, command: str, on_stdout: Callable[[bytes], None], **kwargs: Any) -> int:
+        self.sent.append((len(command.encode()), len(kwargs.get("stdin") or b"")))
+        return int(self.conn.stream(command, on_stdout, **kwargs))
+
+    def take(self) -> list[int]:
+        """Bytes sent by each command since the last take()."""
+        sent, self.sent = self.sent, []
+        return [command + stdin for command, stdin in sent]
 
 
 class BenchError(Exception):
@@ -246,6 +272,14 @@ class BenchEnv:
 
     def set_latency(self, seconds: float) -> None:
         self.sandbox.set_faults(pct_latency=seconds)
+
+    def clear_agent_cache(self, vmid: int) -> int:
+        """Remove the agent bundles cached in a container's /run/launcher; how many there were."""
+        cache = self.sandbox.container_root(vmid) / "run" / "launcher"
+        found = list(cache.glob("agent-*.bundle"))
+        for path in found:
+            path.unlink()
+        return len(found)
 
     def ct_file_mtime(self, vmid: int, path: str) -> float | None:
         """mtime of a file inside a container (its rootfs is a directory on this machine)."""

@@ -22,7 +22,7 @@ from typing import Any
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-import launcher.agentcall  # noqa: E402
+import launcher.agentclient  # noqa: E402
 import launcher.cli.main  # noqa: E402
 import launcher.container  # noqa: E402
 import launcher.deploy  # noqa: E402
@@ -60,9 +60,9 @@ def main() -> None:
         lambda *a, **k: "push: stdin to a host temp file + pct push (one ssh exec)",
     )
     timed(
-        launcher.deploy,
-        "call_agent",
-        lambda container, request, **k: f"agent {request.get('op')} (one pct exec)",
+        launcher.agentclient.AgentClient,
+        "call",
+        lambda client, request, **k: f"agent {request.get('op')} (one pct exec)",
     )
     start = time.perf_counter()
     try:
@@ -79,8 +79,9 @@ def main() -> None:
     after = time.perf_counter()
 
     # One bare agent round trip on a connection that is already open, for reference.
+    from launcher.agentclient import container_for
     from launcher.config import inventory_path, load_inventory
-    from launcher.runops import container_for, poll_once
+    from launcher.verify.poll import poll_once
 
     target = load_inventory(inventory_path(args.inventory)).target(args.target)
     with launcher.remote.ConnectionPool() as pool:

@@ -13,7 +13,7 @@ Value = float | str | None
 @dataclass
 class Row:
     figure: str
-    unit: str  # s | calls | conns | lines/s | MiB | x
+    unit: str  # s | calls | conns | lines/s | MiB | bytes | x
     launcher: Value
     a: Value = None
     b: Value = None
@@ -39,6 +39,8 @@ def fmt(value: Value, unit: str) -> str:
         return f"{value:.2f} s" if value < 100 else f"{value:.0f} s"
     if unit == "lines/s":
         return f"{value:,.0f}/s"
+    if unit == "bytes":
+        return f"{value:,.0f} B"
     if unit == "MiB":
         return f"{value:.0f} MiB"
     if unit == "x":

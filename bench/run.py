@@ -6,7 +6,7 @@
 Prints one table (figure, launcher, A, B, ratio, target, met). Exits 0 when targets are missed
 (it reports); non-zero only when something could not be measured. Needs root (LXC, sshd).
 
-Usage: bench/run.py [--runs N] [--quick] [--json FILE] [--markdown]
+Usage: bench/run.py [--runs N] [--quick] [--json FILE] [--markdown] [--only GROUP,...]
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_watch
 import figures
-from harness import CRASH_VMID, DEPLOY_VMID, HAND_VMID, MUX_VMID, BenchEnv, BenchError
+from harness import CRASH_VMID, DEPLOY_VMID, HAND_VMID, MUX_VMID, BenchEnv, BenchError, check
 from rows import Row, render_markdown, render_text
 
 LATENCIES = {0.0: 0.6, 0.3: 0.5}  # pct start-up latency -> target ratio launcher/B
 FLEET = 16
+# Figure groups, for --only (default: all of them).
+GROUPS = ("deploy", "status", "agent", "crash", "fleet", "startup", "parser", "watch")
 PROFILE = Path(__file__).resolve().parent / "profile_deploy.py"
 
 
@@ -66,7 +69,7 @@ def render_profile(profiles: dict[float, dict[str, Any]]) -> str:
 
 
 def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[Row]:
-    """Every figure that needs the sandbox, in the order of the table."""
+    """Every figure of the chosen groups that needs the sandbox, in the order of the table."""
     demo = env.playbook("demo")
     crash = env.playbook(
         "crash", session="crash", DEMO_MODE="crash", DEMO_CRASH_AFTER=f"{figures.CRASH_AFTER:g}"
@@ -74,20 +77,46 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
     inventory = env.inventory(
         "inventory", {"demo": (DEPLOY_VMID, demo), "crash": (CRASH_VMID, crash)}
     )
-    results = {}
-    for latency in LATENCIES:
-        log(f"deploy --restart: launcher, A, B interleaved, pct latency {latency:g} s")
-        results[latency] = figures.deploy_comparison(env, inventory, args.runs, latency, log)
-    rows = figures.deploy_rows(results, LATENCIES)
-    log("profiling one deploy per latency")
-    args.profiles = {lat: profile(env, inventory, lat) for lat in LATENCIES}
-    log("launcher status against one ssh capture-pane")
-    rows.append(figures.status_row(env, inventory, args.runs))
-    log("crash to verify exit")
-    rows += figures.crash_rows(env, inventory, args.runs, log)
-    log(f"fleet: {len(fleet)} containers against 1")
-    rows += figures.fleet_rows(env, fleet, args.runs, log)
+    rows: list[Row] = []
+    if "deploy" in args.only:
+        results = {}
+        for latency in LATENCIES:
+            log(f"deploy --restart: launcher, A, B interleaved, pct latency {latency:g} s")
+            results[latency] = figures.deploy_comparison(env, inventory, args.runs, latency, log)
+        rows += figures.deploy_rows(results, LATENCIES)
+        log("profiling one deploy per latency")
+        args.profiles = {lat: profile(env, inventory, lat) for lat in LATENCIES}
+    elif args.only & {"status", "agent"}:
+        log("one deploy --restart, for a run to poll")
+        check(env.launcher(inventory, "-t", "demo", "deploy", "--restart"), "deploy")
+    if "status" in args.only:
+        log("launcher status against one ssh capture-pane")
+        rows.append(figures.status_row(env, inventory, args.runs))
+    if "agent" in args.only:
+        log("bytes sent per verify poll, agent cached and not")
+        rows += figures.agent_rows(env, inventory, 3 if args.quick else 10)
+    if "crash" in args.only:
+        log("crash to verify exit")
+        rows += figures.crash_rows(env, inventory, args.runs, log)
+    if "fleet" in args.only:
+        log(f"fleet: {len(fleet)} containers against 1")
+        rows += figures.fleet_rows(env, fleet, args.runs, log)
+    if "watch" in args.only:
+        timing = bench_watch.QUICK if args.quick else (600.0, 1200.0, 120.0)
+        rows += bench_watch.watch_rows(env, log, duration=timing[0], fault_duration=timing[1],
+                                       period=timing[2])  # fmt: skip
     return rows
+
+
+def groups(text: str) -> set[str]:
+    chosen = {g.strip() for g in text.split(",") if g.strip()}
+    unknown = chosen - set(GROUPS)
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown group(s) {', '.join(sorted(unknown)) or '(none given)'}; "
+            f"choose from {', '.join(GROUPS)}"
+        )
+    return chosen
 
 
 def main() -> int:
@@ -100,6 +129,13 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument(
+        "--only",
+        type=groups,
+        default=set(GROUPS),
+        metavar="GROUP,...",
+        help=f"measure only these figure groups ({', '.join(GROUPS)}; default: all)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.runs = 1
@@ -109,20 +145,25 @@ def main() -> int:
         log("bench/run.py needs root (it brings up LXC containers and an sshd)")
         return 2
     enforce = not args.quick
-    fleet = list(range(300, 300 + (2 if args.quick else FLEET)))
+    args.profiles = {}
+    fleet = list(range(300, 300 + (2 if args.quick else FLEET))) if "fleet" in args.only else []
     started = time.monotonic()
 
-    env = BenchEnv(sorted({*fleet, DEPLOY_VMID, CRASH_VMID, HAND_VMID, MUX_VMID}))
+    watching = bench_watch.VMIDS if "watch" in args.only else ()
+    env = BenchEnv(sorted({*fleet, *watching, DEPLOY_VMID, CRASH_VMID, HAND_VMID, MUX_VMID}))
     rows: list[Row] = []
     try:
         log(f"sandbox: {len(env.vmids)} containers under {env.tmp}")
         env.up()
-        log("launcher --help / --version")
-        startup = figures.startup_rows(env, 3 if args.quick else max(args.runs, 10))
+        startup = []
+        if "startup" in args.only:
+            log("launcher --help / --version")
+            startup = figures.startup_rows(env, 3 if args.quick else max(args.runs, 10))
         rows += measure(args, env, fleet)
         rows += startup
-        log("parser")
-        rows += figures.parser_rows(20_000 if args.quick else 200_000)
+        if "parser" in args.only:
+            log("parser")
+            rows += figures.parser_rows(20_000 if args.quick else 200_000)
     except (BenchError, subprocess.SubprocessError, OSError, ValueError, KeyError) as error:
         if os.environ.get("BENCH_DEBUG"):
             traceback.print_exc()
@@ -134,8 +175,9 @@ def main() -> int:
 
     table = render_markdown(rows, enforce) if args.markdown else render_text(rows, enforce)
     print(table)
-    print()
-    print(render_profile(args.profiles))
+    if args.profiles:
+        print()
+        print(render_profile(args.profiles))
     if enforce:
         missed = [r.figure for r in rows if r.target and not r.met]
         print(f"\ntargets met: {sum(1 for r in rows if r.target) - len(missed)}", end="")

@@ -5,16 +5,15 @@ launcher runs this file inside the container with
 
     pct exec VMID -- python3 -c BOOT
 
-where BOOT reads one JSON line {"agent": <this source>, "request": {...}} from stdin, executes
-this source and calls ``main(request)``. It therefore has to run on whatever python3 the
-container has: Python 3.8 syntax, standard library only, no imports from launcher.
+where BOOT reads one JSON line from stdin and runs the loader in it (agentclient.LOADER): that
+takes protocol.py and this source from the line, or from the container's cache (/run/launcher,
+checked against their sha256; see store_bundle at the end), executes both in one namespace and
+calls ``main(request)``. It therefore has to run on whatever python3 the container has: Python
+3.8 syntax, standard library only, and no imports from launcher except the protocol (which
+travels with it).
 
-Every op answers with one envelope::
-
-    {"ok": bool, "op": str, "error": {"kind": str, "message": str} | None,
-     "warnings": [str], ...op data}
-
-Error kinds: refused, locked, unsafe_path, corrupt, compile, missing, invalid, failed.
+launcher/protocol.py defines every op's request and answer, the envelope, the error kinds and the
+constants shared with the client.
 
 Ops: preflight, apply, stop, poll, logs, follow, history, rollback. `follow` streams: its stdout
 carries the log bytes as they are written, a blank line goes to stderr now and then (a write to
@@ -38,14 +37,24 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import uuid
 from typing import Any
 
-DEFAULT_LOCK_PATH = "/run/launcher/deploy.lock"
-STATE_DIR = ".launcher"
+if __name__ != "launcher_agent":
+    # Imported as part of the package (the client, tests). In the container protocol.py's
+    # source has already run in this namespace (see the module docstring).
+    from launcher.protocol import (
+        ERROR_KINDS,
+        HISTORY_LIMIT,
+        LOCK_PATH,
+        OPS,
+        PANE_HEIGHT,
+        PANE_WIDTH,
+        STATE_DIR,
+        STREAMING_OPS,
+        system_path_problem,
+    )
 SCRIPT_HISTORY = 5
 MARKER_VAR = "LAUNCHER_RUN"
 PLACEHOLDER_WINDOW = "launcher-placeholder"
@@ -65,16 +74,33 @@ PANE_FORMAT = "\t".join(
         "#{@launcher_run}",
     ]
 )
-# Runs the playbook command and records how it ended. The command and the exit file arrive as
-# positional parameters ($1 command, $2 exit file, $3 shell), never glued into this text. The
-# trap keeps the runner alive through C-c / SIGHUP so it can still write the exit code; caught
-# signals are reset to default in the command, unlike ignored ones.
+# Runs the playbook command and records how it ended. The command and the environment come from
+# the run file ($1, mode 0600, written by the deploy), so no secret is ever in a command line or a
+# tmux format; the exit file ($2) and the shell ($3) arrive as positional parameters, never glued
+# into this text. The trap keeps the runner alive through C-c / SIGHUP so it can still write the
+# exit code; caught signals are reset to default in the command, unlike ignored ones.
 RUNNER = (
-    'trap : INT TERM HUP\n"$3" -c "$1"\ncode=$?\n'
+    "trap : INT TERM HUP\n"
+    'if [ -r "$1" ]; then . "$1"; "$3" -c "$LAUNCHER_COMMAND"; code=$?\n'
+    'else echo "launcher: cannot read the run file $1" >&2; code=126; fi\n'
     'printf "%s\\n" "$code" > "$2.tmp" && mv -f "$2.tmp" "$2"\nexit "$code"\n'
 )
+COMMAND_VAR = "LAUNCHER_COMMAND"
+# One argument to exec may be at most 128 KiB (MAX_ARG_STRLEN) and the whole environment shares
+# ARG_MAX with it: refuse what could not start, before anything is stopped.
+COMMAND_LIMIT = 100000
+ENV_LIMIT = 1 << 20
+# Stop grace is bounded: a trainer that ignores C-c must not hold the deploy lock forever.
+GRACE_LIMIT = 3600.0
 
-COMPILE = "import py_compile,sys;py_compile.compile(sys.argv[1],cfile=sys.argv[2],doraise=True)"
+# Compiles argv[1] as if it were argv[2] with another interpreter; a syntax error is answered as
+# JSON [line, column, message] (exit 3) so the message can quote the *new* script's line.
+COMPILE = (
+    "import json,sys\n"
+    "src=sys.stdin.buffer.read() if sys.argv[1]=='-' else open(sys.argv[1],'rb').read()\n"
+    "try: compile(src,sys.argv[2],'exec',dont_inherit=True)\n"
+    "except SyntaxError as e: print(json.dumps([e.lineno,e.offset,e.msg])); sys.exit(3)\n"
+)
 
 
 class AgentError(Exception):
@@ -82,7 +108,7 @@ class AgentError(Exception):
 
     def __init__(self, kind, message, **extra):
         super().__init__(message)
-        self.kind = kind
+        self.kind = kind if kind in ERROR_KINDS else "failed"
         self.message = message
         self.extra = extra
 
@@ -129,12 +155,13 @@ def _default_signals():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
-def run(argv, timeout=30.0):
+def run(argv, timeout=30.0, input=None):
     """Run argv (no shell); return (returncode, stdout, stderr). A missing binary is rc 127."""
     try:
         proc = subprocess.run(
             argv,
-            stdin=subprocess.DEVNULL,
+            input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             timeout=timeout,
@@ -161,6 +188,13 @@ def write_atomic(path, text):
 def remove_quietly(path):
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def list_dir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 # --------------------------------------------------------------------------- request parsing
@@ -193,16 +227,28 @@ def session_param(request):
 
 
 def workdir_param(request):
+    """The workdir, refused when it (or what its symlinks resolve to) is / or a system directory.
+
+    Checked by the real path inside the container at the moment of use: a workdir that is a
+    symlink to / would otherwise make every workdir-relative path a path below /."""
     workdir = param(request, "workdir", str, required=True)
-    if not os.path.isabs(workdir) or os.path.normpath(workdir) == "/":
-        raise AgentError("invalid", "workdir must be an absolute path other than /: %r" % workdir)
-    return os.path.normpath(workdir)
+    if not os.path.isabs(workdir):
+        raise AgentError("unsafe_path", "workdir must be an absolute path: %r" % workdir)
+    # POSIX keeps a leading '//' in normpath; it means / here.
+    workdir = "/" + os.path.normpath(workdir).lstrip("/")
+    real = os.path.realpath(workdir)
+    problem = system_path_problem(workdir)
+    if problem is None and system_path_problem(real):
+        problem = "it resolves to %s (%s)" % (real, system_path_problem(real))
+    if problem:
+        raise AgentError("unsafe_path", "workdir %s is refused: %s" % (workdir, problem))
+    return workdir
 
 
 def env_param(request):
     env = param(request, "env", dict, default={})
     for key, value in env.items():
-        if not ENV_NAME.match(key) or key == MARKER_VAR:
+        if not ENV_NAME.match(key) or key in (MARKER_VAR, COMMAND_VAR):
             raise AgentError("invalid", "bad environment variable name %r" % key)
         if not isinstance(value, str) or "\0" in value:
             raise AgentError(
@@ -226,6 +272,39 @@ def exit_path(workdir, session):
     return os.path.join(state_dir(workdir), session + ".exit")
 
 
+def run_file_path(workdir, session):
+    return os.path.join(state_dir(workdir), session + ".run")
+
+
+def grace_param(request):
+    grace = param(request, "grace", float, default=30.0)
+    if not (0.0 <= grace <= GRACE_LIMIT):  # also false for nan
+        raise AgentError("invalid", "grace must be 0 to %g seconds (got %r)" % (GRACE_LIMIT, grace))
+    return grace
+
+
+def run_file_text(marker, command, env):
+    """The run file the runner sources: every value quoted by shlex, one assignment a line."""
+    lines = ["# launcher run %s: read by the run's wrapper; mode 0600" % marker]
+    lines.append("export %s=%s" % (MARKER_VAR, shlex.quote(marker)))
+    lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())]
+    lines.append("%s=%s" % (COMMAND_VAR, shlex.quote(command)))
+    return "\n".join(lines) + "\n"
+
+
+def write_private(path, text):
+    """Write `path` readable by its owner only, whatever the umask, replacing it atomically."""
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    remove_quietly(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
 def is_strict_child(path, parent):
     return path != parent and path.startswith(parent.rstrip("/") + "/")
 
@@ -239,8 +318,13 @@ def relative_problem(rel):
     return None
 
 
-def checkpoint_problem(workdir, rel):
-    """(absolute path, reason it is unsafe to move or delete, or None)."""
+def checkpoint_problem(workdir, rel, protected=()):
+    """(absolute path, reason it is unsafe to move or delete, or None).
+
+    Judged by real paths at the moment of use: the checkpoints must resolve strictly inside the
+    real workdir, not be a symlink, and neither be, contain nor sit inside anything the run or
+    launcher itself needs (`protected`: the script, its backups, .launcher/ with the log and the
+    exit file)."""
     path = os.path.normpath(os.path.join(workdir, rel))
     reason = relative_problem(rel)
     real_workdir = os.path.realpath(workdir)
@@ -253,7 +337,25 @@ def checkpoint_problem(workdir, rel):
         reason = "it is the workdir itself"
     if reason is None and not is_strict_child(real, real_workdir):
         reason = "it resolves to %s, outside the workdir %s" % (real, real_workdir)
+    for other in protected if reason is None else ():
+        real_other = os.path.realpath(other)
+        if real == real_other:
+            reason = "it is %s, which launcher needs" % other
+        elif is_strict_child(real_other, real):
+            reason = "it contains %s, which launcher needs" % other
+        elif is_strict_child(real, real_other):
+            reason = "it is inside %s, which launcher needs" % other
+        if reason:
+            break
     return path, reason
+
+
+def protected_paths(workdir, session, dest=None):
+    """What checkpoints may never be or contain: launcher's state and the installed script."""
+    paths = [state_dir(workdir), log_path(workdir, session), exit_path(workdir, session)]
+    if dest:
+        paths += [dest, dest + ".prev"]
+    return paths
 
 
 def dest_path(workdir, rel):
@@ -463,14 +565,43 @@ def signal_pids(pids, signum):
             os.kill(pid, signum)
 
 
-def wait_for(predicate, timeout, interval=0.05):
+def wait_for(predicate, timeout, interval=0.05, on_tick=None):
     deadline = time.monotonic() + max(timeout, 0.0)
     while True:
         if predicate():
             return True
         if time.monotonic() >= deadline:
             return False
+        if on_tick is not None:
+            on_tick(deadline - time.monotonic())
         time.sleep(interval)
+
+
+def grace_countdown(grace, progress, every=1.0):
+    """An on_tick for wait_for that tells `progress` the grace left, at most once per `every`."""
+    if progress is None:
+        return None
+    last = [time.monotonic()]
+
+    def tick(left):
+        now = time.monotonic()
+        if now - last[0] >= every:
+            last[0] = now
+            progress(
+                "C-c sent; waiting for the run to exit: %d s of %g s left" % (left + 0.5, grace)
+            )
+
+    return tick
+
+
+def emit_event(event):
+    """One progress event as a JSON line on stderr (the client shows it as it happens); the
+    answer itself stays the last line on stdout. A client that went away is no reason to stop."""
+    try:
+        sys.stderr.write(json.dumps(event) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -651,11 +782,14 @@ class DeployLock:
 # --------------------------------------------------------------------------- stop
 
 
-def stop_run(session, grace, gpus, warnings):
-    """Ask (C-c), wait, kill the session, TERM then KILL what is left, confirm it is gone."""
+def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
+    """Ask (C-c), wait, kill the session, TERM then KILL what is left, confirm it is gone.
+
+    `extra_pids` (GPU holders the operator asked to kill) are ended with the run's leftovers;
+    `progress(detail)` hears how much of the grace period is left, about once a second."""
     state = session_state(session)
     pane_pid = state["pane_pid"]
-    seen = run_pids(pane_pid, session)
+    seen = run_pids(pane_pid, session) | set(extra_pids)
     report = stop_report(pane_active(state) or bool(seen), state["exists"], seen)
     if not state["exists"] and not seen:
         return report
@@ -672,7 +806,7 @@ def stop_run(session, grace, gpus, warnings):
             return not pane_active(session_state(session)) and not alive(seen)
 
         # forced: asking was not enough within the grace period.
-        report["forced"] = not wait_for(finished, grace)
+        report["forced"] = not wait_for(finished, grace, on_tick=grace_countdown(grace, progress))
     if state["exists"]:
         tmux(["kill-session", "-t", "=%s" % session])
     seen.update(run_pids(pane_pid, session))
@@ -683,7 +817,7 @@ def stop_run(session, grace, gpus, warnings):
     report["forced"] = report["forced"] or bool(alive(seen))
     report["leftover"] = sorted(terminate(seen, grace))
     if gpus > 0:
-        report["gpu_holders"] = gpu_leftovers(seen, warnings)
+        report["gpu_holders"], report["gpu_others"] = gpu_leftovers(seen, warnings)
     return report
 
 
@@ -695,6 +829,7 @@ def stop_report(was_running, session_existed, pids):
         "forced": False,
         "leftover": [],
         "gpu_holders": [],
+        "gpu_others": [],
     }
 
 
@@ -723,10 +858,29 @@ def gpu_leftovers(pids, warnings, timeout=10.0):
     wait_for(released, timeout, interval=0.5)
     if found["error"]:
         warnings.append("could not confirm GPUs were released: %s" % found["error"])
-    if found["others"]:
-        pids_text = ", ".join(str(h["pid"]) for h in found["others"])
-        warnings.append("GPUs still in use by pids %s" % pids_text)
-    return found["ours"]
+    return found["ours"], [dict(h, command=process_command(h["pid"])) for h in found["others"]]
+
+
+def process_command(pid, limit=120):
+    """The command line of `pid` for messages (cut to `limit`), or None when it is gone."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            text = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_processes(holders):
+    """`pid 136 (python3 -c ...)`: GPU holders with their command lines, for refusals."""
+    seen, parts = set(), []
+    for holder in holders:
+        if holder["pid"] in seen:
+            continue
+        seen.add(holder["pid"])
+        command = holder.get("command") or process_command(holder["pid"]) or holder.get("name")
+        parts.append("pid %s (%s)" % (holder["pid"], command))
+    return ", ".join(parts)
 
 
 # --------------------------------------------------------------------------- op: preflight
@@ -754,8 +908,10 @@ def op_preflight(request, warnings):
         "gpus": gpu_info,
         "session": session_state(session),
         "dest_sha256": sha256_or_none(os.path.join(workdir, dest)),
-        "checkpoints": checkpoints_info(workdir, checkpoints),
-        "lock": lock_state(param(request, "lock_path", str, default=DEFAULT_LOCK_PATH)),
+        "checkpoints": checkpoints_info(
+            workdir, checkpoints, protected_paths(workdir, session, os.path.join(workdir, dest))
+        ),
+        "lock": lock_state(param(request, "lock_path", str, default=LOCK_PATH)),
     }
 
 
@@ -782,10 +938,10 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
-def checkpoints_info(workdir, rel):
+def checkpoints_info(workdir, rel, protected=()):
     if rel is None:
         return None
-    path, unsafe = checkpoint_problem(workdir, rel)
+    path, unsafe = checkpoint_problem(workdir, rel, protected)
     return {"path": path, "exists": os.path.lexists(path), "unsafe": unsafe}
 
 
@@ -807,15 +963,18 @@ class Deploy:
         self.content_b64 = param(request, "content_b64", str)
         self.sha256 = param(request, "sha256", str, required=True).lower()
         self.restart = param(request, "restart", bool, default=False)
-        self.grace = param(request, "grace", float, default=30.0)
+        self.grace = grace_param(request)
+        self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
+        self.foreign_holders: list[dict[str, Any]] = []
+        self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
         self.keep_archives = param(request, "keep_archives", int, default=3)
         self.command = param(request, "command", str, required=True)
         self.env = env_param(request)
-        self.width = param(request, "width", int, default=250)
-        self.height = param(request, "height", int, default=50)
-        self.history_limit = param(request, "history_limit", int, default=100000)
+        self.width = param(request, "width", int, default=PANE_WIDTH)
+        self.height = param(request, "height", int, default=PANE_HEIGHT)
+        self.history_limit = param(request, "history_limit", int, default=HISTORY_LIMIT)
         self.gpus = param(request, "gpus", int, default=0)
         # Check disk space and GPUs here too, so a deploy needs no separate preflight call.
         self.check_resources = param(request, "check_resources", bool, default=False)
@@ -824,7 +983,15 @@ class Deploy:
         self.python = param(request, "python", str, default=sys.executable or "python3")
         self.record_base = param(request, "record", dict, default={})
         self.run_id = param(request, "run_id", str) or new_run_id()
-        lock_path = param(request, "lock_path", str, default=DEFAULT_LOCK_PATH)
+        # plan: run every check, change nothing, and say what the deploy would do. keep_going:
+        # (with plan) record a failed check and go on, so doctor can show them all.
+        self.plan = param(request, "plan", bool, default=False)
+        # events: each step (and the stop's countdown) as a JSON line on stderr as it happens.
+        self.events = param(request, "events", bool, default=False)
+        self.keep_going = self.plan and param(request, "keep_going", bool, default=False)
+        self.content = None
+        self.failures: list[AgentError] = []
+        lock_path = param(request, "lock_path", str, default=LOCK_PATH)
         self.lock = DeployLock(lock_path, request.get("operator"))
         self.validate()
         self.steps: list[dict[str, Any]] = []
@@ -851,22 +1018,58 @@ class Deploy:
             )
         if not self.command.strip():
             raise AgentError("invalid", "command is empty")
+        if len(self.command.encode()) > COMMAND_LIMIT:
+            raise AgentError(
+                "invalid",
+                "command is %d bytes; at most %d can be run"
+                % (len(self.command.encode()), COMMAND_LIMIT),
+            )
+        env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env.items())
+        if env_bytes > ENV_LIMIT:
+            raise AgentError(
+                "invalid",
+                "env is %d bytes; at most %d fit a process environment (put large values in a "
+                "file the trainer reads)" % (env_bytes, ENV_LIMIT),
+            )
 
     # -- driver
 
+    def checks(self):
+        """Every check that can stop the deploy, in order; none of them changes anything that
+        matters (the inline script goes to a temp file, the lock is taken)."""
+        checks = [("paths", self.check_paths)]
+        if self.content_b64 is not None:
+            checks.append(("receive", self.receive))
+        checks += [("lock", self.take_lock), ("tmux", self.check_tmux)]
+        if self.check_resources:
+            checks.append(("resources", self.check_disk_and_gpus))
+        checks.append(("active_check", self.check_active))
+        if self.gpus > 0:
+            checks.append(("gpus", self.check_gpu_holders))
+        checks += [
+            ("verify", self.verify_sha),
+            ("compile", self.compile_check),
+            ("checkpoint_guard", self.guard_checkpoints),
+            ("launch_check", self.check_launch),
+        ]
+        return checks
+
     def run(self):
         try:
-            if self.content_b64 is not None:
-                self.step("receive", self.receive)
-            self.step("paths", self.check_paths)
-            self.step("lock", self.take_lock)
-            self.step("tmux", self.check_tmux)
-            if self.check_resources:
-                self.step("resources", self.check_disk_and_gpus)
-            self.step("active_check", self.check_active)
-            self.step("verify", self.verify_sha)
-            self.step("compile", self.compile_check)
-            self.step("checkpoint_guard", self.guard_checkpoints)
+            for name, check in self.checks():
+                try:
+                    self.step(name, check)
+                except AgentError as exc:
+                    if not self.keep_going:
+                        raise
+                    self.failures.append(exc)
+                if name == "lock" and not self.plan:
+                    self.remove_stale_temps()
+            if self.failures:
+                raise self.failures[0]
+            if self.plan:
+                self.plan_actions()
+                return None, self.result
             self.step("install", self.install)
             self.step("stop", self.stop_old)
             self.step("checkpoints", self.set_checkpoints_aside)
@@ -881,24 +1084,64 @@ class Deploy:
             self.cleanup()
         return error, self.result
 
+    def plan_actions(self):
+        """What the deploy would change, as `planned` steps (from the checks' view of the CT)."""
+        unchanged = sha256_or_none(self.dest) == self.sha256
+        planned = [("install", "%s %s" % (self.dest, "unchanged" if unchanged else
+                    "replaced (the old one kept as .prev)"))]  # fmt: skip
+        if pane_active(self.old_state) or self.old_pids or self.foreign_holders:
+            planned.append(("stop", "session '%s' (pane pid %s): C-c, wait %g s, kill the session "
+                            "and what is left of the run" % (self.session,
+                            self.old_state["pane_pid"], self.grace)))  # fmt: skip
+        else:
+            planned.append(("stop", "nothing to stop: no active session '%s'" % self.session))
+        where = self.checkpoints
+        if where is None or self.mode == "keep":
+            planned.append(("checkpoints", "keep %s for a resume" % where))
+        elif not os.path.lexists(where):
+            planned.append(("checkpoints", "nothing to set aside at %s" % where))
+        elif self.mode == "purge":
+            planned.append(("checkpoints", "DELETE %s" % where))
+        else:
+            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, keep %d"
+                            % (where, where, self.keep_archives)))  # fmt: skip
+        planned.append(("launch", "tmux session '%s' in %s: %s"
+                        % (self.session, self.workdir, self.command)))  # fmt: skip
+        planned.append(("record", os.path.join(state_dir(self.workdir), "deploys.jsonl")))
+        for name, detail in planned:
+            self.steps.append({"name": name, "status": "planned", "detail": detail})
+
     def step(self, name, action):
         started = time.monotonic()
         try:
             status, detail = action()
         except AgentError as exc:
-            self.steps.append({"name": name, "status": "failed", "detail": exc.message})
+            self.steps.append(
+                {"name": name, "status": "failed", "detail": exc.message, "kind": exc.kind}
+            )
+            self.emit_step()
             raise
         except Exception as exc:  # an unexpected error still answers with the steps so far
             message = "%s: %s" % (type(exc).__name__, exc)
-            self.steps.append({"name": name, "status": "failed", "detail": message})
+            self.steps.append(
+                {"name": name, "status": "failed", "detail": message, "kind": "failed"}
+            )
+            self.emit_step()
             raise AgentError("failed", "%s failed: %s" % (name, message)) from exc
         seconds = round(time.monotonic() - started, 3)
         self.steps.append({"name": name, "status": status, "detail": detail, "seconds": seconds})
+        self.emit_step()
+
+    def emit_step(self):
+        if self.events:
+            emit_event({"event": "step", "step": self.steps[-1]})
 
     def cleanup(self):
         # The pushed temp file never outlives the transaction; only removed once proven ours.
         if self.tmp_ok:
             remove_quietly(self.tmp)
+        if self.run_file_next:
+            remove_quietly(self.run_file_next)
         try:
             self.lock.release()
         except OSError as exc:
@@ -916,6 +1159,9 @@ class Deploy:
             raise AgentError(
                 "corrupt", "transfer corrupted: the script is not valid base64: %s" % exc
             ) from None
+        if self.plan:
+            self.content = data
+            return "ok", "%d bytes received (plan: kept in memory)" % len(data)
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         name = ".%s.launcher-%s.tmp" % (os.path.basename(self.dest_rel), uuid.uuid4().hex[:12])
         path = os.path.join(self.workdir, name)
@@ -928,14 +1174,51 @@ class Deploy:
         return "ok", "%d bytes to %s" % (len(data), path)
 
     def check_paths(self):
+        # workdir_param already refused a workdir that resolves to / or a system directory.
+        self.dest = dest_path(self.workdir, self.dest_rel)
         if self.tmp is not None:
             self.tmp = tmp_path(self.workdir, self.tmp)
             # Proven inside the workdir: from here on the temp file is ours to remove on failure.
             self.tmp_ok = True
-        self.dest = dest_path(self.workdir, self.dest_rel)
         return "ok", self.dest
 
+    def remove_stale_temps(self):
+        """Temp files of earlier deploys that were killed mid-way (kill -9, a dropped link).
+
+        Runs under the lock, so no other deploy's transaction is using them."""
+        removed = []
+        name = os.path.basename(self.dest)
+        prefixes = (".%s.launcher-" % name,)
+        for directory in sorted({self.workdir, os.path.dirname(self.dest)}):
+            for entry in list_dir(directory):
+                full = os.path.join(directory, entry)
+                if not (entry.startswith(prefixes) and entry.endswith(".tmp")) or full == self.tmp:
+                    continue
+                if os.path.islink(full) or not os.path.isfile(full):
+                    continue
+                remove_quietly(full)
+                removed.append(full)
+        state = state_dir(self.workdir)
+        for entry in list_dir(state):
+            if entry.startswith(self.session + ".run.next"):
+                remove_quietly(os.path.join(state, entry))
+        if removed:
+            self.steps.append(
+                {"name": "leftovers", "status": "ok", "seconds": 0.0,
+                 "detail": "removed %d stale temp file(s) of killed deploys: %s"
+                 % (len(removed), ", ".join(removed))}
+            )  # fmt: skip
+            self.emit_step()
+
     def take_lock(self):
+        if self.plan:
+            holder = lock_state(self.lock.path)
+            if holder and not holder["stale"]:
+                raise AgentError(
+                    "locked", "another deploy is running: %s" % describe_holder(holder),
+                    holder=holder,
+                )  # fmt: skip
+            return "ok", "%s free (plan: not taken)" % self.lock.path
         self.lock.acquire(self.warnings)
         return "ok", self.lock.path
 
@@ -947,8 +1230,8 @@ class Deploy:
 
     def check_disk_and_gpus(self):
         free = free_bytes(self.workdir)
-        # Who holds the GPUs matters only when this deploy is about to stop a run.
-        gpus = gpu_report(self.gpus, holders=self.restart)
+        # Who holds the GPUs is judged once the old run's processes are known (check_gpu_holders).
+        gpus = gpu_report(self.gpus, holders=False)
         self.result["preflight"] = {
             "python": platform.python_version(),
             "free_bytes": free,
@@ -962,9 +1245,31 @@ class Deploy:
         detail = "python %s, %d MiB free" % (platform.python_version(), (free or 0) // 2**20)
         if self.gpus > 0:
             detail += ", %d GPUs" % gpus["visible"]
-            if gpus["holders"]:
-                detail += " (held by %s)" % describe_holders(gpus["holders"])
         return "ok", detail
+
+    def check_gpu_holders(self):
+        """Refuse to launch onto GPUs held by processes that are not the old run's (a child
+        that double-forked out of the run, another job): stopping the run would not free them."""
+        holders, error = gpu_holders()
+        if error:
+            raise AgentError("missing", "cannot tell who holds the GPUs: %s" % error)
+        ours = [h for h in holders if h["pid"] in self.old_pids]
+        self.foreign_holders = [h for h in holders if h["pid"] not in self.old_pids]
+        if self.foreign_holders and not self.kill_gpu_holders:
+            raise AgentError(
+                "refused",
+                "GPUs are held by processes outside session '%s''s run: %s; stop them, or "
+                "deploy with --kill-gpu-holders"
+                % (self.session, describe_processes(self.foreign_holders)),
+                holders=self.foreign_holders,
+            )
+        if self.foreign_holders:
+            return "warning", "held by %s: killed with the old run" % describe_processes(
+                self.foreign_holders
+            )
+        if ours:
+            return "ok", "held by the old run (%s)" % describe_holders(ours)
+        return "ok", "free"
 
     def check_active(self):
         self.old_state = session_state(self.session)
@@ -984,6 +1289,13 @@ class Deploy:
         return "ok", "no active run"
 
     def verify_sha(self):
+        if self.content is not None:
+            got = hashlib.sha256(self.content).hexdigest()
+            if got != self.sha256:
+                raise AgentError(
+                    "corrupt", "transfer corrupted: expected %s, got %s" % (self.sha256, got)
+                )
+            return "ok", got
         if self.tmp is None:
             got = sha256_or_none(self.dest)
             if got != self.sha256:
@@ -999,38 +1311,74 @@ class Deploy:
         return "ok", got
 
     def compile_check(self):
-        if self.tmp is None:
+        if self.content is not None:
+            source = self.content
+        elif self.tmp is None:
             return "skipped", "script unchanged"
-        if os.path.realpath(self.python) == os.path.realpath(sys.executable or ""):
-            # The run's interpreter is this one: compile here, without a second start-up.
+        else:
             with open(self.tmp, "rb") as handle:
                 source = handle.read()
+        if os.path.realpath(self.python) == os.path.realpath(sys.executable or ""):
+            # The run's interpreter is this one: compile here, without a second start-up.
             try:
                 compile(source, self.dest, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                raise AgentError("compile", message) from None
+            except SyntaxError as exc:
+                raise AgentError("compile", syntax_message(self.dest, source, exc.lineno,
+                                 exc.offset, exc.msg)) from None  # fmt: skip
+            except ValueError as exc:  # e.g. NUL bytes
+                raise AgentError("compile", "%s: %s" % (self.dest, exc)) from None
             return "ok", self.python
-        # Compile to a throwaway file so no __pycache__ appears next to the script.
-        with tempfile.TemporaryDirectory(prefix="launcher-compile-") as scratch:
-            cfile = os.path.join(scratch, "check.pyc")
-            rc, out, err = run([self.python, "-c", COMPILE, self.tmp, cfile], timeout=120)
+        rc, out, err = run([self.python, "-c", COMPILE, "-", self.dest], timeout=120, input=source)
+        if rc == 3:
+            try:
+                line, column, message = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError, TypeError):
+                line, column, message = None, None, out.strip()
+            raise AgentError("compile", syntax_message(self.dest, source, line, column, message))
         if rc != 0:
             message = (err.strip() or out.strip()).splitlines()
-            raise AgentError("compile", "\n".join(message[-12:]) or "py_compile exited %d" % rc)
+            raise AgentError("compile", "\n".join(message[-12:]) or "compile exited %d" % rc)
         return "ok", self.python
 
     def guard_checkpoints(self):
         if self.checkpoints_rel is None:
             self.checkpoints = None
             return "skipped", "no checkpoints directory"
-        path, reason = checkpoint_problem(self.workdir, self.checkpoints_rel)
+        self.checkpoints = self.safe_checkpoints()
+        return "ok", self.checkpoints
+
+    def safe_checkpoints(self):
+        protected = protected_paths(self.workdir, self.session, self.dest)
+        path, reason = checkpoint_problem(self.workdir, self.checkpoints_rel, protected)
         if reason:
             raise AgentError(
                 "unsafe_path", "checkpoints path %r is unsafe: %s" % (self.checkpoints_rel, reason)
             )
-        self.checkpoints = path
-        return "ok", path
+        return path
+
+    def check_launch(self):
+        """Everything the launch needs, proven before the old run is stopped: the shell, the
+        state directory and the run file (command and env, mode 0600) written and staged."""
+        if not (os.path.isabs(self.shell) and os.access(self.shell, os.X_OK)):
+            raise AgentError("missing", "shell %s is not executable in the container" % self.shell)
+        if self.plan:
+            existing = state_dir(self.workdir)
+            while not os.path.exists(existing):
+                existing = os.path.dirname(existing)
+            if not os.access(existing, os.W_OK | os.X_OK):
+                raise AgentError("missing", "%s is not writable: the run file cannot be written"
+                                 % existing)  # fmt: skip
+            return "ok", "%s writable; %d env value(s) go in a 0600 run file" % (
+                existing,
+                len(self.env),
+            )
+        os.makedirs(state_dir(self.workdir), exist_ok=True)
+        marker = "%s:%s" % (self.session, self.run_id)
+        self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
+        write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
+        with open(log_path(self.workdir, self.session), "a"):
+            pass
+        return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
 
     # -- destructive steps
 
@@ -1067,11 +1415,26 @@ class Deploy:
             remove_quietly(old)
 
     def stop_old(self):
-        if not self.old_state["exists"] and not self.old_pids:
+        if not self.old_state["exists"] and not self.old_pids and not self.foreign_holders:
             self.result["stopped"] = stop_report(False, False, ())
             return "skipped", "no session '%s'" % self.session
-        report = stop_run(self.session, self.grace, self.gpus, self.warnings)
+        extra = set(h["pid"] for h in self.foreign_holders)
+        progress = None
+        if self.events:
+
+            def progress(detail):
+                emit_event({"event": "progress", "name": "stop", "detail": detail})
+
+        report = stop_run(
+            self.session, self.grace, self.gpus, self.warnings, extra_pids=extra, progress=progress
+        )
         self.result["stopped"] = report
+        if report["gpu_others"]:
+            raise AgentError(
+                "refused",
+                "GPUs are still in use by %s; not launching onto busy GPUs"
+                % describe_processes(report["gpu_others"]),
+            )
         if report["leftover"] or report["gpu_holders"]:
             raise AgentError(
                 "failed",
@@ -1080,8 +1443,14 @@ class Deploy:
                     str(p) for p in report["leftover"] + [h["pid"] for h in report["gpu_holders"]]
                 ),
             )
-        how = "forced" if report["forced"] else "stopped"
-        return "ok", "%s (pids %s)" % (how, ", ".join(str(p) for p in report["pids"]) or "none")
+        pids = ", ".join(str(p) for p in report["pids"]) or "none"
+        if report["forced"]:
+            # Asking was not enough: the run was killed. Worth a look, so not a plain ok.
+            return "warning", "forced: still running %g s after C-c, killed (pids %s)" % (
+                self.grace,
+                pids,
+            )
+        return "ok", "stopped after C-c (pids %s)" % pids
 
     def set_checkpoints_aside(self):
         action = {"action": self.mode, "from": self.checkpoints, "to": None}
@@ -1092,17 +1461,23 @@ class Deploy:
         if not os.path.lexists(self.checkpoints):
             action["action"] = "none"
             return "skipped", "nothing to set aside"
+        # Checked again right before the move: the tree may have changed since the guard.
+        self.safe_checkpoints()
         if self.mode == "purge":
             remove_tree(self.checkpoints)
             return "ok", "purged %s" % self.checkpoints
         action["to"] = archive_name(self.checkpoints)
         os.rename(self.checkpoints, action["to"])
-        action["pruned"] = prune_archives(self.checkpoints, self.keep_archives, self.warnings)
+        action["pruned"] = prune_archives(
+            self.checkpoints, self.keep_archives, self.warnings, self.workdir
+        )
         return "ok", "archived to %s" % action["to"]
 
     def launch(self):
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         remove_quietly(exit_path(self.workdir, self.session))
+        os.replace(str(self.run_file_next), run_file_path(self.workdir, self.session))
+        self.run_file_next = None
         marker = "%s:%s" % (self.session, self.run_id)
         # The log is appended across runs: mark where this one starts.
         with open(log_path(self.workdir, self.session), "a") as log:
@@ -1133,9 +1508,10 @@ class Deploy:
         remain-on-exit is set in the same chain, before the server can notice a t=0 crash.
         """
         s = self.session
-        command = ["env"] + ["%s=%s" % kv for kv in sorted(self.env.items())]
-        command += ["%s=%s" % (MARKER_VAR, marker), self.shell, "-c", RUNNER, "launcher-run"]
-        command += [self.command, exit_path(self.workdir, s), self.shell]
+        # No value of the run's own is in this argv: it lands in the tmux server's command line
+        # and in #{pane_start_command}, readable by anyone. The run file carries them.
+        command = [self.shell, "-c", RUNNER, "launcher-run", run_file_path(self.workdir, s)]
+        command += [exit_path(self.workdir, s), self.shell]
         if tmux_version_tuple(tmux_version()) < (3, 0):
             command = [shlex.join(command)]  # tmux < 3.0 runs a single string through a shell
         pipe = "cat >> %s" % shlex.quote(log_path(self.workdir, s))
@@ -1190,6 +1566,20 @@ class Deploy:
             self.warnings.append("could not record the failed deploy: %s" % record_exc)
 
 
+def syntax_message(dest, source, line, column, message):
+    """`File "dest", line N` with that line quoted from the NEW script (not the installed one)."""
+    text = "%s: %s" % (dest, message)
+    if not line:
+        return text
+    lines = source.decode("utf-8", "replace").splitlines()
+    quoted = lines[line - 1] if 0 < line <= len(lines) else ""
+    text = 'File "%s", line %d\n    %s' % (dest, line, quoted.strip())
+    if column and quoted:
+        indent = len(quoted) - len(quoted.lstrip())
+        text += "\n    " + " " * max(column - 1 - indent, 0) + "^"
+    return text + "\nSyntaxError: %s" % message
+
+
 def new_run_id():
     return "%s-%s" % (utc_now().strftime("%Y%m%dT%H%M%SZ"), uuid.uuid4().hex[:8])
 
@@ -1202,15 +1592,16 @@ def archive_name(path):
     return candidate
 
 
-def prune_archives(path, keep, warnings):
+def prune_archives(path, keep, warnings, workdir):
     parent, name = os.path.split(path)
     prefix = name + ".archived-"
     archives = sorted((n for n in os.listdir(parent) if n.startswith(prefix)), reverse=True)
     pruned = []
+    real_workdir = os.path.realpath(workdir)
     for old in archives[keep:]:
         full = os.path.join(parent, old)
-        if os.path.islink(full):
-            warnings.append("left %s alone: it is a symlink" % full)
+        if os.path.islink(full) or not is_strict_child(os.path.realpath(full), real_workdir):
+            warnings.append("left %s alone: it is a symlink or outside the workdir" % full)
             continue
         remove_tree(full)
         pruned.append(full)
@@ -1219,6 +1610,7 @@ def prune_archives(path, keep, warnings):
 
 def remove_tree(path):
     # Never follows a symlink: the guard already refused one, this is the last line of defence.
+    # rmtree does not follow symlinks inside the tree either (fd-based on Linux).
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     else:
@@ -1255,11 +1647,9 @@ def op_apply(request, warnings):
 
 def op_stop(request, warnings):
     session = session_param(request)
-    grace = param(request, "grace", float, default=30.0)
+    grace = grace_param(request)
     gpus = param(request, "gpus", int, default=0)
-    lock = DeployLock(
-        param(request, "lock_path", str, default=DEFAULT_LOCK_PATH), request.get("operator")
-    )
+    lock = DeployLock(param(request, "lock_path", str, default=LOCK_PATH), request.get("operator"))
     # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
     lock.acquire(warnings)
     try:
@@ -1298,6 +1688,8 @@ def op_poll(request, warnings):
         "now": time.time(),
         "record": read_json(os.path.join(state_dir(workdir), "current.json")),
         "log_age": file_age(log_path(workdir, session)),
+        # A deploy in progress: verify then waits for the new run instead of calling it dead.
+        "lock": lock_state(param(request, "lock_path", str, default=LOCK_PATH)),
     }
 
 
@@ -1552,7 +1944,7 @@ def op_rollback(request, warnings):
 
 # --------------------------------------------------------------------------- entry points
 
-OPS = {
+HANDLERS = {
     "preflight": op_preflight,
     "apply": op_apply,
     "stop": op_stop,
@@ -1562,8 +1954,7 @@ OPS = {
     "history": op_history,
     "rollback": op_rollback,
 }
-# Ops whose stdout carries a stream (log bytes): their envelope goes to stderr instead.
-STREAMING_OPS = ("follow",)
+assert tuple(HANDLERS) == OPS, "protocol.OPS lists every op handled here"
 
 
 def envelope(op, error, warnings, data):
@@ -1576,11 +1967,11 @@ def run_local(request):
     """Run one op and return its envelope (no printing): what main prints, for tests."""
     warnings: list[str] = []
     op = request.get("op") if isinstance(request, dict) else None
-    if op not in OPS:
+    if op not in HANDLERS:
         error = {"kind": "invalid", "message": "unknown op %r" % (op,)}
         return envelope(str(op), error, warnings, None)
     try:
-        data = OPS[op](request, warnings)
+        data = HANDLERS[op](request, warnings)
         return envelope(op, None, warnings, data)
     except AgentError as exc:
         data = exc.extra.pop("data", None)
@@ -1600,6 +1991,80 @@ def main(request):
     except (BrokenPipeError, OSError):
         return 0  # the work is done; nobody is listening for the answer
     return 0
+
+
+# --------------------------------------------------------------------------- bundle cache
+# The client's loader (agentclient.LOADER) hands over the bundle it was sent and has just run, so
+# that later calls can send only its sha256. Best effort: a cache that cannot be kept (read-only
+# or full /run, a directory that is not ours) only means the bundle travels again. The loader
+# hashes the bytes it reads before running them, so nothing stored here is trusted as it lies.
+
+BUNDLE_FILE = re.compile(r"^agent-[0-9a-f]{64}\.bundle$")
+BUNDLE_TMP = re.compile(r"^\.agent-[0-9a-f]{64}\.bundle\.[0-9a-f]{12}\.tmp$")
+BUNDLES_KEPT = 3  # two launcher versions used side by side do not evict each other
+BUNDLE_TMP_STALE = 60.0  # a temp file this old was left by a writer that died
+
+
+def store_bundle(directory, text):
+    """Cache `text` as <directory>/agent-<sha256>.bundle (mode 0600, the directory 0700 and
+    ours) and prune older bundles; the path, or None when it could not be written."""
+    try:
+        data = text.encode("utf-8")
+        if not private_dir(directory):
+            return None
+        path = os.path.join(directory, "agent-%s.bundle" % hashlib.sha256(data).hexdigest())
+        write_whole(path, data)
+        prune_bundles(directory, path)
+        return path
+    except Exception:  # the op runs whatever happened to its cache
+        return None
+
+
+def private_dir(directory):
+    """Make `directory` (not its parents) mode 0700; False when it is not a real directory
+    owned by this user (then it is left alone)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    info = os.lstat(directory)
+    if os.path.islink(directory) or not os.path.isdir(directory) or info.st_uid != os.geteuid():
+        return False
+    if info.st_mode & 0o777 != 0o700:
+        os.chmod(directory, 0o700)  # e.g. made earlier by the deploy lock with the umask's mode
+    return True
+
+
+def write_whole(path, data):
+    """`data` to `path` through a new 0600 temp file beside it: readers see the whole file or
+    the old one, and a failed write (a full disk) leaves nothing behind."""
+    tmp = os.path.join(
+        os.path.dirname(path), ".%s.%s.tmp" % (os.path.basename(path), uuid.uuid4().hex[:12])
+    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def prune_bundles(directory, current):
+    """Keep `current` and the newest others up to BUNDLES_KEPT; drop temp files of dead writers."""
+    bundles, now = [], time.time()
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            if BUNDLE_FILE.match(name) and path != current:
+                bundles.append((os.lstat(path).st_mtime, path))
+            elif BUNDLE_TMP.match(name) and now - os.lstat(path).st_mtime > BUNDLE_TMP_STALE:
+                os.unlink(path)
+    bundles.sort(reverse=True)
+    for _, path in bundles[BUNDLES_KEPT - 1 :]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 if __name__ == "__main__":

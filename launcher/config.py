@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
+import reprlib
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -19,8 +21,10 @@ from pydantic import (
     field_validator,
 )
 
-from launcher.checks import ChecksSpec
 from launcher.errors import ConfigError, UsageError
+from launcher.protocol import system_path_problem
+from launcher.verify.checks import ChecksSpec, StepSpec
+from launcher.verify.formats import StatusSpec
 from launcher.yamlsource import YamlDocument, load_yaml
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -29,10 +33,20 @@ DEFAULT_INVENTORY = "inventory.yaml"
 SESSION_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# One ProxyJump hop: [user@]host[:port], IPv6 in brackets.
+JUMP_RE = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@:\s\[\]]+)(?::(?P<port>.*))?$"
+)
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+WEEK = 7 * DAY
+MAX_VMID = 999_999_999  # Proxmox's largest VMID
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Numbers are finite: `.inf` or `.nan` as a timeout would mean "never" or a traceback.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _no_control(value: str) -> str:
@@ -49,23 +63,76 @@ class HostSpec(_Model):
     known_hosts: str | None = None
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     jump: str | None = None
-    connect_timeout: Annotated[float, Field(gt=0, le=600)] = 10.0
-    command_timeout: Annotated[float, Field(gt=0)] = 300.0
+    # A key with a passphrase: through ssh-agent only, or also asked for on the terminal.
+    passphrase: Literal["agent", "prompt"] = "agent"
+    connect_timeout: Annotated[float, Field(strict=True, gt=0, le=600)] = 10.0
+    command_timeout: Annotated[float, Field(strict=True, gt=0, le=DAY)] = 300.0
 
-    @field_validator("address", "user", "jump")
+    @field_validator("address", "user", "identity_file", "known_hosts")
     @classmethod
     def _single_line(cls, value: str | None) -> str | None:
         return value if value is None else _no_control(value)
 
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_jumps(value)
+        return value
+
+
+def parse_jumps(value: str) -> list[tuple[str | None, str, int]]:
+    """ProxyJump as OpenSSH writes it: hops separated by commas, the nearest first, or `none`
+    (no jump host, whatever ssh_config says); ValueError saying what is wrong."""
+    if value == "none":
+        return []
+    return [parse_jump(hop) for hop in value.split(",")]
+
+
+def parse_jump(jump: str) -> tuple[str | None, str, int]:
+    """One hop `[user@]host[:port]` -> (user or None, host, port); ValueError saying what is
+    wrong."""
+    _no_control(jump)
+    if "," in jump or "://" in jump:
+        raise ValueError(f"each jump host must be [user@]host[:port] (got {jump!r})")
+    match = JUMP_RE.match(jump)
+    if match is None:
+        raise ValueError(f"must be [user@]host[:port] (got {jump!r})")
+    host = match["host"].removeprefix("[").removesuffix("]")
+    return match["user"], host, _port(match["port"])
+
+
+def _port(text: str | None) -> int:
+    if text is None:
+        return 22
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise ValueError(f"port must be a number from 1 to 65535 (got {text!r})")
+    return int(text)
+
+
+class ClusterSpec(_Model):
+    """A Proxmox cluster: its nodes (each reached like a host) and the ones asked where a VMID
+    runs (`entry`, default: every node, in order)."""
+
+    nodes: Annotated[dict[str, HostSpec], Field(min_length=1)]
+    entry: Annotated[list[str], Field(min_length=1)] | None = None
+
 
 class TargetSpec(_Model):
-    host: str
-    vmid: Annotated[StrictInt, Field(gt=0)]
+    host: str | None = None
+    cluster: str | None = None  # instead of host: the node that runs the VMID is looked up
+    vmid: Annotated[StrictInt, Field(gt=0, le=MAX_VMID)]
     playbook: str
+
+    @field_validator("playbook")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _no_control(value)
 
 
 class InventorySpec(_Model):
-    hosts: dict[str, HostSpec]
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    clusters: dict[str, ClusterSpec] = Field(default_factory=dict)
     targets: dict[str, TargetSpec]
     default_target: str | None = None
     groups: dict[str, list[str]] = Field(default_factory=dict)
@@ -75,20 +142,35 @@ class ScriptSpec(_Model):
     source: str
     dest: str
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _no_control(value)
+
     @field_validator("dest")
     @classmethod
     def _dest_inside(cls, value: str) -> str:
         return _relative_inside(_no_control(value), allow_nested=True)
 
 
+class _Step(StepSpec):
+    """A stall is noticed within the longest probe window."""
+
+    stall_after: Annotated[float, Field(strict=True, gt=0, le=WEEK)] = 120.0
+
+
 class VerifySpec(ChecksSpec):
     """The playbook's `verify:` section: probe timing plus the check settings."""
 
-    wait: Annotated[float, Field(ge=0)] = 180.0
-    interval: Annotated[float, Field(gt=0)] = 10.0
-    window: Annotated[float, Field(ge=0)] = 300.0
-    successes: Annotated[StrictInt, Field(ge=1)] = 3
+    wait: Annotated[float, Field(strict=True, ge=0, le=WEEK)] = 180.0
+    interval: Annotated[float, Field(strict=True, ge=0.2, le=HOUR)] = 10.0
+    window: Annotated[float, Field(strict=True, ge=0, le=WEEK)] = 300.0
+    successes: Annotated[StrictInt, Field(ge=1, le=1000)] = 3
     lines: Annotated[StrictInt, Field(ge=10, le=100_000)] = 2000
+    queues: dict[str, Annotated[StrictInt, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=lambda: {"q_pre": 6, "q_hs": 1}
+    )
+    step: _Step = Field(default_factory=_Step)
 
 
 class PlaybookSpec(_Model):
@@ -99,12 +181,17 @@ class PlaybookSpec(_Model):
     checkpoints: str = "checkpoints"
     command: Annotated[str, Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
-    gpus: Annotated[StrictInt, Field(ge=0)] = 0
-    stop_grace: Annotated[float, Field(ge=0)] = 30.0
-    keep_archives: Annotated[StrictInt, Field(ge=0)] = 3
+    gpus: Annotated[StrictInt, Field(ge=0, le=256)] = 0
+    # Bounded: the deploy lock is held while the old run gets its grace.
+    stop_grace: Annotated[float, Field(strict=True, ge=0, le=HOUR)] = 30.0
+    keep_archives: Annotated[StrictInt, Field(ge=0, le=1000)] = 3
     # Length-bucket boundaries of the trainer's bucketed shuffle (`launcher buckets plan`).
-    buckets: list[StrictInt] | None = None
+    buckets: (
+        Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**40)]], Field(max_length=1000)] | None
+    ) = None
     verify: VerifySpec = Field(default_factory=VerifySpec)
+    # How the trainer's status lines are read (format, preset, fields): launcher.verify.formats.
+    status: StatusSpec = Field(default_factory=StatusSpec)
 
     @field_validator("buckets")
     @classmethod
@@ -131,9 +218,16 @@ class PlaybookSpec(_Model):
         _no_control(value)
         if not value.startswith("/"):
             raise ValueError(f"must be an absolute path inside the container (got {value!r})")
-        normal = posixpath.normpath(value)
+        # normpath keeps a leading '//' (POSIX leaves its meaning open); Linux reads it as '/'.
+        normal = "/" + posixpath.normpath(value).lstrip("/")
         if normal == "/" or ".." in value.split("/"):
             raise ValueError(f"must be a directory below / without '..' (got {value!r})")
+        problem = system_path_problem(normal)
+        if problem:
+            raise ValueError(
+                f"{problem}: a deploy writes there and purges checkpoints below it "
+                f"(got {value!r}; use e.g. /root/<name> or /opt/<name>)"
+            )
         return normal
 
     @field_validator("checkpoints")
@@ -190,14 +284,25 @@ class Playbook:
 
 
 @dataclass(frozen=True)
+class Cluster:
+    name: str
+    spec: ClusterSpec
+
+
+@dataclass(frozen=True)
 class Target:
-    """One container to act on: its host, its VMID and its playbook."""
+    """One container to act on: its host, its VMID and its playbook.
+
+    A cluster target has `cluster` set; until launcher.cluster.place() has found the node that
+    runs the VMID, host_name is the cluster's name and host its first entry node.
+    """
 
     name: str
     host_name: str
     host: HostSpec
     vmid: int
     playbook: Playbook
+    cluster: Cluster | None = None
 
     @property
     def label(self) -> str:
@@ -245,13 +350,14 @@ class Inventory:
             self.base_dir / spec.playbook,
             referenced_from=self.document.problem(("targets", name, "playbook"), ""),
         )
-        return Target(
-            name=name,
-            host_name=spec.host,
-            host=self.spec.hosts[spec.host],
-            vmid=spec.vmid,
-            playbook=playbook,
-        )
+        if spec.cluster is not None:
+            cluster = Cluster(spec.cluster, self.spec.clusters[spec.cluster])
+            first = (cluster.spec.entry or list(cluster.spec.nodes))[0]
+            host_name, host = spec.cluster, cluster.spec.nodes[first]
+        else:
+            cluster, host_name = None, str(spec.host)
+            host = self.spec.hosts[host_name]
+        return Target(name, host_name, host, spec.vmid, playbook, cluster)
 
 
 def _friendly(error: dict[str, Any]) -> str:
@@ -261,11 +367,39 @@ def _friendly(error: dict[str, Any]) -> str:
     if kind == "missing":
         return "required key is missing"
     if kind in ("int_type", "int_parsing", "int_from_float") and error["loc"][-1] == "vmid":
-        return f"must be a positive integer (got {error.get('input')!r})"
+        return f"must be a positive integer (got {_shown(error.get('input'))})"
     if kind == "greater_than" and error["loc"][-1] == "vmid":
-        return f"must be a positive integer (got {error.get('input')!r})"
-    message = str(error["msg"])
-    return message.removeprefix("Value error, ")
+        return f"must be a positive integer (got {_shown(error.get('input'))})"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if kind in _SHOW_INPUT:
+        message += f" (got {_shown(error.get('input'))})"
+    return message
+
+
+# Number errors, where the value given helps: `true`, `.inf`, `"10"` or 1e9 for a timeout.
+_SHOW_INPUT = frozenset(
+    [
+        "finite_number",
+        "float_type",
+        "int_type",
+        "int_from_float",
+        "int_parsing",
+        "float_parsing",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+    ]
+)
+
+
+def _shown(value: object) -> str:
+    """A value as YAML spells it, cut short (it can be a whole subtree)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    return reprlib.repr(value)
 
 
 def _validate(document: YamlDocument, model: type[_Model], what: str) -> Any:
@@ -295,13 +429,8 @@ def load_inventory(path: Path) -> Inventory:
             problems.append(
                 document.problem(("targets", name), "target names use letters, digits, '_.-'")
             )
-        if target.host not in spec.hosts:
-            known = ", ".join(sorted(spec.hosts)) or "none"
-            problems.append(
-                document.problem(
-                    ("targets", name, "host"), f"unknown host {target.host!r} (hosts: {known})"
-                )
-            )
+        problems.extend(_placement_problems(document, spec, name, target))
+    problems.extend(_cluster_problems(document, spec))
     if spec.default_target and spec.default_target not in spec.targets:
         problems.append(
             document.problem(("default_target",), f"unknown target {spec.default_target!r}")
@@ -321,16 +450,62 @@ def load_inventory(path: Path) -> Inventory:
     return Inventory(path=path, spec=spec, document=document)
 
 
+def _placement_problems(
+    document: YamlDocument, spec: InventorySpec, name: str, target: TargetSpec
+) -> list[str]:
+    """A target names exactly one known host or cluster."""
+    where = ("targets", name)
+    if (target.host is None) == (target.cluster is None):
+        return [document.problem(where, "give either host or cluster (exactly one of them)")]
+    if target.cluster is not None:
+        if target.cluster in spec.clusters:
+            return []
+        known = ", ".join(sorted(spec.clusters)) or "none"
+        message = f"unknown cluster {target.cluster!r} (clusters: {known})"
+        return [document.problem((*where, "cluster"), message)]
+    if target.host in spec.hosts:
+        return []
+    known = ", ".join(sorted(spec.hosts)) or "none"
+    return [document.problem((*where, "host"), f"unknown host {target.host!r} (hosts: {known})")]
+
+
+def _cluster_problems(document: YamlDocument, spec: InventorySpec) -> list[str]:
+    """Entry nodes must be nodes of their cluster."""
+    problems = []
+    for name, cluster in spec.clusters.items():
+        for index, entry in enumerate(cluster.entry or []):
+            if entry not in cluster.nodes:
+                known = ", ".join(sorted(cluster.nodes))
+                message = f"unknown node {entry!r} (nodes: {known})"
+                problems.append(document.problem(("clusters", name, "entry", index), message))
+    return problems
+
+
 def load_playbook(path: Path, *, referenced_from: str | None = None) -> Playbook:
     """Load and validate a playbook; the script source is resolved relative to the playbook."""
     if not path.is_file() and referenced_from:
         raise ConfigError([f"{referenced_from.rstrip(': ')}: playbook file not found: {path}"])
     document = load_yaml(path, what="playbook")
     spec: PlaybookSpec = _validate(document, PlaybookSpec, "a playbook")
-    source = (path.parent / os.path.expanduser(spec.script.source)).resolve()
-    if not source.is_file():
-        raise ConfigError([document.problem(("script", "source"), f"script not found: {source}")])
+    source = _script_source(path, spec.script.source, document)
     return Playbook(path=path, spec=spec, script_source=source)
+
+
+def _script_source(playbook: Path, value: str, document: YamlDocument) -> Path:
+    """The script's resolved path, which must be a regular file launcher can open."""
+    where = ("script", "source")
+    try:
+        source = (playbook.parent / os.path.expanduser(value)).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise ConfigError([document.problem(where, f"cannot resolve {value}: {exc}")]) from None
+    if not source.is_file():
+        raise ConfigError([document.problem(where, f"script not found: {source}")])
+    try:
+        source.open("rb").close()  # unreadable (permissions): say so now, not at upload
+    except OSError as exc:
+        problem = f"cannot read script {source}: {exc.strerror or exc}"
+        raise ConfigError([document.problem(where, problem)]) from None
+    return source
 
 
 def check_all(path: Path) -> tuple[Inventory, list[Target], list[str]]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 from launcher.errors import ContainerError
-from launcher.remote import CommandResult
+from launcher.remote import CommandResult, Endpoint
 
 NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
 NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
@@ -28,6 +28,26 @@ class HostShell(Protocol):
     def run(
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult: ...
+
+
+class HostConnection(HostShell, Protocol):
+    """What workflows need from a host connection: commands, streams and the endpoint's
+    settings (deadlines). remote.Connection is the real one; unit tests pass strict fakes."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        *,
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: bytes | None = None,
+        close_stdin: bool = True,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int: ...
 
 
 def exec_command(vmid: int, argv: Sequence[str]) -> str:
@@ -69,6 +89,41 @@ class Container:
         result = self.host.run(exec_command(self.vmid, argv), stdin=stdin, timeout=timeout)
         self._raise_for_container(result)
         return result
+
+    def stream(
+        self,
+        argv: Sequence[str],
+        on_stdout: Callable[[bytes], None],
+        *,
+        on_stderr: Callable[[bytes], None],
+        stdin: bytes | None = None,
+        close_stdin: bool = True,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Run argv inside the container, handing its output over as it arrives (see
+        remote.Connection.stream); a missing or stopped container raises ContainerError."""
+        host = cast(HostConnection, self.host)
+        if not hasattr(host, "stream"):
+            raise ContainerError(f"{self.label}: this connection cannot stream")
+        tail = bytearray()
+
+        def stderr(data: bytes) -> None:
+            tail.extend(data)
+            del tail[:-4096]  # enough to recognise pct's own errors
+            on_stderr(data)
+
+        code = host.stream(
+            exec_command(self.vmid, argv),
+            on_stdout,
+            on_stderr=stderr,
+            stdin=stdin,
+            close_stdin=close_stdin,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+        )
+        self._raise_for_container(CommandResult("pct exec", code, b"", bytes(tail), 0.0))
+        return code
 
     def push(self, data: bytes, ct_path: str, *, perms: str = "0644") -> CommandResult:
         """`data` to `ct_path` through a host temp file and `pct push`, in one host command.

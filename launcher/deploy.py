@@ -22,28 +22,23 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from launcher import __version__
-from launcher.agentcall import AgentFailure, call_agent
+from launcher import protocol as p
+from launcher.agentclient import AgentClient, AgentFailure
 from launcher.config import Target
-from launcher.container import Container, PushFailed
+from launcher.container import Container, HostConnection, PushFailed
 from launcher.errors import (
-    ContainerError,
     ExitCode,
     LauncherError,
-    RefusedError,
-    UnsafePathError,
+    UsageError,
 )
 from launcher.fleet import FleetContext, Outcome
-from launcher.history import append_local_history
-from launcher.remote import Connection
+from launcher.localhistory import append_local_history
 from launcher.ui import step_line
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024
 # Scripts up to this size travel inside the transaction's request; larger ones via `pct push`.
 INLINE_LIMIT = 4 * 1024 * 1024
-PANE_WIDTH = 250
-PANE_HEIGHT = 50
-HISTORY_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,8 @@ class DeployOptions:
     dry_run: bool = False
     checkpoint_mode: CheckpointMode = "archive"
     grace: float | None = None
+    # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
+    kill_gpu_holders: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,14 +82,14 @@ class DeployReport:
 StepSink = Callable[[Step], None]
 
 
-def operator_info() -> dict[str, Any]:
+def operator_info() -> p.Operator:
     """Who is acting, recorded in the container's lock."""
     return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def deploy(
     target: Target,
-    conn: Connection,
+    conn: HostConnection,
     options: DeployOptions,
     *,
     on_step: StepSink = lambda step: None,
@@ -102,22 +99,21 @@ def deploy(
 
     def emit(name: str, status: str, detail: str) -> None:
         step = Step(name, status, detail)
-        report.steps.append(step)
+        if status != "progress":  # a countdown line is shown, not part of the report
+            report.steps.append(step)
         on_step(step)
 
     playbook = target.playbook
     spec = playbook.spec
-    script = playbook.script_source.read_bytes()
+    script = read_script(target)
     report.sha256 = hashlib.sha256(script).hexdigest()
     container = Container(conn, target.vmid, label=target.label)
     grace = spec.stop_grace if options.grace is None else options.grace
 
     if options.dry_run:
-        pre = preflight(target, container, len(script), create_workdir=False)
-        _judge_preflight(target, pre, options, len(script), emit)
-        unchanged = pre.get("dest_sha256") == report.sha256
-        for name, detail in plan(target, options, pre, unchanged, grace):
-            emit(name, "planned", detail)
+        # The transaction itself in plan mode: every check the deploy would run, nothing changed.
+        request = plan_request(target, script, options, grace)
+        run_transaction(container, request, emit, timeout=conn.endpoint.command_timeout)
         return report
 
     # The transaction runs every check before its first change (disk, GPUs, tmux, lock, active
@@ -133,13 +129,17 @@ def deploy(
             container.push(script, ct_tmp)
         except PushFailed:
             # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
-            pre = preflight(target, container, len(script), create_workdir=True)
-            _judge_preflight(target, pre, options, len(script), emit)
+            preflight(target, container, need_bytes(script), create_workdir=True)
             _upload_again(container, script, ct_tmp)
         emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp} (sha256 checked next)")
 
     request = transaction_request(
-        target, op="apply", restart=options.restart, grace=grace, mode=options.checkpoint_mode
+        target,
+        op="apply",
+        restart=options.restart,
+        grace=grace,
+        mode=options.checkpoint_mode,
+        kill_gpu_holders=options.kill_gpu_holders,
     )
     request.update(
         {
@@ -147,7 +147,7 @@ def deploy(
             "content_b64": base64.b64encode(script).decode("ascii") if inline else None,
             "sha256": report.sha256,
             "check_resources": True,
-            "need_bytes": len(script) * 2 + DISK_MARGIN,
+            "need_bytes": need_bytes(script),
         }
     )
     applied = run_transaction(
@@ -160,9 +160,6 @@ def deploy(
     return report
 
 
-LOCK_PATH = "/run/launcher/deploy.lock"
-
-
 def preflight(
     target: Target,
     container: Container,
@@ -170,24 +167,21 @@ def preflight(
     *,
     create_workdir: bool,
     timeout: float | None = None,
-) -> dict[str, Any]:
+) -> p.PreflightAnswer:
     """The agent's preflight: what the container has, and (on request) a created workdir."""
     spec = target.playbook.spec
-    return call_agent(
-        container,
-        {
-            "op": "preflight",
-            "workdir": spec.workdir,
-            "dest": spec.script.dest,
-            "session": spec.session,
-            "checkpoints": spec.checkpoints,
-            "gpus": spec.gpus,
-            "need_bytes": need_bytes,
-            "create_workdir": create_workdir,
-            "lock_path": LOCK_PATH,
-        },
-        timeout=timeout,
-    )
+    request: p.PreflightRequest = {
+        "op": "preflight",
+        "workdir": spec.workdir,
+        "dest": spec.script.dest,
+        "session": spec.session,
+        "checkpoints": spec.checkpoints,
+        "gpus": spec.gpus,
+        "need_bytes": need_bytes,
+        "create_workdir": create_workdir,
+        "lock_path": p.LOCK_PATH,
+    }
+    return AgentClient(container).preflight(request, timeout=timeout)
 
 
 def _temp_name(workdir: str, dest_path: str) -> str:
@@ -206,113 +200,61 @@ def _upload_again(container: Container, script: bytes, ct_tmp: str) -> None:
         raise
 
 
-def _judge_preflight(
+def need_bytes(script: bytes) -> int:
+    """Free space a deploy needs in the workdir: the new script, its .prev copy and a margin."""
+    return len(script) * 2 + DISK_MARGIN
+
+
+def plan_request(
     target: Target,
-    pre: dict[str, Any],
+    script: bytes,
     options: DeployOptions,
-    need_bytes: int,
-    emit: Callable[[str, str, str], None],
-) -> None:
-    spec = target.playbook.spec
-    label = target.label
-    if not pre.get("tmux"):
-        raise ContainerError(
-            f"{label}: tmux is not installed in the container",
-            hint="install it there: apt-get install tmux",
-        )
-    workdir = pre.get("workdir") or {}
-    if not workdir.get("writable"):
-        raise ContainerError(f"{label}: workdir {spec.workdir} cannot be created or written")
-    free = int(pre.get("free_bytes") or 0)
-    if free < need_bytes * 2 + DISK_MARGIN:
-        raise ContainerError(f"{label}: only {free} bytes free under {spec.workdir}")
-    unsafe = (pre.get("checkpoints") or {}).get("unsafe")
-    if unsafe:
-        raise UnsafePathError(f"{label}: checkpoints path refused: {unsafe}")
-    gpus = pre.get("gpus") or {}
-    if spec.gpus > 0:
-        visible = int(gpus.get("visible") or 0)
-        if visible < spec.gpus:
-            reason = gpus.get("error") or f"{visible} visible"
-            raise ContainerError(f"{label}: playbook wants {spec.gpus} GPUs, {reason}")
-    lock = pre.get("lock")
-    if lock and not lock.get("stale"):
-        raise RefusedError(f"{label}: another deploy is running: {_holder(lock)}")
-    session = pre.get("session") or {}
-    active = bool(session.get("exists")) and not session.get("pane_dead")
-    if active and not options.restart:
-        raise RefusedError(
-            f"{label}: session '{spec.session}' is running; use --restart to replace it",
-        )
-    detail = f"python {pre.get('python')}, {pre.get('tmux')}, {free // (1024 * 1024)} MiB free"
-    if spec.gpus > 0:
-        detail += f", {gpus.get('visible')} GPUs"
-        holders = gpus.get("holders") or []
-        if holders and options.restart:
-            pids = ", ".join(f"{h.get('pid')} {h.get('name')}" for h in holders)
-            detail += f" (held by {pids})"
-    emit("preflight", "ok", detail)
-
-
-def _holder(lock: dict[str, Any]) -> str:
-    return (
-        f"{lock.get('operator')} from {lock.get('from_host')} "
-        f"(pid {lock.get('client_pid')}, since {lock.get('since')})"
+    grace: float,
+    *,
+    keep_going: bool = False,
+) -> p.TransactionRequest:
+    """The deploy transaction in plan mode: every check, nothing changed (dry run, doctor)."""
+    request = transaction_request(
+        target,
+        op="apply",
+        restart=options.restart,
+        grace=grace,
+        mode=options.checkpoint_mode,
+        kill_gpu_holders=options.kill_gpu_holders,
     )
+    request.update(
+        {
+            "content_b64": base64.b64encode(script).decode("ascii"),
+            "sha256": hashlib.sha256(script).hexdigest(),
+            "check_resources": True,
+            "need_bytes": need_bytes(script),
+            "plan": True,
+            "keep_going": keep_going,
+        }
+    )
+    return request
 
 
-def plan(
-    target: Target, options: DeployOptions, pre: dict[str, Any], unchanged: bool, grace: float
-) -> list[tuple[str, str]]:
-    """What a deploy would do, step by step, from the preflight's view of the container."""
-    pb = target.playbook
-    spec = pb.spec
-    session = pre.get("session") or {}
-    steps = [
-        (
-            "connect",
-            f"{target.host.user}@{target.host.address}:{target.host.port}, CT {target.vmid}",
-        ),
-        (
-            "upload",
-            f"{pb.script_source} -> {pb.dest_path} "
-            + ("(unchanged, skipped)" if unchanged else "(sha256 + py_compile checked, then mv)"),
-        ),
-    ]
-    if session.get("exists"):
-        if options.restart:
-            steps.append(
-                (
-                    "stop",
-                    f"session '{spec.session}' (pane pid {session.get('pane_pid')}): "
-                    f"C-c, wait {grace:g} s, kill session and leftover processes",
-                )
-            )
-    else:
-        steps.append(("stop", f"nothing to stop: no session '{spec.session}'"))
-    ckpt = pre.get("checkpoints") or {}
-    if not ckpt.get("exists"):
-        steps.append(("checkpoints", f"nothing to set aside at {pb.checkpoints_path}"))
-    elif options.checkpoint_mode == "archive":
-        steps.append(
-            (
-                "checkpoints",
-                f"move {pb.checkpoints_path} to "
-                f"{pb.checkpoints_path}.archived-<UTC time>, keep {spec.keep_archives}",
-            )
-        )
-    elif options.checkpoint_mode == "purge":
-        steps.append(("checkpoints", f"DELETE {pb.checkpoints_path}"))
-    else:
-        steps.append(("checkpoints", f"keep {pb.checkpoints_path} for a resume"))
-    steps.append(("launch", f"tmux session '{spec.session}' in {spec.workdir}: {spec.command}"))
-    steps.append(("record", f"{spec.workdir}/.launcher/deploys.jsonl and the local history"))
-    return steps
+def read_script(target: Target) -> bytes:
+    """The script's bytes; an unreadable file is a usage error naming it, not a traceback."""
+    source = target.playbook.script_source
+    try:
+        return source.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"{target.playbook.path}: script.source {source} cannot be read: {exc.strerror or exc}"
+        ) from None
 
 
 def transaction_request(
-    target: Target, *, op: str, restart: bool, grace: float, mode: CheckpointMode
-) -> dict[str, Any]:
+    target: Target,
+    *,
+    op: str,
+    restart: bool,
+    grace: float,
+    mode: CheckpointMode,
+    kill_gpu_holders: bool = False,
+) -> p.TransactionRequest:
     """The agent request shared by `apply` (deploy) and `rollback`: one locked transaction."""
     playbook = target.playbook
     spec = playbook.spec
@@ -322,17 +264,18 @@ def transaction_request(
         "dest": spec.script.dest,
         "session": spec.session,
         "restart": restart,
+        "kill_gpu_holders": kill_gpu_holders,
         "grace": grace,
         "checkpoints": spec.checkpoints,
         "checkpoint_mode": mode,
         "keep_archives": spec.keep_archives,
         "command": spec.command,
         "env": spec.env,
-        "width": PANE_WIDTH,
-        "height": PANE_HEIGHT,
-        "history_limit": HISTORY_LIMIT,
+        "width": p.PANE_WIDTH,
+        "height": p.PANE_HEIGHT,
+        "history_limit": p.HISTORY_LIMIT,
         "gpus": spec.gpus,
-        "lock_path": LOCK_PATH,
+        "lock_path": p.LOCK_PATH,
         "operator": operator_info(),
         "record": {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -348,26 +291,42 @@ def transaction_request(
 
 def run_transaction(
     container: Container,
-    request: dict[str, Any],
+    request: p.TransactionRequest,
     emit: Callable[[str, str, str], None],
     *,
     timeout: float,
-) -> dict[str, Any]:
-    """Run the transaction in the container, reporting its steps (also those of a failure)."""
+) -> p.TransactionAnswer:
+    """Run the transaction in the container, reporting each step as it happens (the agent
+    streams them; the stop's grace countdown comes as `progress` lines), also on a failure."""
+    shown = 0
+
+    def on_event(event: dict[str, Any]) -> None:
+        nonlocal shown
+        if event.get("event") == "step" and isinstance(event.get("step"), dict):
+            step = event["step"]
+            shown += 1
+            emit(str(step.get("name", "?")), str(step.get("status", "?")), str(step.get("detail")))
+        elif event.get("event") == "progress":
+            emit(str(event.get("name", "?")), "progress", str(event.get("detail", "")))
+
     try:
-        applied = call_agent(container, request, timeout=timeout)
+        applied = AgentClient(container).transaction(request, timeout=timeout, on_event=on_event)
     except AgentFailure as failure:
-        _emit_agent_steps(failure.response, emit)
+        _emit_agent_steps(failure.response.get("steps") or [], shown, emit)
         raise
-    _emit_agent_steps(applied, emit)
-    for warning in applied.get("warnings") or []:
+    _emit_agent_steps(applied.get("steps") or [], shown, emit)
+    for warning in applied["warnings"]:
         emit("warning", "warning", str(warning))
     return applied
 
 
-def _emit_agent_steps(response: dict[str, Any], emit: Callable[[str, str, str], None]) -> None:
-    for step in response.get("steps") or []:
-        emit(str(step.get("name")), str(step.get("status")), str(step.get("detail", "")))
+def _emit_agent_steps(
+    steps: list[p.Step], shown: int, emit: Callable[[str, str, str], None]
+) -> None:
+    """The answer's steps that were not streamed already (all of them from a host that cannot
+    stream)."""
+    for step in steps[shown:]:
+        emit(step.get("name", "?"), step.get("status", "?"), step.get("detail", ""))
 
 
 def deploy_work(options: DeployOptions) -> Callable[[FleetContext], Outcome]:

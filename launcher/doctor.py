@@ -1,17 +1,19 @@
 """`doctor`: check everything a deploy needs, say what is wrong and how to fix it.
 
 Host checks go through the connection (its errors tell reachability, host key and auth apart);
-the in-container checks are one preflight agent call that creates nothing.
+the in-container checks are the deploy transaction in plan mode (one agent call, nothing
+changed), so doctor, `deploy --dry-run` and the deploy itself run the same checks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
+from launcher.agentclient import ERROR_KINDS, AgentClient, AgentFailure, container_for
 from launcher.config import Target
-from launcher.container import host_command
-from launcher.deploy import DISK_MARGIN, preflight
+from launcher.container import HostConnection, host_command
+from launcher.deploy import DeployOptions, plan_request, read_script
 from launcher.errors import (
     AuthError,
     ConnectError,
@@ -20,9 +22,9 @@ from launcher.errors import (
     HostKeyError,
     LauncherError,
     RemoteError,
+    UsageError,
 )
-from launcher.remote import Connection
-from launcher.runops import container_for
+from launcher.protocol import TransactionAnswer
 
 MIB = 1024 * 1024
 
@@ -67,7 +69,8 @@ class _Checks:
 
 
 HOST_CHECKS = ["reachable", "host key", "auth", "pct"]
-CT_CHECKS = ["container", "running", "python3", "tmux", "gpus", "disk", "workdir", "lock"]
+# The in-container checks after python3 are the deploy transaction's own (agent.py Deploy).
+CT_CHECKS = ["container", "running", "python3", "deploy checks"]
 
 
 def config_failed(error: LauncherError) -> DoctorResult:
@@ -83,7 +86,7 @@ def config_failed(error: LauncherError) -> DoctorResult:
     return checks.result("config")
 
 
-def doctor(target: Target, conn: Connection) -> DoctorResult:
+def doctor(target: Target, conn: HostConnection) -> DoctorResult:
     """Every check in order; a failure skips the checks that depend on it."""
     checks = _Checks()
     playbook = target.playbook
@@ -93,7 +96,7 @@ def doctor(target: Target, conn: Connection) -> DoctorResult:
     return checks.result(target.label)
 
 
-def _host(target: Target, conn: Connection, checks: _Checks) -> bool:
+def _host(target: Target, conn: HostConnection, checks: _Checks) -> bool:
     ep = conn.endpoint
     where = f"{ep.user}@{ep.hostname}:{ep.port}"
     try:
@@ -129,7 +132,7 @@ def _host(target: Target, conn: Connection, checks: _Checks) -> bool:
     return True
 
 
-def _container(target: Target, conn: Connection, checks: _Checks) -> bool:
+def _container(target: Target, conn: HostConnection, checks: _Checks) -> bool:
     vmid = target.vmid
     status = conn.run(host_command(["pct", "status", str(vmid)]), timeout=60)
     text = (status.out + status.err).strip()
@@ -151,89 +154,47 @@ def _container(target: Target, conn: Connection, checks: _Checks) -> bool:
     return True
 
 
-def _inside(target: Target, conn: Connection, checks: _Checks) -> None:
+# What to do about each failed check of the deploy transaction's plan.
+FIXES = {
+    "paths": "point workdir and script.dest at a directory that belongs to the run",
+    "receive": "check the script file and the connection",
+    "lock": "wait for that deploy to finish (or ask its operator)",
+    "tmux": "apt-get install tmux (in the CT)",
+    "resources": "free space in the CT or grow its disk (pct resize); check GPU passthrough "
+    "(device entries and mounts) and nvidia-smi in the CT",
+    "active_check": "deploy with --restart to replace it",
+    "gpus": "stop the processes named, or deploy with --kill-gpu-holders",
+    "verify": "the script changed in transit: check the connection and try again",
+    "compile": "fix the syntax error in the script",
+    "checkpoint_guard": "point `checkpoints:` at a real directory strictly inside the workdir",
+    "launch_check": "check the shell and that <workdir>/.launcher is writable",
+}
+
+
+def _inside(target: Target, conn: HostConnection, checks: _Checks) -> None:
+    """The deploy transaction in plan mode, every check shown: the very checks a deploy runs."""
     spec = target.playbook.spec
-    need = target.playbook.script_source.stat().st_size
+    options = DeployOptions(restart=True)
+    request = plan_request(target, read_script(target), options, spec.stop_grace, keep_going=True)
     try:
-        pre = preflight(
-            target, container_for(target, conn), need, create_workdir=False, timeout=120
-        )
+        answer = AgentClient(container_for(target, conn)).transaction(request, timeout=120)
+    except AgentFailure as failure:
+        answer = cast(TransactionAnswer, failure.response)
     except ContainerError as exc:
         checks.fail("python3", exc.message, exc.hint or "install python3 in the container")
         checks.skip(CT_CHECKS[3:], "the in-container checks need python3")
         return
-    checks.ok("python3", f"python {pre.get('python')}")
-    if pre.get("tmux"):
-        checks.ok("tmux", str(pre.get("tmux")))
-    else:
-        checks.fail("tmux", "tmux is not installed in the CT", "apt-get install tmux (in the CT)")
-    _gpus(spec.gpus, pre.get("gpus") or {}, checks)
-    free = pre.get("free_bytes")
-    wanted = need * 2 + DISK_MARGIN
-    if free is None:
-        checks.fail("disk", f"cannot measure free space under {spec.workdir}", "check the disk")
-    elif int(free) < wanted:
-        checks.fail(
-            "disk",
-            f"{int(free) // MIB} MiB free under {spec.workdir}, {wanted // MIB} MiB needed",
-            "free space in the CT or grow its disk (pct resize)",
-        )
-    else:
-        checks.ok("disk", f"{int(free) // MIB} MiB free under {spec.workdir}")
-    _workdir(spec.workdir, pre, checks)
-    _lock(pre.get("lock"), checks)
-
-
-def _gpus(wanted: int, gpus: dict[str, Any], checks: _Checks) -> None:
-    if wanted <= 0:
-        checks.ok("gpus", "not needed (playbook gpus: 0)")
+    except UsageError as exc:  # refused before the first check, e.g. an unsafe workdir
+        checks.fail("paths", exc.message, FIXES["paths"], exc.exit_code)
         return
-    visible = int(gpus.get("visible") or 0)
-    if visible < wanted:
-        reason = gpus.get("error") or f"{visible} visible"
-        checks.fail(
-            "gpus",
-            f"playbook wants {wanted} GPUs, {reason}",
-            "check the CT's GPU passthrough (device entries and mounts) and nvidia-smi in the CT",
-        )
-        return
-    holders = gpus.get("holders") or []
-    held = f"; in use by pids {', '.join(str(h.get('pid')) for h in holders)}" if holders else ""
-    checks.ok("gpus", f"{visible} visible (wanted {wanted}){held}")
-
-
-def _workdir(workdir: str, pre: dict[str, Any], checks: _Checks) -> None:
-    info = pre.get("workdir") or {}
-    unsafe = (pre.get("checkpoints") or {}).get("unsafe")
-    if unsafe:
-        checks.fail(
-            "workdir",
-            f"checkpoints path refused: {unsafe}",
-            "point `checkpoints:` at a real directory strictly inside the workdir",
-            ExitCode.USAGE,
-        )
-    elif not info.get("exists"):
-        checks.ok("workdir", f"{workdir} does not exist yet (deploy creates it)")
-    elif not info.get("writable"):
-        checks.fail("workdir", f"{workdir} is not writable", f"check ownership of {workdir}")
-    else:
-        checks.ok("workdir", f"{workdir} writable")
-
-
-def _lock(lock: dict[str, Any] | None, checks: _Checks) -> None:
-    if not lock:
-        checks.ok("lock", "free")
-        return
-    holder = (
-        f"{lock.get('operator')}@{lock.get('from_host')} "
-        f"(pid {lock.get('client_pid')}, since {lock.get('since')})"
-    )
-    if lock.get("stale"):
-        checks.ok("lock", f"stale lock of {holder}; the next deploy breaks it")
-        return
-    checks.fail(
-        "lock",
-        f"held by a deploy of {holder}",
-        "wait for that deploy to finish (or ask its operator)",
-        ExitCode.REFUSED,
-    )
+    python = (answer.get("preflight") or {}).get("python")
+    checks.ok("python3", f"python {python}" if python else "python3 answers")
+    for step in answer.get("steps") or []:
+        name, status, detail = str(step.get("name")), step.get("status"), str(step.get("detail"))
+        if status == "planned":
+            continue
+        if status == "failed":
+            code = ERROR_KINDS.get(str(step.get("kind")), RemoteError).exit_code
+            checks.fail(name, detail, FIXES.get(name, "see the message"), code)
+        else:
+            checks.ok(name, detail)

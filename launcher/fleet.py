@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.cluster import place_all
 from launcher.config import Target
+from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
-from launcher.remote import Connection, ConnectionPool
+from launcher.remote import ConnectionPool
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Outcome:
     exit_code: ExitCode
     summary: str
     data: dict[str, Any] = field(default_factory=dict)
+    # The error that stopped this target, already printed on stderr (never again on stdout).
+    error: str | None = None
 
     @property
     def result(self) -> str:
@@ -49,7 +53,7 @@ class FleetContext:
     """Handed to each worker: its connection, a cancellable sleep and a line printer."""
 
     target: Target
-    conn: Connection
+    conn: HostConnection
     cancel: threading.Event
     say: Callable[[str], None]
 
@@ -74,15 +78,18 @@ def run_fleet(
     say: Callable[[str, str], None] = lambda target, line: None,
 ) -> list[Outcome]:
     """Run `work` for every target; outcomes come back in the order of `targets`."""
-    by_host: dict[str, list[Target]] = defaultdict(list)
-    for target in targets:
-        by_host[target.host_name].append(target)
     cancel = threading.Event()
     hosts_at_once = threading.BoundedSemaphore(max(1, parallel))
     outcomes: dict[str, Outcome] = {}
     lock = threading.Lock()
 
     with ConnectionPool() as pool:
+        # Cluster targets go to the node that runs their VMID now (one pvesh call each).
+        placed, unplaced = place_all(targets, pool)
+        outcomes.update({name: error_outcome(name, e) for name, e in unplaced.items()})
+        by_host: dict[str, list[Target]] = defaultdict(list)
+        for target in placed:
+            by_host[target.host_name].append(target)
 
         def one_host(host_targets: list[Target]) -> None:
             with hosts_at_once:
@@ -121,7 +128,7 @@ def run_fleet(
 
 def _one_target(
     target: Target,
-    conn: Connection,
+    conn: HostConnection,
     work: Work,
     cancel: threading.Event,
     say: Callable[[str, str], None],
@@ -144,7 +151,7 @@ def error_outcome(target: str, error: LauncherError) -> Outcome:
         "exit_code": int(error.exit_code),
         "error": error.message,
     }
-    return Outcome(target, error.exit_code, error.message, data)
+    return Outcome(target, error.exit_code, error.message, data, error=error.message)
 
 
 def render_table(outcomes: Sequence[Outcome], *, title: str) -> str:

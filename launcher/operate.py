@@ -9,34 +9,37 @@ Every container op is one `pct exec` of the agent; `logs --follow` streams over 
 from __future__ import annotations
 
 import codecs
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.agentcall import BOOT, ERROR_KINDS, agent_source, call_agent
+from launcher import protocol as p
+from launcher.agentclient import AgentClient, container_for
 from launcher.config import Target
-from launcher.container import exec_command
+from launcher.container import HostConnection, exec_command
 from launcher.deploy import (
-    LOCK_PATH,
     Step,
     operator_info,
     run_transaction,
     transaction_request,
 )
-from launcher.errors import ExitCode, RemoteError
-from launcher.history import append_local_history
-from launcher.remote import Connection, Endpoint
-from launcher.runops import container_for, poll_once
+from launcher.errors import ExitCode, LauncherError
+from launcher.localhistory import append_local_history
+from launcher.remote import Endpoint
+from launcher.termsafe import Sanitizer, resolve_cr, sanitize
+from launcher.verify.poll import poll_once
 
 LineSink = Callable[[str], None]
+ByteSink = Callable[[bytes], None]
 StepSink = Callable[[Step], None]
 
 # The agent proves the stream is alive this often; silence for HEARTBEAT_MISSES of them means
 # the connection is dead.
 HEARTBEAT = 5.0
 HEARTBEAT_MISSES = 6
+# A followed line longer than this (characters) is shown in pieces rather than held in memory.
+MAX_LINE = 1 << 20
 
 
 def _ended_text(ended: dict[str, Any] | None) -> str:
@@ -64,78 +67,108 @@ class LogsResult:
 
 
 class LineSplitter:
-    """Bytes from a stream in, clean lines out (CR line endings and overwrites resolved)."""
+    """Bytes from a stream in, lines safe for a terminal out (see termsafe).
+
+    A UTF-8 character or an escape sequence cut at the end of one chunk is finished with the
+    next; carriage returns are resolved as a terminal would show the line.
+    """
 
     def __init__(self, on_line: LineSink) -> None:
         self.on_line = on_line
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._buffer = ""
+        self._sanitizer = Sanitizer(keep_cr=True)
+        self._partial = ""  # the line being received, without its newline yet
 
     def feed(self, data: bytes) -> None:
-        self._buffer += self._decoder.decode(data)
-        *lines, self._buffer = self._buffer.split("\n")
-        for line in lines:
-            self.on_line(_clean(line))
+        text = self._sanitizer.feed(self._decoder.decode(data))
+        if "\n" not in text:
+            partial = self._partial + text
+            self._partial = _collapse(partial) if "\r" in text else partial
+            if len(self._partial) > MAX_LINE:
+                # Never keep an endless line in memory: show it in pieces.
+                self.on_line(resolve_cr(self._partial))
+                self._partial = ""
+            return
+        first, *rest = text.split("\n")
+        self.on_line(resolve_cr(self._partial + first))
+        for line in rest[:-1]:
+            self.on_line(resolve_cr(line))
+        self._partial = _collapse(rest[-1])
 
     def flush(self) -> None:
-        self._buffer += self._decoder.decode(b"", final=True)
-        if self._buffer:
-            self.on_line(_clean(self._buffer))
-        self._buffer = ""
+        text = self._decoder.decode(b"", final=True)
+        self._partial += self._sanitizer.feed(text) + self._sanitizer.flush()
+        if self._partial:
+            self.on_line(resolve_cr(self._partial))
+        self._partial = ""
 
 
-def _clean(line: str) -> str:
-    line = line.rstrip("\r")
-    return line.rpartition("\r")[2]
+def _collapse(partial: str) -> str:
+    """A line still being written, its carriage returns applied so that a progress bar that
+    redraws itself for hours stays one bar long: what the line shows so far, then CR and the
+    text after the last CR again, which puts the cursor where the next text goes."""
+    if "\r" not in partial:
+        return partial
+    return resolve_cr(partial) + "\r" + partial.rpartition("\r")[2]
 
 
 def logs(
     target: Target,
-    conn: Connection,
+    conn: HostConnection,
     *,
     tail: int = 50,
     raw: bool = False,
     follow: bool = False,
     on_line: LineSink = lambda line: None,
     heartbeat: float = HEARTBEAT,
+    raw_bytes: ByteSink | None = None,
 ) -> LogsResult:
     """The last `tail` lines of the run's log file (or its pane with `raw`), then with `follow`
     the new lines as they are written until the run ends or Ctrl-C (which never stops the run).
+
+    Lines reach `on_line` sanitised for a terminal (termsafe). With `raw_bytes`, everything goes
+    there instead, unfiltered: the tail lines as the agent read them, the followed log byte for
+    byte (for a file or a pipe, never a terminal: the CLI checks).
     """
+    clean: Callable[[str], str] = sanitize if raw_bytes is None else str
+
+    def emit(line: str) -> None:
+        if raw_bytes is None:
+            on_line(line)
+        else:
+            raw_bytes(line.encode("utf-8", "surrogateescape") + b"\n")
+
     spec = target.playbook.spec
     container = container_for(target, conn)
-    answer = call_agent(
-        container,
-        {
-            "op": "logs",
-            "workdir": spec.workdir,
-            "session": spec.session,
-            "lines": tail,
-            "raw": raw,
-        },
-        timeout=60,
-    )
-    session = answer.get("session") or {}
-    log_file = str(answer.get("log_file") or "")
-    lines = [str(line) for line in answer.get("lines") or []]
+    request: p.LogsRequest = {
+        "op": "logs",
+        "workdir": spec.workdir,
+        "session": spec.session,
+        "lines": tail,
+        "raw": raw,
+    }
+    answer = AgentClient(container).logs(request, timeout=conn.endpoint.command_timeout)
+    session = dict(answer["session"])
+    log_file = answer["log_file"]
+    lines = [clean(str(line)) for line in answer["lines"]]
     result = LogsResult(ExitCode.OK, "", "pane" if raw else "log", log_file, lines, session=session)
     if raw and not session.get("exists"):
         result.exit_code = ExitCode.UNHEALTHY
         result.summary = f"no session '{spec.session}' on {target.label}: no pane to show"
         return result
-    if not raw and not answer.get("log_exists"):
+    if not raw and not answer["log_exists"]:
         result.exit_code = ExitCode.UNHEALTHY
         where = f"session '{spec.session}' is running" if session.get("exists") else "no session"
         result.summary = f"no log file {log_file} on {target.label} ({where}); try --raw"
         return result
     for line in lines:
-        on_line(line)
-    partial = str(answer.get("partial") or "")
+        emit(line)
+    partial = clean(str(answer.get("partial") or ""))
     running = bool(session.get("exists")) and not session.get("pane_dead")
     running = running and answer.get("exit_code") is None
     if not follow or raw or not running:
         if partial:
-            on_line(partial)
+            emit(partial)
         shown = f"last {len(lines) + bool(partial)} lines of {'the pane' if raw else log_file}"
         if follow and not raw:
             state = "no session" if not session.get("exists") else "the run has ended"
@@ -143,7 +176,15 @@ def logs(
         result.summary = shown
         return result
     result.followed = True
-    ended, interrupted = _follow(target, conn, int(answer.get("offset") or 0), on_line, heartbeat)
+    offset = int(answer.get("offset") or 0)
+    splitter = LineSplitter(on_line)
+    on_data = raw_bytes if raw_bytes is not None else splitter.feed
+    try:
+        ended, interrupted = _follow(target, conn, offset, on_data, heartbeat)
+    except LauncherError:
+        splitter.flush()  # the last line without a newline is still worth seeing
+        raise
+    splitter.flush()
     result.ended, result.interrupted = ended, interrupted
     if interrupted:
         result.summary = f"stopped following {log_file}; the run goes on"
@@ -153,47 +194,29 @@ def logs(
 
 
 def _follow(
-    target: Target, conn: Connection, offset: int, on_line: LineSink, heartbeat: float
+    target: Target, conn: HostConnection, offset: int, on_data: ByteSink, heartbeat: float
 ) -> tuple[dict[str, Any] | None, bool]:
-    """Stream the log from `offset` over one `pct exec`; returns (how the run ended, Ctrl-C)."""
+    """Stream the log from `offset` over one `pct exec`; returns (how the run ended, Ctrl-C).
+
+    An exception from `on_data` (a closed stdout) ends the stream and propagates unchanged.
+    """
     spec = target.playbook.spec
-    request = {
+    request: p.FollowRequest = {
         "op": "follow",
         "workdir": spec.workdir,
         "session": spec.session,
         "offset": offset,
         "heartbeat": heartbeat,
+        "interval": 0.2,
     }
-    payload = json.dumps({"agent": agent_source(), "request": request}) + "\n"
-    splitter = LineSplitter(on_line)
-    stderr = bytearray()
     try:
-        code = conn.stream(
-            exec_command(target.vmid, ["python3", "-c", BOOT]),
-            splitter.feed,
-            on_stderr=stderr.extend,
-            stdin=payload.encode(),
-            close_stdin=False,  # the agent sees EOF on stdin when we go away
-            idle_timeout=heartbeat * HEARTBEAT_MISSES,
+        answer = AgentClient(container_for(target, conn)).follow(
+            request, on_data, idle_timeout=heartbeat * HEARTBEAT_MISSES
         )
     except KeyboardInterrupt:
-        splitter.flush()
         return None, True
-    splitter.flush()
-    text = stderr.decode("utf-8", "replace").strip()
-    last = text.splitlines()[-1] if text else ""
-    try:
-        envelope: dict[str, Any] = json.loads(last) if last.startswith("{") else {}
-    except json.JSONDecodeError:
-        envelope = {}
-    if code != 0 or not envelope:
-        detail = "\n".join(text.splitlines()[-5:]) or "no answer"
-        raise RemoteError(f"{target.label}: following the log failed (exit {code}): {detail}")
-    error = envelope.get("error")
-    if not envelope.get("ok") and error:
-        kind = ERROR_KINDS.get(str(error.get("kind")), RemoteError)
-        raise kind(f"{target.label}: {error.get('message')}")
-    return envelope.get("ended"), bool(envelope.get("client_gone"))
+    ended = answer["ended"]
+    return (dict(ended) if ended else None), bool(answer["client_gone"])
 
 
 # --------------------------------------------------------------------------- stop
@@ -209,24 +232,23 @@ class StopResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def stop(target: Target, conn: Connection, *, grace: float | None = None) -> StopResult:
+def stop(target: Target, conn: HostConnection, *, grace: float | None = None) -> StopResult:
     """The deploy's graceful stop on its own: C-c, wait, kill the session and what is left of
     the run's processes, confirm they (and their GPUs) are gone. Checkpoints are not touched."""
     spec = target.playbook.spec
     wait = spec.stop_grace if grace is None else grace
-    answer = call_agent(
-        container_for(target, conn),
-        {
-            "op": "stop",
-            "session": spec.session,
-            "grace": wait,
-            "gpus": spec.gpus,
-            "lock_path": LOCK_PATH,
-            "operator": operator_info(),
-        },
-        timeout=wait + 30 + conn.endpoint.command_timeout,
+    request: p.StopRequest = {
+        "op": "stop",
+        "session": spec.session,
+        "grace": wait,
+        "gpus": spec.gpus,
+        "lock_path": p.LOCK_PATH,
+        "operator": operator_info(),
+    }
+    answer = AgentClient(container_for(target, conn)).stop(
+        request, timeout=wait + 30 + conn.endpoint.command_timeout
     )
-    report: dict[str, Any] = answer.get("stopped") or {}
+    report: dict[str, Any] = dict(answer["stopped"])
     result = StopResult(ExitCode.OK, "", spec.session, report)
     result.warnings = [str(w) for w in answer.get("warnings") or []]
     pids = ", ".join(str(p) for p in report.get("pids") or []) or "none"
@@ -237,6 +259,8 @@ def stop(target: Target, conn: Connection, *, grace: float | None = None) -> Sto
     result.steps.append(Step("stop", "ok", f"session {spec.session}: {how}; pids {pids}"))
     leftover = [int(p) for p in report.get("leftover") or []]
     holders = report.get("gpu_holders") or []
+    # Not the run's, so not stopped; the GPUs are not free all the same.
+    others = report.get("gpu_others") or []
     if leftover:
         result.steps.append(
             Step("processes", "failed", "still alive: " + ", ".join(map(str, leftover)))
@@ -248,11 +272,20 @@ def stop(target: Target, conn: Connection, *, grace: float | None = None) -> Sto
     elif holders:
         held = ", ".join(f"{h.get('pid')} {h.get('name')}" for h in holders)
         result.steps.append(Step("gpus", "failed", f"still held by {held}"))
+    elif others:
+        held = ", ".join(f"{h.get('pid')} ({h.get('command') or h.get('name')})" for h in others)
+        result.steps.append(Step("gpus", "failed", f"in use by processes outside the run: {held}"))
     else:
         result.steps.append(Step("gpus", "ok", "free"))
     if leftover or holders:
         result.exit_code = ExitCode.UNREACHABLE
         result.summary = f"session '{spec.session}' did not stop completely on {target.label}"
+    elif others:
+        result.exit_code = ExitCode.UNREACHABLE
+        result.summary = (
+            f"stopped session '{spec.session}' on {target.label} (pids {pids}), but its GPUs "
+            "are still in use by processes outside the run"
+        )
     else:
         result.summary = f"stopped session '{spec.session}' on {target.label} (pids {pids})"
     return result
@@ -285,7 +318,7 @@ def attach_argv(endpoint: Endpoint, vmid: int, session: str) -> list[str]:
     return [*argv, "--", endpoint.hostname, remote]
 
 
-def attach(target: Target, conn: Connection) -> AttachResult:
+def attach(target: Target, conn: HostConnection) -> AttachResult:
     """Check (one poll) that the session exists, and say how to attach to it interactively."""
     spec = target.playbook.spec
     state, _ = poll_once(container_for(target, conn), target, 1)
@@ -312,17 +345,16 @@ class HistoryResult:
     records: list[dict[str, Any]] = field(default_factory=list)  # newest first
 
 
-def history(target: Target, conn: Connection, *, limit: int = 0) -> HistoryResult:
+def history(target: Target, conn: HostConnection, *, limit: int = 0) -> HistoryResult:
     """The container's deploy records (<workdir>/.launcher/deploys.jsonl), newest first."""
     spec = target.playbook.spec
-    answer = call_agent(
-        container_for(target, conn),
-        {"op": "history", "workdir": spec.workdir, "limit": limit},
-        timeout=60,
+    request: p.HistoryRequest = {"op": "history", "workdir": spec.workdir, "limit": limit}
+    answer = AgentClient(container_for(target, conn)).history(
+        request, timeout=conn.endpoint.command_timeout
     )
-    records = [r for r in answer.get("records") or [] if isinstance(r, dict)]
-    total = int(answer.get("total") or len(records))
-    path = str(answer.get("path") or "")
+    records = [r for r in answer["records"] if isinstance(r, dict)]
+    total = answer["total"]
+    path = answer["path"]
     if not records:
         return HistoryResult(ExitCode.OK, f"no deploys recorded on {target.label}", path)
     latest = records[0]
@@ -330,11 +362,14 @@ def history(target: Target, conn: Connection, *, limit: int = 0) -> HistoryResul
         f"{total} deploy(s) on {target.label}; latest {latest.get('time')} "
         f"sha256 {str(latest.get('sha256') or '')[:12]} ({latest.get('outcome')})"
     )
-    return HistoryResult(ExitCode.OK, summary, path, records)
+    return HistoryResult(ExitCode.OK, sanitize(summary, keep_sgr=False), path, records)
 
 
 def history_lines(record: dict[str, Any]) -> list[str]:
-    """A deploy record for people: one head line and the details under it."""
+    """A deploy record for people: one head line and the details under it.
+
+    The record was read from the container, so every line is sanitised for a terminal.
+    """
     marks = " [rollback]" if record.get("rollback") else ""
     head = (
         f"{record.get('time', '?')}  {record.get('outcome', '?')}  "
@@ -358,7 +393,7 @@ def history_lines(record: dict[str, Any]) -> list[str]:
         lines.append("  checkpoints  none to set aside")
     else:
         lines.append("  checkpoints  kept in place")
-    return lines
+    return [sanitize(line, keep_sgr=False) for line in lines]
 
 
 # --------------------------------------------------------------------------- rollback
@@ -376,7 +411,7 @@ class RollbackResult:
 
 def rollback(
     target: Target,
-    conn: Connection,
+    conn: HostConnection,
     *,
     restart: bool = False,
     grace: float | None = None,
@@ -414,8 +449,3 @@ def rollback(
     was = (result.rolled_back_from or "?")[:12]
     result.summary = f"rolled back {target.label}: sha256 {result.sha256[:12]} (was {was})"
     return result
-
-
-def _emit_steps(response: dict[str, Any], emit: Callable[[str, str, str], None]) -> None:
-    for step in response.get("steps") or []:
-        emit(str(step.get("name")), str(step.get("status")), str(step.get("detail", "")))

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from launcher.termsafe import sanitize
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -15,6 +17,7 @@ MARKS = {
     "unchanged": "=",
     "skipped": "-",
     "planned": "·",
+    "progress": "…",
     "warning": "!",
     "warn": "!",
     "failed": "✗",
@@ -37,7 +40,8 @@ def is_tty(stream: TextIO | None = None) -> bool:
 
 def step_line(name: str, status: str, detail: str, *, prefix: str = "") -> str:
     mark = MARKS.get(status, "·")
-    return f"{prefix}{mark} {name:<12} {detail}"
+    # Details can quote the container (a compile error, a holder's command line).
+    return f"{prefix}{mark} {name:<12} {sanitize(detail, keep_sgr=False)}"
 
 
 def echo_step(name: str, status: str, detail: str, *, prefix: str = "") -> None:
@@ -58,7 +62,7 @@ def progress_text(event: object, latest: str) -> str:
     elapsed = getattr(event, "elapsed", 0.0)
     error = getattr(event, "error", None)
     if error:
-        return f"{elapsed:5.0f}s unreachable: {error}"
+        return f"{elapsed:5.0f}s unreachable: {sanitize(error, keep_sgr=False)}"
     if getattr(event, "phase", "") == "warmup":
         left = getattr(event, "remaining_warmup", 0.0)
         return f"{elapsed:5.0f}s warmup, {left:.0f}s left · {latest}"
@@ -96,18 +100,24 @@ class LiveLine:
             self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
 
 
-def echo_line(line: str) -> None:
+def echo_line(line: str, *, err: bool = False) -> None:
     """A step line as built by step_line, coloured by its mark on a TTY."""
-    if is_tty():
+    stream = sys.stderr if err else sys.stdout
+    if is_tty(stream):
         from rich.console import Console
         from rich.markup import escape
 
         status = next((s for s, mark in MARKS.items() if line.lstrip().startswith(mark)), "")
         style = STYLES.get(status)
         text = escape(line)
-        Console(highlight=False).print(f"[{style}]{text}[/{style}]" if style else text)
+        Console(highlight=False, stderr=err).print(f"[{style}]{text}[/{style}]" if style else text)
     else:
-        print(line, flush=True)
+        print(line, file=stream, flush=True)
+
+
+def progress_line(line: str) -> None:
+    """Progress (a step, a check) goes to stderr, so that stdout holds only the result."""
+    echo_line(line, err=True)
 
 
 class FleetDisplay:

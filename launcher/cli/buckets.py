@@ -6,13 +6,14 @@ command, so that `launcher --help` stays fast and works without numpy.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
+
+from launcher.cli.params import BUCKET_COUNT, EPOCHS, KTOK_PER_S, SEED, TOKENS
 
 # Inputs at least this large (bytes) get a progress bar on a terminal.
 PROGRESS_BYTES = 1 << 20
@@ -31,12 +32,12 @@ def buckets() -> None:
 @buckets.command("plan")
 @click.argument("lengths_file", metavar="LENGTHS", type=click.Path(path_type=Path))
 @click.option(
-    "--budget", type=int, required=True, metavar="TOKENS", help="Token budget of one batch."
+    "--budget", type=TOKENS, required=True, metavar="TOKENS", help="Token budget of one batch."
 )
 @click.option(
     "--buckets",
     "bucket_count",
-    type=int,
+    type=BUCKET_COUNT,
     default=6,
     show_default=True,
     metavar="K",
@@ -44,13 +45,13 @@ def buckets() -> None:
 )
 @click.option(
     "--max-len",
-    type=int,
+    type=TOKENS,
     metavar="N",
     help="Longest allowed sample: the top boundary (default: the longest in the data).",
 )
 @click.option(
     "--sorted-throughput",
-    type=float,
+    type=KTOK_PER_S,
     metavar="KTOK/S",
     help="Measured Ktok/s of length-sorted batching; the others are scaled by efficiency.",
 )
@@ -58,9 +59,9 @@ def buckets() -> None:
     "--field", "field_name", metavar="NAME", help="JSON lines input: the key holding the length."
 )
 @click.option(
-    "--epochs", type=int, default=3, show_default=True, help="Simulated epochs (one seed each)."
+    "--epochs", type=EPOCHS, default=3, show_default=True, help="Simulated epochs (one seed each)."
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first epoch.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the first epoch.")
 @click.option(
     "--write-playbook",
     "playbook_path",
@@ -68,7 +69,9 @@ def buckets() -> None:
     metavar="PLAYBOOK",
     help="Record the boundaries (buckets:) and q_pre in this playbook, then validate it.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.buckets/1)."
+)
 def plan_command(
     lengths_file: Path,
     budget: int,
@@ -96,6 +99,7 @@ def plan_command(
       launcher buckets plan lengths.npy --budget 49152 --sorted-throughput 32
       launcher buckets plan data.jsonl --field num_tokens --budget 49152 --json
       launcher buckets plan lengths.txt --budget 49152 --write-playbook playbooks/dflash.yaml
+    Exit codes: 0 planned, 2 bad input (file, option, numpy missing).
     """
     from launcher.buckets import require_numpy
     from launcher.errors import UsageError
@@ -127,7 +131,11 @@ def plan_command(
 
         report.playbook = record_plan(playbook_path, report.plan.boundaries)
     if as_json:
-        click.echo(json.dumps(to_json(report), indent=2))
+        from launcher.jsonout import emit, envelope
+
+        document = to_json(report)
+        document.pop("schema", None)
+        emit(envelope("buckets", [], exit_code=0, per_target=False, **document))
     else:
         click.echo(render_text(report))
 

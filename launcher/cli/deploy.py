@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from launcher.cli.main import AppContext, fleet_options, pass_app
+from launcher.cli.params import GRACE
 
 
 @click.command("deploy")
@@ -14,7 +13,10 @@ from launcher.cli.main import AppContext, fleet_options, pass_app
 @click.option("--restart", is_flag=True, help="Stop the running session first (C-c, wait, kill).")
 @click.option("--dry-run", is_flag=True, help="Print every step it would take; change nothing.")
 @click.option(
-    "--grace", type=float, metavar="SECONDS", help="Wait this long after C-c (default: playbook)."
+    "--grace",
+    type=GRACE,
+    metavar="DURATION",
+    help="Wait this long after C-c: 90, 90s, 2m; 0 s to 1 h (default: playbook stop_grace).",
 )
 @click.option(
     "--purge-checkpoints", "purge", is_flag=True, help="Delete old checkpoints, not archive them."
@@ -22,7 +24,14 @@ from launcher.cli.main import AppContext, fleet_options, pass_app
 @click.option(
     "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--kill-gpu-holders",
+    is_flag=True,
+    help="Kill processes outside the old run that hold the GPUs (default: refuse, exit 4).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.deploy/1)."
+)
 @pass_app
 def deploy_command(
     app: AppContext,
@@ -31,6 +40,7 @@ def deploy_command(
     grace: float | None,
     purge: bool,
     keep: bool,
+    kill_gpu_holders: bool,
     as_json: bool,
 ) -> None:
     """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
@@ -41,8 +51,11 @@ def deploy_command(
       launcher deploy --restart -t prod       # replace the running job
       launcher deploy --restart --dry-run     # show the plan, change nothing
       launcher deploy --restart --all         # every target, in parallel, one table
+    Steps go to stderr as they happen (-q: none); the result or --json to stdout.
+    Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
+    4 refused (lock held, run active, GPUs busy), 130 interrupted; a fleet: the worst.
     """
-    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
     from launcher.deploy import DeployOptions, deploy_work
     from launcher.errors import UsageError
 
@@ -53,11 +66,11 @@ def deploy_command(
         dry_run=dry_run,
         checkpoint_mode="purge" if purge else "keep" if keep else "archive",
         grace=grace,
+        kill_gpu_holders=kill_gpu_holders,
     )
-    outcomes = run_on_targets(app, deploy_work(options), quiet=as_json)
+    outcomes = run_on_targets(app, deploy_work(options))
     if as_json:
-        reports = [o.data for o in outcomes]
-        click.echo(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
-    elif len(outcomes) == 1:
-        click.echo(outcomes[0].summary)
+        emit_json("deploy", outcomes, [o.data for o in outcomes])
+    else:
+        say_result(outcomes)
     exit_with(outcomes, title="deploy", table=not as_json)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from launcher.cli.main import AppContext, pass_app
+from launcher.cli.main import AppContext, global_options, pass_app
 
 
 @click.group()
@@ -21,7 +20,13 @@ def inventory() -> None:
 
 
 @inventory.command("check")
-@click.option("--json", "as_json", is_flag=True, help="Print the resolved view as JSON.")
+@global_options
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the resolved view as JSON (schema launcher.inventory/1).",
+)
 @pass_app
 def check(app: AppContext, as_json: bool) -> None:
     """Validate inventory.yaml and every playbook it names; print one line per problem.
@@ -29,7 +34,8 @@ def check(app: AppContext, as_json: bool) -> None:
     \b
     Example:
       launcher -i inventory.yaml inventory check
-      launcher inventory check --json | jq '.targets.prod'
+      launcher inventory check --json | jq '.targets[] | select(.target == "prod")'
+    Exit codes: 0 valid, 2 a problem (each printed on stderr with its file and key).
     """
     from launcher.config import check_all, inventory_path
     from launcher.errors import ConfigError
@@ -39,6 +45,7 @@ def check(app: AppContext, as_json: bool) -> None:
         raise ConfigError(problems)
     target_views: dict[str, dict[str, Any]] = {
         t.name: {
+            "target": t.name,
             "host": t.host_name,
             "vmid": t.vmid,
             "playbook": str(t.playbook.path),
@@ -52,15 +59,21 @@ def check(app: AppContext, as_json: bool) -> None:
         }
         for t in targets
     }
-    view = {
-        "inventory": str(inv.path),
-        "default_target": inv.spec.default_target,
-        "hosts": {name: host.model_dump() for name, host in inv.spec.hosts.items()},
-        "groups": inv.spec.groups,
-        "targets": target_views,
-    }
     if as_json:
-        click.echo(json.dumps(view, indent=2, sort_keys=True))
+        from launcher.jsonout import emit, envelope
+
+        emit(
+            envelope(
+                "inventory",
+                list(target_views.values()),
+                exit_code=0,
+                per_target=False,
+                inventory=str(inv.path),
+                default_target=inv.spec.default_target,
+                hosts={name: host.model_dump() for name, host in inv.spec.hosts.items()},
+                groups=inv.spec.groups,
+            )
+        )
         return
     click.echo(f"{inv.path}: ok ({len(targets)} targets, {len(inv.spec.hosts)} hosts)")
     for name, host in inv.spec.hosts.items():

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import click
 
-from launcher.cli.main import AppContext, fleet_options, pass_app, target_option
+from launcher.cli.main import (
+    AppContext,
+    fleet_options,
+    global_options,
+    pass_app,
+    single_target_option,
+)
+from launcher.cli.params import GRACE, LINES
+from launcher.termsafe import sanitize
 
 
 @click.command("logs")
-@target_option
+@single_target_option
+@global_options
 @click.option(
     "--tail",
     "-n",
-    type=click.IntRange(min=0),
+    type=LINES,
     default=50,
     show_default=True,
     metavar="N",
@@ -26,34 +34,65 @@ from launcher.cli.main import AppContext, fleet_options, pass_app, target_option
     "-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends or Ctrl-C."
 )
 @click.option("--raw", is_flag=True, help="Show the tmux pane (capture-pane) instead of the log.")
+@click.option(
+    "--raw-bytes",
+    is_flag=True,
+    help="Write the log unfiltered, escape sequences and all (not to a terminal: exit 2).",
+)
 @pass_app
-def logs_command(app: AppContext, tail: int, follow: bool, raw: bool) -> None:
+def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes: bool) -> None:
     """Show the run's log file (<workdir>/.launcher/<session>.log), or follow it.
 
     The log holds everything the pane printed, so it works after the pane's scrollback has
     rolled over. With -f it follows until the run ends (exit file written or session gone);
     Ctrl-C stops following, never the run (exit 0).
 
+    What the run printed is shown without the control characters and escape sequences a
+    terminal would act on (window title, clipboard, terminal queries...); SGR colours stay.
+    --raw-bytes writes it unchanged, and only into a file or a pipe.
+
     \b
     Example:
       launcher logs -t prod                  # the last 50 lines
       launcher logs -f --tail 5 -t prod      # follow until the run ends or Ctrl-C
       launcher logs --raw -t prod            # the pane as tmux shows it
-    Exit codes: 0 shown, 1 nothing to show (no log, or no session with --raw), 3 unreachable.
+      launcher logs --raw-bytes -t prod > run.log
+    Exit codes: 0 shown, 1 nothing to show (no log, or no session with --raw), 2 --raw-bytes
+    on a terminal, 3 unreachable, 141 the reader went away (`| head`).
     """
+    from launcher.cluster import place
+    from launcher.errors import UsageError
     from launcher.operate import logs
     from launcher.remote import ConnectionPool
 
     target = app.target()
+    if raw_bytes and sys.stdout.isatty():
+        raise UsageError(
+            "--raw-bytes writes the run's output unfiltered: not to a terminal",
+            hint="redirect it (> run.log) or pipe it; without --raw-bytes it is safe to show",
+        )
 
     def show(line: str) -> None:
         click.echo(line)
 
+    def write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
     with ConnectionPool() as pool:
+        target = place(target, pool)  # a cluster target: the node running its VMID
         conn = pool.get(target.host_name, target.host)
-        result = logs(target, conn, tail=tail, raw=raw, follow=follow, on_line=show)
+        result = logs(
+            target,
+            conn,
+            tail=tail,
+            raw=raw,
+            follow=follow,
+            on_line=show,
+            raw_bytes=write if raw_bytes else None,
+        )
     if result.exit_code or follow:
-        click.echo(result.summary, err=True)
+        click.echo(sanitize(result.summary, keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))
 
 
@@ -61,9 +100,10 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool) -> None:
 @fleet_options
 @click.option(
     "--grace",
-    type=float,
-    metavar="SECONDS",
-    help="Wait this long after C-c before killing (default: playbook stop_grace).",
+    type=GRACE,
+    metavar="DURATION",
+    help="Wait this long after C-c before killing: 90, 2m; 0 s to 1 h (default: playbook "
+    "stop_grace, itself 30 s by default).",
 )
 @pass_app
 def stop_command(app: AppContext, grace: float | None) -> None:
@@ -76,8 +116,11 @@ def stop_command(app: AppContext, grace: float | None) -> None:
     Example:
       launcher stop -t prod
       launcher stop --grace 120 -t prod      # give the trainer two minutes to save
+    Steps go to stderr (-q: none); the summary to stdout.
+    Exit codes: 0 stopped (or nothing to stop), 2 bad input, 3 unreachable or the stop
+    failed, 4 refused (lock held); a fleet: the worst.
     """
-    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.cli.targets import exit_with, run_on_targets, say_result
     from launcher.fleet import FleetContext, Outcome
     from launcher.operate import stop
     from launcher.ui import step_line
@@ -93,13 +136,13 @@ def stop_command(app: AppContext, grace: float | None) -> None:
         return Outcome(ctx.target.name, result.exit_code, summary)
 
     outcomes = run_on_targets(app, work)
-    if len(outcomes) == 1:
-        click.echo(outcomes[0].summary)
+    say_result(outcomes)
     exit_with(outcomes, title="stop")
 
 
 @click.command("attach")
-@target_option
+@single_target_option
+@global_options
 @pass_app
 def attach_command(app: AppContext) -> None:
     """Attach to the run's tmux session in this terminal (ssh -t, tmux attach).
@@ -109,14 +152,16 @@ def attach_command(app: AppContext) -> None:
     \b
     Example:
       launcher attach -t prod
-    Exit codes: 1 no session, 2 not a terminal, 3 unreachable.
+    Exit codes: 0 detached, 1 no session, 2 not a terminal or bad input, 3 unreachable.
     """
+    from launcher.cluster import place
     from launcher.errors import UsageError
     from launcher.operate import attach
     from launcher.remote import ConnectionPool
 
     target = app.target()
     with ConnectionPool() as pool:
+        target = place(target, pool)
         result = attach(target, pool.get(target.host_name, target.host))
     if result.exit_code:
         click.echo(f"error: {result.summary}", err=True)
@@ -130,11 +175,13 @@ def attach_command(app: AppContext) -> None:
 
 
 @click.command("history")
-@target_option
-@click.option("--json", "as_json", is_flag=True, help="Print the records as a JSON list.")
+@fleet_options
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the records as JSON (schema launcher.history/1)."
+)
 @click.option(
     "--limit",
-    type=click.IntRange(min=0),
+    type=LINES,
     default=0,
     metavar="N",
     help="Only the newest N records (default: all).",
@@ -144,37 +191,57 @@ def history_command(app: AppContext, as_json: bool, limit: int) -> None:
     """The deploys recorded in the container, newest first.
 
     Each record says when, who, the script's sha256, the command, what was stopped and
-    where the checkpoints went (<workdir>/.launcher/deploys.jsonl).
+    where the checkpoints went (<workdir>/.launcher/deploys.jsonl). Several targets: each
+    one's records under its name, then one table.
 
     \b
     Example:
       launcher history -t prod
       launcher history --json --limit 5 -t prod
+      launcher history --limit 1 --all
+    Exit codes: 0 shown (also when none are recorded), 2 bad input, 3 unreachable;
+    a fleet: the worst.
     """
+    from launcher.cli.targets import emit_json, exit_with, run_on_targets
+    from launcher.fleet import FleetContext, Outcome
     from launcher.operate import history, history_lines
-    from launcher.remote import ConnectionPool
 
-    target = app.target()
-    with ConnectionPool() as pool:
-        result = history(target, pool.get(target.host_name, target.host), limit=limit)
+    def work(ctx: FleetContext) -> Outcome:
+        result = history(ctx.target, ctx.conn, limit=limit)
+        item = {
+            "target": ctx.target.name,
+            "exit_code": int(result.exit_code),
+            "path": result.path,
+            "records": result.records,
+        }
+        return Outcome(ctx.target.name, result.exit_code, result.summary, item)
+
+    outcomes = run_on_targets(app, work)
     if as_json:
-        click.echo(json.dumps(result.records, indent=2))
-        return
-    if not result.records:
-        click.echo(result.summary)
-        return
-    for record in result.records:
-        click.echo("\n".join(history_lines(record)))
+        emit_json("history", outcomes, [o.data for o in outcomes])
+        exit_with(outcomes, title="history", table=False)
+    for outcome in outcomes:
+        if outcome.error is not None:
+            continue  # printed on stderr (one target) or in the table (several)
+        if len(outcomes) > 1:
+            click.echo(f"== {outcome.target}")
+        records = outcome.data["records"]
+        if not records:
+            click.echo(sanitize(outcome.summary, keep_sgr=False))
+        for record in records:
+            click.echo("\n".join(history_lines(record)))
+    exit_with(outcomes, title="history")
 
 
 @click.command("rollback")
-@target_option
+@fleet_options
 @click.option("--restart", is_flag=True, help="Stop the running session first (C-c, wait, kill).")
 @click.option(
     "--grace",
-    type=float,
-    metavar="SECONDS",
-    help="Wait this long after C-c (default: playbook stop_grace).",
+    type=GRACE,
+    metavar="DURATION",
+    help="Wait this long after C-c: 90, 2m; 0 s to 1 h (default: playbook stop_grace, itself "
+    "30 s by default).",
 )
 @click.option(
     "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
@@ -190,43 +257,55 @@ def rollback_command(app: AppContext, restart: bool, grace: float | None, keep: 
     \b
     Example:
       launcher rollback --restart -t prod
+      launcher rollback --restart -t canary,prod   # several: in parallel, one table
+    Steps go to stderr (-q: none); the summary to stdout.
+    Exit codes: 0 rolled back, 2 bad input, 3 unreachable or a step failed, 4 refused
+    (no previous version, lock held, run active without --restart); a fleet: the worst.
     """
+    from launcher.cli.targets import exit_with, run_on_targets, say_result
+    from launcher.fleet import FleetContext, Outcome
     from launcher.operate import rollback
-    from launcher.remote import ConnectionPool
-    from launcher.ui import echo_step
+    from launcher.ui import step_line
 
-    target = app.target()
+    def work(ctx: FleetContext) -> Outcome:
+        def show(step: object) -> None:
+            ctx.say(step_line(step.name, step.status, step.detail))  # type: ignore[attr-defined]
 
-    def show(step: object) -> None:
-        echo_step(step.name, step.status, step.detail)  # type: ignore[attr-defined]
-
-    with ConnectionPool() as pool:
-        conn = pool.get(target.host_name, target.host)
         result = rollback(
-            target, conn, restart=restart, grace=grace, keep_checkpoints=keep, on_step=show
+            ctx.target, ctx.conn, restart=restart, grace=grace, keep_checkpoints=keep, on_step=show
         )
-    click.echo(result.summary)
+        return Outcome(ctx.target.name, result.exit_code, result.summary)
+
+    outcomes = run_on_targets(app, work)
+    say_result(outcomes)
+    exit_with(outcomes, title="rollback")
 
 
 @click.command("doctor")
 @fleet_options
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the checks as JSON (schema launcher.doctor/1)."
+)
 @pass_app
-def doctor_command(app: AppContext) -> None:
+def doctor_command(app: AppContext, as_json: bool) -> None:
     """Check everything a deploy needs, and say how to fix what is wrong.
 
     Config, host reachable, host key, auth, pct, container exists and runs, python3 and
-    tmux inside, GPUs, disk space, workdir and the deploy lock: one line per check.
+    tmux inside, GPUs, disk space, workdir and the deploy lock: one line per check, on
+    stderr (-q: none); the summary, a fleet's table or --json on stdout.
 
     \b
     Example:
       launcher doctor -t prod
-    Exit codes: 0 all pass; else the first failure's: 2 config, 3 host or container, 4 lock.
+      launcher doctor --all --json > doctor.json
+    Exit codes: 0 all pass; else the first failure's: 2 config, 3 host or container, 4 lock;
+    a fleet: the worst.
     """
-    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
     from launcher.doctor import config_failed, doctor
     from launcher.errors import LauncherError, UsageError
     from launcher.fleet import FleetContext, Outcome
-    from launcher.ui import echo_step, step_line
+    from launcher.ui import progress_line, step_line
 
     try:
         app.targets()
@@ -236,8 +315,8 @@ def doctor_command(app: AppContext) -> None:
         failed = config_failed(error)
         for check in failed.checks:
             fix = f"  fix: {check.fix}" if check.fix else ""
-            echo_step(check.name, check.status, check.detail + fix)
-        click.echo(failed.summary)
+            progress_line(step_line(check.name, check.status, check.detail + fix))
+        click.echo(failed.summary, err=True)
         sys.exit(int(failed.exit_code))
 
     def work(ctx: FleetContext) -> Outcome:
@@ -245,9 +324,20 @@ def doctor_command(app: AppContext) -> None:
         for check in result.checks:
             fix = f"  fix: {check.fix}" if check.fix else ""
             ctx.say(step_line(check.name, check.status, check.detail + fix))
-        return Outcome(ctx.target.name, result.exit_code, result.summary)
+        item = {
+            "target": ctx.target.name,
+            "exit_code": int(result.exit_code),
+            "summary": result.summary,
+            "checks": [
+                {"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix}
+                for c in result.checks
+            ],
+        }
+        return Outcome(ctx.target.name, result.exit_code, result.summary, item)
 
     outcomes = run_on_targets(app, work)
-    if len(outcomes) == 1:
-        click.echo(outcomes[0].summary)
-    exit_with(outcomes, title="doctor")
+    if as_json:
+        emit_json("doctor", outcomes, [o.data for o in outcomes])
+    else:
+        say_result(outcomes)
+    exit_with(outcomes, title="doctor", table=not as_json)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from launcher.cli.params import SANDBOX_GPUS
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def sandbox() -> None:
 )
 @click.option(
     "--gpus",
-    type=click.IntRange(min=0),
+    type=SANDBOX_GPUS,
     default=8,
     show_default=True,
     help="Fake GPUs per container (0 makes nvidia-smi fail like a missing driver).",
@@ -85,6 +86,7 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
+    Exit codes: 0 up, 2 bad input or not root, 3 a container or sshd did not start.
     """
     vmids = parse_vmids(vmid_values)
     sb = _sandbox(state_dir)
@@ -127,6 +129,7 @@ def down(state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox down
+    Exit codes: 0 removed (or nothing to remove), 2 not root.
     """
     sb = _sandbox(state_dir)
     existed = sb.state_dir.exists()
@@ -145,6 +148,7 @@ def status(state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox status
+    Exit codes: 0 shown (healthy or not), 2 not root.
     """
     sb = _sandbox(state_dir)
     st = sb.status()

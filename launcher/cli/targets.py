@@ -1,9 +1,14 @@
-"""Running a command's per-target work on one target (plain output) or on a fleet (one table)."""
+"""Running a command's per-target work on one target or a fleet, and ending it.
+
+Progress (steps, polls) always goes to stderr: live on a terminal, one plain line each
+elsewhere; -q silences it. stdout gets only the result: text, a fleet's table, or --json.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
@@ -23,28 +28,55 @@ from launcher.fleet import (
 def run_on_targets(
     app: AppContext, work: Work, *, quiet: bool = False, live: bool = False
 ) -> list[Outcome]:
-    """One target: run in this thread, errors propagate (with their hints) as usual.
-    Several: in parallel, with progress per target (the caller prints the closing table)."""
+    """One target: run in this thread, its error printed once on stderr (with its hint).
+    Several: in parallel, with progress per target (the caller prints the closing table).
+    `live`: the progress is polls (one updating line on a terminal), not steps to keep."""
+    from launcher.cluster import place
     from launcher.remote import ConnectionPool
-    from launcher.ui import FleetDisplay, LiveLine, echo_line
+    from launcher.ui import FleetDisplay, LiveLine, progress_line
 
     targets = app.targets()
+    silent = quiet or app.quiet
     if len(targets) == 1:
         target = targets[0]
-        with ConnectionPool() as pool, LiveLine(enabled=live and not quiet) as line:
-            say = line.say if live else (lambda text: None) if quiet else echo_line
-            conn = pool.get(target.host_name, target.host)
+        with ConnectionPool() as pool, LiveLine(enabled=live and not silent) as line:
+            say: Callable[[str], None] = (
+                (lambda text: None) if silent else line.say if live else progress_line
+            )
             try:
+                # A cluster target: the node that runs its VMID now.
+                target = place(target, pool)
+                conn = pool.get(target.host_name, target.host)
                 return [work(FleetContext(target, conn, threading.Event(), say))]
             except LauncherError as error:
                 print_error(error, debug=app.debug)
                 return [error_outcome(target.name, error)]
-    with FleetDisplay([t.name for t in targets], enabled=not quiet) as display:
+    with FleetDisplay([t.name for t in targets], enabled=not silent) as display:
+        # A target's error is shown once: in its row of the table (or its --json item).
         return run_fleet(targets, work, parallel=app.parallel, say=display.say)
+
+
+def say_result(outcomes: Sequence[Outcome]) -> None:
+    """One target's summary on stdout, unless it is the error already printed on stderr."""
+    from launcher.termsafe import sanitize
+
+    if len(outcomes) == 1 and outcomes[0].error is None:
+        click.echo(sanitize(outcomes[0].summary, keep_sgr=False))
+
+
+def emit_json(command: str, outcomes: Sequence[Outcome], items: Sequence[dict[str, Any]]) -> None:
+    """The command's envelope (launcher/jsonout.py) on stdout."""
+    from launcher.jsonout import emit, envelope
+
+    emit(envelope(command, items, exit_code=overall(outcomes)))
+
+
+def overall(outcomes: Sequence[Outcome]) -> int:
+    return int(worst([o.exit_code for o in outcomes]) if outcomes else ExitCode.OK)
 
 
 def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) -> None:
     """End a command: the closing table for a fleet (last, after any details), then the code."""
     if table and len(outcomes) > 1:
         click.echo(render_table(outcomes, title=title))
-    raise SystemExit(int(worst([o.exit_code for o in outcomes]) if outcomes else ExitCode.OK))
+    raise SystemExit(overall(outcomes))

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from launcher.cli.main import AppContext, fleet_options, pass_app
+from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW
 
 if TYPE_CHECKING:
     from launcher.config import Target
     from launcher.fleet import Outcome
+
+
+def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | None:
+    """A report that could not be written is bad input: exit 2 before any connection."""
+    from launcher.htmlreport import destination_problem
+
+    problem = destination_problem(path) if path is not None else None
+    if problem:
+        raise click.BadParameter(problem)
+    return path
 
 
 def probe_options(command: Any) -> Any:
@@ -20,30 +30,57 @@ def probe_options(command: Any) -> Any:
         [
             click.option(
                 "--wait",
-                type=float,
-                metavar="SECONDS",
-                help="Warmup: only fatal signs are judged (default: playbook verify.wait).",
+                type=WAIT,
+                metavar="DURATION",
+                help="Warmup: only fatal signs are judged; 90, 90s, 3m, 1h; up to 7 days "
+                "(default: playbook verify.wait, itself 180 s by default).",
             ),
             click.option(
-                "--interval", type=float, metavar="SECONDS", help="Seconds between polls."
+                "--interval",
+                type=INTERVAL,
+                metavar="DURATION",
+                help="Time between polls: 2, 2s, 1m; 0.2 s to 1 h (default: playbook "
+                "verify.interval, itself 10 s by default).",
             ),
             click.option(
                 "--window",
-                type=float,
-                metavar="SECONDS",
-                help="How long after the warmup it may poll.",
+                type=WINDOW,
+                metavar="DURATION",
+                help="How long after the warmup it may poll: 300, 5m; up to 7 days (default: "
+                "playbook verify.window, itself 300 s by default).",
             ),
             click.option(
                 "--successes",
-                type=click.IntRange(min=1),
+                type=SUCCESSES,
                 metavar="K",
-                help="Consecutive passing polls needed.",
+                help="Consecutive passing polls needed (default: playbook verify.successes, "
+                "itself 3 by default).",
             ),
-            click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+            click.option(
+                "--failure-threshold",
+                type=SUCCESSES,
+                metavar="N",
+                help="Failing polls in a row that end the probe (default: playbook "
+                "verify.failure_threshold).",
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                help="Print the report as JSON (schema launcher.<command>/1); progress stays "
+                "on stderr.",
+            ),
             click.option(
                 "--junit",
                 type=click.Path(dir_okay=False, path_type=Path),
                 help="Write a JUnit XML report here.",
+            ),
+            click.option(
+                "--report",
+                type=click.Path(dir_okay=False, writable=True, path_type=Path),
+                callback=_report_destination,
+                metavar="FILE.html",
+                help="Write a self-contained HTML report here (charts, checks, last lines).",
             ),
         ]
     ):
@@ -61,28 +98,43 @@ def verify_command(
     interval: float | None,
     window: float | None,
     successes: int | None,
+    failure_threshold: int | None,
     as_json: bool,
     junit: Path | None,
+    report: Path | None,
 ) -> None:
     """Startup probe: fail fast on a crash, then judge queues, throughput, step and loss.
 
     Polls the run's tmux pane from the start; during the warmup only a dead pane, a gone
-    session or a fail pattern (Traceback, CUDA out of memory, ...) ends the probe. After the
-    warmup every poll is judged, and K passing polls in a row make it healthy.
+    session, a fatal sign the run did not survive or a restart ends the probe. After the
+    warmup every poll is judged against the run's own history: K passing polls in a row make
+    it healthy; a definite failure (loss not finite, throughput sagged from its peak, queues
+    drained, a restart, ...) for N failing polls in a row (--failure-threshold) makes it
+    unhealthy at once; a check that is only not passing yet waits for the window's end. The
+    run the probe started on is pinned: a deploy that replaces it ends the probe (exit 1).
 
     \b
     Examples:
       launcher verify --wait 180 -t prod
       launcher verify --wait 20 --json --junit verify.xml -t staging
       launcher verify --all --wait 60          # a fleet, in parallel, one table
-    Exit codes: 0 healthy, 1 unhealthy, 3 unreachable, 2 bad input.
+    Each poll is one progress line on stderr (a live line on a terminal; -q: none).
+    Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 unreachable, 130 interrupted;
+    a fleet: the worst.
     """
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.probe import ProbeOverrides, verify_work
+    from launcher.verify.workflows import ProbeOverrides, verify_work
 
-    overrides = ProbeOverrides(wait=wait, interval=interval, window=window, successes=successes)
-    outcomes = run_on_targets(app, verify_work(overrides), quiet=as_json, live=True)
-    _report(app, outcomes, as_json=as_json, junit=junit)
+    overrides = ProbeOverrides(
+        wait=wait,
+        interval=interval,
+        window=window,
+        successes=successes,
+        failure_threshold=failure_threshold,
+    )
+    outcomes = run_on_targets(app, verify_work(overrides), live=True)
+    _report(app, outcomes, command="verify", as_json=as_json, junit=junit)
+    _html_report(app, outcomes, report, "verify")
     exit_with(outcomes, title="verify", table=not as_json)
 
 
@@ -96,30 +148,42 @@ def smoke_command(
     interval: float | None,
     window: float | None,
     successes: int | None,
+    failure_threshold: int | None,
     as_json: bool,
     junit: Path | None,
+    report: Path | None,
 ) -> None:
     """CI smoke check: `deploy --restart`, then `verify`, with JUnit and JSON reports.
 
-    Non-interactive; the exit code comes from the one table (0 healthy, 1 unhealthy,
-    2 config, 3 unreachable, 4 refused).
+    Non-interactive; deploy steps and polls are progress lines on stderr (-q: none).
+    Exit codes: 0 healthy, 1 unhealthy, 2 config, 3 unreachable, 4 refused,
+    130 interrupted; a fleet: the worst (the one table).
 
     \b
     Example:
-      launcher smoke -t staging --wait 60 --junit smoke.xml --json > smoke.json
+      launcher smoke -t staging --wait 60 --junit smoke.xml --report smoke.html --json > smoke.json
     """
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.probe import ProbeOverrides, smoke_work
+    from launcher.verify.workflows import ProbeOverrides, smoke_work
 
-    overrides = ProbeOverrides(wait=wait, interval=interval, window=window, successes=successes)
-    outcomes = run_on_targets(app, smoke_work(overrides), quiet=as_json)
-    _report(app, outcomes, as_json=as_json, junit=junit)
+    overrides = ProbeOverrides(
+        wait=wait,
+        interval=interval,
+        window=window,
+        successes=successes,
+        failure_threshold=failure_threshold,
+    )
+    outcomes = run_on_targets(app, smoke_work(overrides))
+    _report(app, outcomes, command="smoke", as_json=as_json, junit=junit)
+    _html_report(app, outcomes, report, "smoke")
     exit_with(outcomes, title="smoke", table=not as_json)
 
 
 @click.command("status")
 @fleet_options
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the status as JSON (schema launcher.status/1)."
+)
 @pass_app
 def status_command(app: AppContext, as_json: bool) -> None:
     """One poll of the run: session and pane, the latest sample, the checks, the deployed script.
@@ -128,18 +192,28 @@ def status_command(app: AppContext, as_json: bool) -> None:
     Examples:
       launcher status -t prod
       launcher status --all
+    Exit codes: 0 healthy, 1 unhealthy (or no run), 2 bad input, 3 unreachable;
+    a fleet: the worst.
     """
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.probe import status_work
+    from launcher.verify.workflows import status_work
 
     outcomes = run_on_targets(app, status_work, quiet=True)
     if as_json or len(outcomes) == 1:
-        _report(app, outcomes, as_json=as_json, junit=None)
+        _report(app, outcomes, command="status", as_json=as_json, junit=None)
     exit_with(outcomes, title="status", table=not as_json)
 
 
-def _report(app: AppContext, outcomes: list[Outcome], *, as_json: bool, junit: Path | None) -> None:
-    from launcher.report import render_status, render_text, to_json, to_junit
+def _report(
+    app: AppContext,
+    outcomes: list[Outcome],
+    *,
+    command: str,
+    as_json: bool,
+    junit: Path | None,
+) -> None:
+    from launcher.cli.targets import emit_json
+    from launcher.verify.report import render_status, render_text, to_json, to_junit
 
     targets = {t.name: t for t in app.targets()}
     documents: list[dict[str, Any]] = []
@@ -149,9 +223,9 @@ def _report(app: AppContext, outcomes: list[Outcome], *, as_json: bool, junit: P
         deploy = outcome.data.get("deploy")
         queues = _queues(targets[outcome.target])
         if probe is None:  # failed before probing (config error, deploy failed)
-            documents.append({"target": outcome.target, "deploy": deploy, **outcome.data})
+            documents.append(_failed_item(outcome, smoke=command == "smoke"))
             runs.append((outcome.target, None, deploy or outcome.data))
-            if not as_json and deploy is None:
+            if not as_json and deploy is None and outcome.error is None:
                 click.echo(f"{outcome.target}: {outcome.summary}")
             continue
         document = to_json(outcome.target, probe, queues)
@@ -159,7 +233,12 @@ def _report(app: AppContext, outcomes: list[Outcome], *, as_json: bool, junit: P
             document["deployed"] = outcome.data.get("record")
             document["log_age"] = outcome.data.get("log_age")
         if deploy is not None:
-            document = {"target": outcome.target, "deploy": deploy, "verify": document}
+            document = {
+                "target": outcome.target,
+                "exit_code": int(outcome.exit_code),
+                "deploy": deploy,
+                "verify": document,
+            }
         documents.append(document)
         runs.append((outcome.target, probe, deploy))
         if not as_json and (len(outcomes) == 1 or outcome.exit_code):
@@ -170,7 +249,34 @@ def _report(app: AppContext, outcomes: list[Outcome], *, as_json: bool, junit: P
     if junit:
         junit.write_text(to_junit(runs), encoding="utf-8")
     if as_json:
-        click.echo(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2))
+        emit_json(command, outcomes, documents)
+
+
+def _failed_item(outcome: Outcome, *, smoke: bool) -> dict[str, Any]:
+    """A target that was not probed: its error, or (smoke) the deploy that failed."""
+    deploy = outcome.data.get("deploy")
+    if smoke and deploy is not None:
+        return {
+            "target": outcome.target,
+            "exit_code": int(outcome.exit_code),
+            "deploy": deploy,
+            "verify": None,
+        }
+    return {
+        "target": outcome.target,
+        "ok": False,
+        "exit_code": int(outcome.exit_code),
+        "error": outcome.error or outcome.summary,
+    }
+
+
+def _html_report(app: AppContext, outcomes: list[Outcome], path: Path | None, what: str) -> None:
+    if path is None:
+        return
+    from launcher.htmlreport import runs_from, write_report
+
+    queues = {t.name: _queues(t) for t in app.targets()}
+    write_report(path, runs_from(outcomes, queues), f"launcher {what}")
 
 
 def _queues(target: Target) -> list[str]:

@@ -16,6 +16,12 @@ Environment:
   DEMO_SPAWN_CHILD=1     spawn a "dataloader worker" that ignores SIGHUP, SIGINT and SIGTERM
                          and holds a GPU file, so killing only the tmux session leaves it behind
   DEMO_IGNORE_SIGINT=1   ignore C-c (SIGINT)
+  DEMO_FORMAT            how status is printed: dflash (default) | hf | jsonl
+                           hf     a Hugging Face Trainer: a tqdm-style bar redrawn with \r
+                                  (step, it/s) and dicts written above it, e.g.
+                                  {'loss': 2.1, 'grad_norm': 1.2, 'learning_rate': 6e-04, ...}
+                           jsonl  one JSON object a line: step, loss, lr, throughput.tokens_per_s,
+                                  queues.q_pre, queues.q_hs, elapsed_s (loss nan prints NaN)
 
 modes:
   healthy  queues fill, throughput climbs to ~28 Ktok/s, loss falls, checkpoints appear
@@ -24,10 +30,20 @@ modes:
   flat     throughput stays around 0.5 Ktok/s
   nan      loss becomes nan after DEMO_NAN_AFTER seconds
   silent   prints nothing at all, just sleeps
+  crashloop  resumes from the newest checkpoint, is SIGKILLed after DEMO_CRASH_AFTER seconds;
+             run it in a shell loop (`while true; do python3 train_demo.py; done`)
+  diverge  after DEMO_DIVERGE_AFTER seconds (default 5) the loss jumps to ~ln(32000) and stays
+  sag      after DEMO_SAG_AFTER seconds (default 5) throughput drops to a quarter and stays
+  finalizer-noise  healthy, but prints DataLoader finaliser tracebacks every few seconds
+  nan-gradnorm     prints grad_norm=, which becomes nan after DEMO_NAN_AFTER seconds
+  bursty   the last q_pre bucket is filled in one status line out of three
+  hang     after DEMO_HANG_AFTER seconds (default 5) prints nothing more, the pane alive
+  DEMO_RESUME=1 (any mode) resumes from the newest checkpoint in checkpoints/
 
 On SIGINT it prints "Interrupted; saving checkpoint..." and exits 130.
 """
 
+import json
 import math
 import os
 import random
@@ -37,12 +53,18 @@ import time
 
 GPU_DIR = "/var/lib/sandbox-gpu"
 MODES = ("healthy", "crash", "stall", "flat", "nan", "silent")
+FORMATS = ("dflash", "hf", "jsonl")
 PLATEAU_KTOK = 28.0
 FLAT_KTOK = 0.5
 TOKENS_PER_STEP = 14000.0
 TOTAL_STEPS = 2000000
 QUEUE_TARGET = [8, 7, 6, 6, 5, 4]
 HS_TARGET = 4
+# Misbehaviours the verdict tests need (see misbehave() and the functions after it).
+MISBEHAVIOURS = ("crashloop", "diverge", "sag", "finalizer-noise", "nan-gradnorm", "bursty")
+MISBEHAVIOURS += ("hang",)  # type: ignore[assignment]  # pane alive, nothing printed
+MODES = MODES + MISBEHAVIOURS  # type: ignore[assignment]  # one tuple, grown
+DIVERGED_LOSS = math.log(32000)  # a model that predicts nothing, with a 32k vocabulary
 
 
 def env_float(name, default):
@@ -175,6 +197,7 @@ class Trainer:
 
     def line(self, t, ktok):
         q_pre, q_hs = self.queues(t)
+        q_pre = bursty(self, q_pre)
         if self.loss is None:
             stats = "loss=--- acc=--- streak=--- lr=---"
             eta = None
@@ -184,6 +207,7 @@ class Trainer:
             lr = 6e-4 * min(1.0, self.step / 200.0) if self.step else 0.0
             loss = "nan" if self.loss != self.loss else "%.4f" % self.loss
             stats = "loss=%s acc=%.3f streak=%.1f lr=%.2e" % (loss, acc, streak, lr)
+            stats += grad_norm_field(self, t)
             steps_per_s = ktok * 1000.0 / TOKENS_PER_STEP
             eta = (TOTAL_STEPS - self.step) / steps_per_s if steps_per_s > 0 else None
         tgt = ktok / 6.3
@@ -210,16 +234,176 @@ class Trainer:
         t = self.elapsed()
         if self.mode == "crash" and t >= self.crash_after:
             self.forward_backward()
-        ktok = self.throughput(t)
+        ktok = misbehave(self, t, self.throughput(t))
         self.advance(t, ktok)
+        diverge(self, t)
         self.checkpoint()
-        print(self.line(t, ktok), flush=True)
+        EMIT[Output.format](self, t, ktok)
 
     def forward_backward(self):
         return self.all_reduce(self.step)
 
     def all_reduce(self, step):
         raise RuntimeError("NCCL error: unhandled cuda error at step %d (demo crash)" % step)
+
+
+# --- output formats (DEMO_FORMAT) ------------------------------------------------------------
+
+
+class Output:
+    """The chosen format, and the hf format's bar and last logged step."""
+
+    format = "dflash"
+    bar = ""
+    logged = 0
+
+
+def emit_dflash(trainer, t, ktok):
+    print(trainer.line(t, ktok), flush=True)
+
+
+def fmt_clock(seconds):
+    """tqdm's format_interval: MM:SS, or H:MM:SS past an hour."""
+    seconds = int(seconds)
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return "%d:%02d:%02d" % (hours, minutes, secs)
+    return "%02d:%02d" % (minutes, secs)
+
+
+def hf_bar(step, t, steps_per_s):
+    """The training bar as tqdm draws it: ` 10%|█         | 200/2000 [00:33<04:58,  6.04it/s]`."""
+    total = TOTAL_STEPS
+    filled = step * 10 // total
+    if steps_per_s <= 0:
+        left, rate = "?", "?it/s"
+    else:
+        left = fmt_clock((total - step) / steps_per_s)
+        fast = steps_per_s >= 1  # tqdm shows s/it below one iteration a second
+        rate = "%5.2fit/s" % steps_per_s if fast else "%5.2fs/it" % (1.0 / steps_per_s)
+    return "%3d%%|%s%s| %d/%d [%s<%s, %s]" % (
+        step * 100 // total,
+        "\u2588" * filled,
+        " " * (10 - filled),
+        step,
+        total,
+        fmt_clock(t),
+        left,
+        rate,
+    )
+
+
+def emit_hf(trainer, t, ktok):
+    """tqdm's way: redraw the bar after \r; a log line clears it, prints, and redraws it."""
+    bar = hf_bar(trainer.step, t, ktok * 1000.0 / TOKENS_PER_STEP)
+    out = "\r" + bar
+    if trainer.loss is not None and trainer.step > Output.logged:
+        Output.logged = trainer.step
+        nan = trainer.loss != trainer.loss
+        logs = {
+            "loss": trainer.loss if nan else round(trainer.loss, 4),
+            "grad_norm": float("nan") if nan else 1.0 + trainer.rng.uniform(-0.3, 0.3),
+            "learning_rate": 6e-4 * min(1.0, trainer.step / 200.0),
+            "epoch": round(trainer.step / float(TOTAL_STEPS), 2),
+        }
+        out = "\r%s\r%s\n%s" % (" " * len(Output.bar), logs, bar)
+    Output.bar = bar
+    sys.stdout.write(out)
+    sys.stdout.flush()
+
+
+def emit_jsonl(trainer, t, ktok):
+    q_pre, q_hs = trainer.queues(t)
+    record = {
+        "event": "train",
+        "step": trainer.step,
+        "loss": None if trainer.loss is None else round(trainer.loss, 4),
+        "lr": 6e-4 * min(1.0, trainer.step / 200.0),
+        "throughput": {"tokens_per_s": round(ktok * 1000.0, 1)},
+        "queues": {"q_pre": q_pre, "q_hs": q_hs},
+        "elapsed_s": round(t, 1),
+    }
+    print(json.dumps(record), flush=True)  # a nan loss prints as NaN
+
+
+EMIT = {"dflash": emit_dflash, "hf": emit_hf, "jsonl": emit_jsonl}
+
+
+# --- misbehaviours (see MISBEHAVIOURS) ------------------------------------------------------
+
+FINALISER_NOISE = """\
+Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2c2c1f1ee0>
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py", line 1478, in __del__
+    self._shutdown_workers()
+  File "/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py", line 1461, in \
+_shutdown_workers
+    if w.is_alive():
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 160, in is_alive
+    assert self._parent_pid == os.getpid(), 'can only test a child process'
+AssertionError: can only test a child process"""
+
+
+def misbehave(trainer, t, ktok):
+    """Before a step: die (crashloop), sag, or print finaliser noise. The throughput to report."""
+    mode = trainer.mode
+    if mode == "crashloop" and t >= trainer.crash_after:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+    if mode == "hang" and t >= env_float("DEMO_HANG_AFTER", 5):
+        hang()
+    if mode == "sag" and t >= env_float("DEMO_SAG_AFTER", 5):
+        return ktok * 0.25
+    if mode == "finalizer-noise" and t >= getattr(trainer, "noise_at", 2.0):
+        print(FINALISER_NOISE, flush=True)
+        trainer.noise_at = t + env_float("DEMO_NOISE_EVERY", 3)
+    return ktok
+
+
+def hang():
+    """A hung collective: the process stays alive and prints nothing more (until C-c)."""
+    sys.stdout.flush()
+    while True:
+        time.sleep(3600)
+
+
+def diverge(trainer, t):
+    """After a step: the loss of a diverged run, ~ln(vocabulary), from DEMO_DIVERGE_AFTER on."""
+    late = t >= env_float("DEMO_DIVERGE_AFTER", 5)
+    if trainer.mode == "diverge" and trainer.loss is not None and late:
+        trainer.loss = DIVERGED_LOSS + trainer.rng.uniform(-0.03, 0.03)
+
+
+def grad_norm_field(trainer, t):
+    if trainer.mode != "nan-gradnorm":
+        return ""
+    if t >= trainer.nan_after:
+        return " grad_norm=nan"
+    return " grad_norm=%.3f" % (0.8 + trainer.rng.uniform(-0.1, 0.1))
+
+
+def bursty(trainer, q_pre):
+    if trainer.mode != "bursty":
+        return q_pre
+    trainer.lines_shown = getattr(trainer, "lines_shown", 0) + 1
+    return q_pre[:-1] + ([max(1, q_pre[-1])] if trainer.lines_shown % 3 == 0 else [0])
+
+
+def resume(trainer):
+    """Continue from the newest checkpoint, as a trainer restarted by a supervisor does."""
+    if trainer.mode != "crashloop" and os.environ.get("DEMO_RESUME") != "1":
+        return
+    steps = []
+    for name in os.listdir("checkpoints") if os.path.isdir("checkpoints") else []:
+        if name.startswith("step_") and name.endswith(".pt") and name[5:-3].isdigit():
+            steps.append(int(name[5:-3]))
+    if not steps:
+        return
+    step = max(steps)
+    trainer.step = trainer.last_checkpoint = step
+    trainer.tokens = step * TOKENS_PER_STEP
+    print("Resuming from checkpoints/step_%d.pt" % step, flush=True)
 
 
 def main(argv):
@@ -229,6 +413,10 @@ def main(argv):
     mode = os.environ.get("DEMO_MODE", "healthy")
     if mode not in MODES:
         sys.stderr.write("DEMO_MODE must be one of %s, not %r\n" % (", ".join(MODES), mode))
+        return 2
+    Output.format = os.environ.get("DEMO_FORMAT", "dflash")
+    if Output.format not in FORMATS:
+        sys.stderr.write("DEMO_FORMAT must be one of %s\n" % ", ".join(FORMATS))
         return 2
     interval = max(0.01, env_float("DEMO_INTERVAL", 1.0))
     gpus_env = os.environ.get("DEMO_GPUS")
@@ -249,6 +437,7 @@ def main(argv):
     try:
         print("Starting pipeline...", flush=True)
         print("Pipeline running. Monitoring...", flush=True)
+        resume(trainer)
         next_at = time.time()
         while True:
             trainer.tick()

@@ -57,6 +57,15 @@ class SandboxStatus:
         return self.sshd_alive and all(s == "running" for s in self.containers.values())
 
 
+@dataclass(frozen=True)
+class JumpHost:
+    """An extra sshd of the sandbox (see Sandbox.start_jump_host)."""
+
+    address: str
+    port: int
+    known_hosts_line: str  # "[address]:port type key", for a known_hosts file
+
+
 class Sandbox:
     """A staging Proxmox host on this machine; see the module docstring."""
 
@@ -103,6 +112,11 @@ class Sandbox:
         if not self.state_dir.exists():
             return
         _require_root()
+        from launcher.sandbox.cluster import stop_nodes  # the second node of a sandbox cluster
+
+        stop_nodes(self.state_dir)
+        for jump_config in self.state_dir.glob("jumps/*/sshd_config"):
+            sshd.stop_all(jump_config)
         sshd.stop_all(self.sshd_config)
         vmids = containers.defined(self.lxcpath)
         if vmids:
@@ -153,6 +167,28 @@ class Sandbox:
     def start_container(self, vmid: int) -> None:
         if containers.states(self.lxcpath, [vmid])[vmid] != "RUNNING":
             containers.start(self.lxcpath, [vmid])
+
+    def start_jump_host(self, address: str) -> JumpHost:
+        """Another sshd on a loopback `address` (127.0.0.2, ...) with its own host key, letting
+        in the sandbox's client key and forwarding TCP: a jump host. Idempotent; down() stops
+        it. (OpenSSH refuses a jump chain that loops through one address: hence one each.)"""
+        home = self.state_dir / "jumps" / address
+        home.mkdir(parents=True, exist_ok=True)
+        sshd.ensure_key(home / "ssh_host_ed25519_key", f"launcher-sandbox jump {address}")
+        config = home / "sshd_config"
+        port = sshd.config_port(config)
+        running = sshd.find_listeners(config)
+        if not (running and port is not None and sshd.accepting(port, address=address)):
+            sshd.stop_all(config)
+            port = sshd.free_port(address)
+            keys = self.state_dir / "authorized_keys"
+            config.write_text(sshd.config_text(home, port, address=address, authorized_keys=keys))
+            sshd.start(home, config, port, address=address)
+        key_type, key = (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        return JumpHost(address, port, f"[{address}]:{port} {key_type} {key}")
+
+    def stop_jump_host(self, address: str) -> None:
+        sshd.stop_all(self.state_dir / "jumps" / address / "sshd_config")
 
     def container_root(self, vmid: int) -> Path:
         return self.lxcpath / str(vmid) / "rootfs"

@@ -51,9 +51,21 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox,
     sb = Sandbox(tmp_path_factory.mktemp("sandbox"))
     try:
         info = sb.up(SANDBOX_VMIDS, gpus=SANDBOX_GPUS)
+        warm_agent_cache(sb, SANDBOX_VMIDS)
         yield sb, info
     finally:
         sb.down()
+
+
+def warm_agent_cache(sb: Sandbox, vmids: tuple[int, ...]) -> None:
+    """Cache the agent in every container, as the first call to a container does: tests that
+    count `pct` calls per command then see the steady state (one call, not a miss and a resend)."""
+    from launcher.agentclient import BOOT, payload
+
+    request = {"op": "history", "workdir": "/root/warm-up", "limit": 1}
+    for vmid in vmids:
+        result = sb.ct_exec(vmid, ["python3", "-c", BOOT], input=payload(request, mode="store"))
+        assert result.returncode == 0, result.stderr.decode()
 
 
 def ssh_argv(info: SandboxInfo, remote_command: str) -> list[str]:
@@ -111,3 +123,15 @@ def project(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Pr
     sb.set_faults()
     yield Project(tmp_path / "project", sb, info)
     sb.set_faults()
+    end_leftover_runs(sb)
+
+
+# Every run a test started, also one that failed half-way: tmux servers, trainers and whatever
+# they spawned. deploy refuses GPUs held from outside the run it replaces, so a run left behind
+# by one test would otherwise refuse the next test's deploy in that container.
+LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[e]scaped-gpu-holder'; true"
+
+
+def end_leftover_runs(sb: Sandbox) -> None:
+    for vmid in SANDBOX_VMIDS:
+        sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])

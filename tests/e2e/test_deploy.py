@@ -23,7 +23,7 @@ TRAINER_SHA = hashlib.sha256(DEMO_TRAINER.read_bytes()).hexdigest()
 def deploy_ok(project: Project, *args: str) -> str:
     result = project.launcher("deploy", *args)
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return result.stderr + result.stdout  # the steps (progress, stderr), then the summary
 
 
 def test_fresh_deploy_then_restart(project: Project) -> None:
@@ -160,7 +160,7 @@ def test_lock_left_by_killed_deployer_is_broken(project: Project) -> None:
     project.ct(VMID, "pkill", "-KILL", "-f", "launcher_agent")
     result = project.launcher("deploy", "--restart")
     assert result.returncode == 0, result.stderr
-    assert "broke stale lock" in result.stdout
+    assert "broke stale lock" in result.stderr  # a step: progress, on stderr
     project.kill_session(VMID, "stale")
 
 
@@ -224,7 +224,7 @@ def test_dry_run_changes_nothing(project: Project) -> None:
     calls = project.sandbox.pct_calls()
     result = project.launcher("deploy", "--restart", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert "stop" in result.stdout and "archived-<UTC time>" in result.stdout
+    assert "stop" in result.stderr and "archived-<UTC time>" in result.stderr
     assert "nothing was changed" in result.stdout
     assert project.sandbox.pct_calls() - calls == 1
     assert project.processes(VMID, "train_demo.py") == processes
@@ -233,6 +233,27 @@ def test_dry_run_changes_nothing(project: Project) -> None:
     ]
     assert after == files
     project.kill_session(VMID, "dry")
+
+
+def test_dry_run_on_a_fresh_container_lists_the_checks_the_deploy_runs(project: Project) -> None:
+    """The plan is the transaction's own checks: a first deploy plans cleanly, creates nothing,
+    and then runs exactly the checks the plan showed."""
+    book = project.playbook("freshplan", workdir="/root/never/deployed/here")
+    project.write({"freshplan": (VMID, book)})
+    planned = project.launcher("deploy", "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    plan_steps = json_out(planned)["steps"]
+    assert project.ct(VMID, "test", "-e", "/root/never").returncode != 0, "a plan creates nothing"
+    checks = [s["name"] for s in plan_steps if s["status"] != "planned"]
+    assert [s["name"] for s in plan_steps if s["status"] == "planned"] == [
+        "install", "stop", "checkpoints", "launch", "record",
+    ]  # fmt: skip
+    deployed = project.launcher("deploy", "--json")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    ran = [s["name"] for s in json_out(deployed)["steps"] if s["name"] in checks]
+    assert ran == checks
+    project.kill_session(VMID, "freshplan")
+    project.ct(VMID, "rm", "-rf", "/root/never")
 
 
 def test_unknown_host_key_exit_3_and_nothing_ran(project: Project) -> None:
@@ -267,3 +288,30 @@ def test_stopped_container_exit_3(project: Project) -> None:
         project.sandbox.start_container(201)
     assert result.returncode == 3
     assert "container 201 not running" in result.stderr
+
+
+def test_deploy_streams_its_steps_while_the_stop_waits(project: Project) -> None:
+    """Each step is shown as it finishes in the container, the grace period counts down, and a
+    forced stop is a warning, not a tick."""
+    book = project.playbook("live", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=3)
+    project.write({"live": (VMID, book)})
+    deploy_ok(project)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen: list[tuple[float, str]] = []
+    for line in proc.stdout:
+        seen.append((time.monotonic(), line.rstrip("\n")))
+    assert proc.wait(timeout=60) == 0, seen
+    at = {text.split()[1]: when for when, text in seen if len(text.split()) > 1}
+    countdown = [when for when, text in seen if text.startswith("… stop")]
+    forced = next(text for _, text in seen if "forced" in text)
+    assert forced.startswith("! stop"), forced
+    assert countdown, seen
+    # The checks arrived while the old run was still being waited for, seconds before the end.
+    assert at["compile"] < countdown[0] <= at["checkpoints"] - 1.5, seen
+    project.kill_session(VMID, "live")

@@ -109,7 +109,8 @@ def test_follow_ctrl_c_then_stop_and_no_session_cases(project: Project) -> None:
 
     checkpoints = ["test", "-d", "/root/opsstop/checkpoints"]
     project.wait_for(lambda: project.ct(VMID, *checkpoints).returncode == 0, what="checkpoints")
-    stopped = ok(project.launcher("stop", "--grace", "5"))
+    stop_result = project.launcher("stop", "--grace", "5")
+    stopped = ok(stop_result) + stop_result.stderr  # the summary, and the steps on stderr
     assert "session opsstop: exited after C-c; pids" in stopped
     assert "✓ gpus" in stopped and "free" in stopped
     assert "checkpoints untouched" in stopped
@@ -180,7 +181,7 @@ def test_history_and_rollback(project: Project) -> None:
     project.write({"opsroll": (OTHER, book), "opsfresh": (OTHER, fresh)})
     ok(project.launcher("deploy", "--restart"))
 
-    records = json_out(project.launcher("history", "--json"))
+    records = json_out(project.launcher("history", "--json"))["records"]
     assert [r["sha256"] for r in records[:2]] == [v2_sha, TRAINER_SHA]
     assert records[0]["stopped"]["was_running"] is True
     assert records[0]["checkpoints"]["action"] in ("archive", "none")
@@ -191,15 +192,17 @@ def test_history_and_rollback(project: Project) -> None:
     assert refused.returncode == 4
     assert "use --restart" in refused.stderr
 
-    out = ok(project.launcher("rollback", "--restart"))
-    assert "✓ verify" in out and "✓ compile" in out and "✓ launch" in out
+    rolled = project.launcher("rollback", "--restart")
+    out = ok(rolled)
+    steps = rolled.stderr  # progress: the steps go to stderr, the summary to stdout
+    assert "✓ verify" in steps and "✓ compile" in steps and "✓ launch" in steps
     assert f"rolled back opsroll (sandbox CT {OTHER}): sha256 {TRAINER_SHA[:12]}" in out
     sha = project.ct_text(OTHER, "sha256sum", "/root/opsroll/train_demo.py").split()[0]
     assert sha == TRAINER_SHA
     prev = project.ct_text(OTHER, "sha256sum", "/root/opsroll/train_demo.py.prev").split()[0]
     assert prev == v2_sha
     project.wait_for(lambda: project.processes(OTHER, "train_demo.py"), what="the relaunch")
-    latest = json_out(project.launcher("history", "--json", "--limit", "1"))
+    latest = json_out(project.launcher("history", "--json", "--limit", "1"))["records"]
     assert len(latest) == 1 and latest[0]["rollback"] is True
     assert latest[0]["rolled_back_from"] == v2_sha
     leftovers = project.ct_text(OTHER, "sh", "-c", "ls -a /root/opsroll | grep launcher- || true")
@@ -209,10 +212,15 @@ def test_history_and_rollback(project: Project) -> None:
 
 def test_doctor_passes_then_names_each_failure(project: Project) -> None:
     project.write({"opsdoc": (OTHER, project.playbook("opsdoc"))})
-    out = ok(project.launcher("doctor"))
+    doctor = project.launcher("doctor")
+    ok(doctor)
+    out = doctor.stderr + doctor.stdout  # a progress line per check on stderr, then the summary
     for name in ("config", "reachable", "host key", "auth", "pct", "running", "python3", "tmux"):
         assert f"✓ {name}" in out, out
-    assert "8 visible" in out and "all" in out
+    # The in-container checks are the deploy transaction's own, run in plan mode.
+    for name in ("paths", "lock", "resources", "gpus", "compile", "checkpoint_guard"):
+        assert f"✓ {name}" in out, out
+    assert "8 GPUs" in out and "all" in out
 
     project.sandbox.stop_container(OTHER)
     try:
@@ -221,7 +229,7 @@ def test_doctor_passes_then_names_each_failure(project: Project) -> None:
     finally:
         project.sandbox.start_container(OTHER)
     assert stopped.returncode == 3, stopped.stdout
-    assert "✗ running" in stopped.stdout and f"fix: pct start {OTHER}" in stopped.stdout
+    assert "✗ running" in stopped.stderr and f"fix: pct start {OTHER}" in stopped.stderr
     assert history.returncode == 3 and f"container {OTHER} not running" in history.stderr
 
     empty = project.root / "empty_known_hosts"
@@ -232,38 +240,33 @@ def test_doctor_passes_then_names_each_failure(project: Project) -> None:
     )
     unknown = project.launcher("doctor")
     assert unknown.returncode == 3
-    assert "✓ reachable" in unknown.stdout and "✗ host key" in unknown.stdout
-    assert "ssh-keyscan" in unknown.stdout
+    assert "✓ reachable" in unknown.stderr and "✗ host key" in unknown.stderr
+    assert "ssh-keyscan" in unknown.stderr
 
     project.write(
         {"opsdoc": (OTHER, project.playbook("opsdoc"))},
         host=project.host(port=1, connect_timeout=1),
     )
     unreachable = project.launcher("doctor")
-    assert unreachable.returncode == 3 and "✗ reachable" in unreachable.stdout
+    assert unreachable.returncode == 3 and "✗ reachable" in unreachable.stderr
     logs = project.launcher("logs")
     assert logs.returncode == 3 and "cannot connect" in logs.stderr
 
     project.write({"opsdoc": (OTHER, project.playbook("opsdoc", session="bad name"))})
     invalid = project.launcher("doctor")
-    assert invalid.returncode == 2 and "✗ config" in invalid.stdout
+    assert invalid.returncode == 2 and "✗ config" in invalid.stderr
 
 
 def test_status_poll_has_record_and_log_age(project: Project) -> None:
-    from launcher.agentcall import agent_source
+    from launcher.agentclient import BOOT, payload
 
     book = project.playbook("opspoll", gpus=0)
     project.write({"opspoll": (VMID, book)})
     ok(project.launcher("deploy", "--restart"))
     request = {"op": "poll", "workdir": "/root/opspoll", "session": "opspoll", "lines": 5}
-    boot = (
-        "import json,sys;m=json.loads(sys.stdin.readline());g={'__name__':'launcher_agent'};"
-        "exec(compile(m['agent'],'launcher_agent.py','exec'),g);sys.exit(g['main'](m['request']))"
-    )
-    payload = json.dumps({"agent": agent_source(), "request": request}) + "\n"
 
     def poll() -> dict[str, object]:
-        result = project.sandbox.ct_exec(VMID, ["python3", "-c", boot], input=payload.encode())
+        result = project.sandbox.ct_exec(VMID, ["python3", "-c", BOOT], input=payload(request))
         return dict(json.loads(result.stdout.decode().splitlines()[-1]))
 
     project.wait_for(lambda: poll()["log_age"] is not None, what="the log file")

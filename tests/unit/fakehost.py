@@ -102,6 +102,12 @@ class StrictFakeHost:
         if argv[:2] != ["pct", "exec"] or argv[4:6] != ["python3", "-c"] or stdin is None:
             raise AssertionError(f"unexpected streamed command {command!r}")
         request = json.loads(stdin.decode().splitlines()[0])["request"]
+        if self.expected and self.expected[0].kind == f"agent:{request['op']}":
+            # A transaction streamed for its live steps: answered like the plain agent call.
+            answer = self._next(f"agent:{request['op']}").respond(request)
+            body = {"ok": True, "op": request["op"], "error": None, "warnings": [], **answer}
+            on_stdout((json.dumps(body) + "\n").encode())
+            return 0
         code: int = self._next(f"stream:{request['op']}").respond(
             request, on_stdout, on_stderr or (lambda data: None)
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -21,15 +22,13 @@ from typing import Any
 
 import pytest
 
-from launcher import agent
+from launcher import agent, protocol
+from launcher.agentclient import BOOT, payload
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
-BOOT = (
-    'import json,sys;m=json.loads(sys.stdin.readline());g={"__name__":"launcher_agent"};'
-    'exec(compile(m["agent"],"launcher_agent.py","exec"),g);sys.exit(g["main"](m["request"]))'
-)
 AGENT_SOURCE = Path(agent.__file__).read_text()
+PROTOCOL_SOURCE = Path(protocol.__file__).read_text()
 TMUX = shutil.which("tmux") or "tmux"
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
 
@@ -150,12 +149,11 @@ def oldest_python() -> str | None:
 
 def run_boot(request: dict[str, Any], python: str | None = None) -> tuple[int, list[str]]:
     """Run the agent exactly as launcher does inside the container: python3 -c BOOT."""
-    line = json.dumps({"agent": AGENT_SOURCE, "request": request}) + "\n"
     python = python or shutil.which("python3") or sys.executable
     proc = subprocess.run(
-        [python, "-c", BOOT], input=line, capture_output=True, text=True, timeout=30
+        [python, "-c", BOOT], input=payload(request), capture_output=True, timeout=30
     )
-    return proc.returncode, proc.stdout.splitlines()
+    return proc.returncode, proc.stdout.decode().splitlines()
 
 
 # --------------------------------------------------------------------------- envelope
@@ -163,6 +161,14 @@ def run_boot(request: dict[str, Any], python: str | None = None) -> tuple[int, l
 
 def test_agent_source_is_python38_syntax() -> None:
     ast.parse(AGENT_SOURCE, feature_version=(3, 8))
+    ast.parse(PROTOCOL_SOURCE, feature_version=(3, 8))
+
+
+def test_protocol_and_agent_agree() -> None:
+    """The ops the protocol names are the ops the agent handles; every error kind is known."""
+    assert tuple(agent.HANDLERS) == protocol.OPS
+    assert agent.AgentError("bogus", "x").kind == "failed"
+    assert {k for k in protocol.ERROR_KINDS} == set(agent.ERROR_KINDS)
 
 
 def test_unknown_op_is_invalid() -> None:
@@ -435,6 +441,7 @@ def test_corrupt_transfer_is_rejected_and_old_run_untouched(target: Target) -> N
         "name": "verify",
         "status": "failed",
         "detail": result["error"]["message"],
+        "kind": "corrupt",
     }
 
 
@@ -686,7 +693,8 @@ def test_apply_with_the_script_inline_creates_the_workdir(target: Target) -> Non
     request.update(tmp=None, content_b64=base64.b64encode(source.encode()).decode())
     result = agent.run_local(request)
     assert result["ok"] is True, result["error"]
-    assert result["steps"][0]["name"] == "receive"
+    # The paths are checked before anything is written into the workdir.
+    assert [s["name"] for s in result["steps"][:2]] == ["paths", "receive"]
     assert (target.workdir / "train.py").read_text() == source
     assert [p.name for p in target.workdir.iterdir() if ".launcher-" in p.name] == []
 
@@ -701,3 +709,154 @@ def test_inline_script_that_does_not_match_is_corrupt(target: Target) -> None:
     assert [p.name for p in target.workdir.iterdir() if ".launcher-" in p.name] == []
     bad = dict(request, content_b64="not base64!")
     assert agent.run_local(bad)["error"]["kind"] == "corrupt"
+
+
+# --------------------------------------------------------------------------- hostile cases
+
+
+@pytest.mark.parametrize(
+    "workdir", ["/", "//", "///", "/etc", "/usr/lib/x", "/proc/1", "/var", "/tmp", "/home"]
+)
+def test_system_workdirs_are_refused(workdir: str) -> None:
+    request = {"op": "poll", "workdir": workdir, "session": "s"}
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "unsafe_path", result
+
+
+def test_workdir_symlinked_to_root_is_refused_and_nothing_is_touched(target: Target) -> None:
+    link = target.root / "wd-link"
+    link.symlink_to("/")
+    request = target.apply_request(checkpoints="victim", checkpoint_mode="purge")
+    request["workdir"] = str(link)
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "unsafe_path", result
+    assert "resolves to /" in result["error"]["message"]
+    assert not result.get("steps")  # refused before the first step
+    assert not os.path.exists("/.launcher")
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "dest"),
+    [
+        (".launcher", "train.py"),  # launcher's own state: log, exit file, records
+        (".launcher/runs", "train.py"),  # inside it
+        ("code", "code/train.py"),  # contains the script
+        ("train.py", "train.py"),  # is the script
+    ],
+)
+def test_checkpoints_may_not_touch_what_launcher_needs(
+    target: Target, checkpoints: str, dest: str
+) -> None:
+    (target.workdir / ".launcher").mkdir(parents=True)
+    (target.workdir / ".launcher" / "deploys.jsonl").write_text("{}\n")
+    request = target.apply_request(checkpoints=checkpoints, dest=dest, checkpoint_mode="purge")
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "unsafe_path", result
+    assert "launcher needs" in result["error"]["message"]
+    assert (target.workdir / ".launcher" / "deploys.jsonl").read_text() == "{}\n"
+    assert target.state()["exists"] is False
+
+
+def test_checkpoints_behind_a_symlinked_parent_are_refused(target: Target) -> None:
+    outside = target.root / "outside"
+    (outside / "ckpt").mkdir(parents=True)
+    target.workdir.mkdir()
+    (target.workdir / "data").symlink_to(outside)
+    request = target.apply_request(checkpoints="data/ckpt", checkpoint_mode="purge")
+    result = agent.run_local(request)
+    assert result["error"]["kind"] == "unsafe_path", result
+    assert (outside / "ckpt").is_dir()
+
+
+def test_purge_rechecks_right_before_deleting(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoints swapped for a symlink after the guard passed are still not followed."""
+    outside = target.root / "outside"
+    outside.mkdir()
+    (outside / "precious.pt").write_text("keep me")
+    (target.workdir / "checkpoints").mkdir(parents=True)
+    original_stop = agent.Deploy.stop_old
+
+    def stop_then_swap(self: agent.Deploy) -> Any:
+        answer = original_stop(self)
+        shutil.rmtree(target.workdir / "checkpoints")
+        (target.workdir / "checkpoints").symlink_to(outside)
+        return answer
+
+    monkeypatch.setattr(agent.Deploy, "stop_old", stop_then_swap)
+    result = target.apply(checkpoint_mode="purge")
+    assert result["error"]["kind"] == "unsafe_path", result
+    assert (outside / "precious.pt").read_text() == "keep me"
+
+
+def test_env_and_command_travel_in_a_private_file_not_in_argv(target: Target) -> None:
+    secret = "s3cr3t-" + "x" * 20000  # 20 KB: too long for tmux's command line
+    script = (
+        "import os, time\nprint('KEY', len(os.environ['API_KEY']), flush=True)\ntime.sleep(60)\n"
+    )
+    result = target.apply(script, env={"API_KEY": secret})
+    assert result["ok"] is True, result["error"]
+    run_file = target.workdir / ".launcher" / f"{target.session}.run"
+    assert run_file.stat().st_mode & 0o777 == 0o600
+    assert wait_until(lambda: "KEY 20007" in target.poll()["capture"])
+    start_command = tmux_format(target, "#{pane_start_command}")
+    assert "s3cr3t" not in start_command
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                assert b"s3cr3t" not in Path(f"/proc/{name}/cmdline").read_bytes()
+
+
+def test_a_command_too_long_to_run_is_refused_before_the_stop(target: Target) -> None:
+    assert target.apply()["ok"] is True
+    pane_pid = target.state()["pane_pid"]
+    result = target.apply(restart=True, command="echo " + "y" * 200_000)
+    assert result["error"]["kind"] == "invalid"
+    assert "command is" in result["error"]["message"]
+    assert target.state()["pane_pid"] == pane_pid and pid_alive(pane_pid)
+
+
+def test_an_environment_too_large_is_refused_before_the_stop(target: Target) -> None:
+    assert target.apply()["ok"] is True
+    pane_pid = target.state()["pane_pid"]
+    result = target.apply(restart=True, env={"BIG": "z" * (2 << 20)})
+    assert result["error"]["kind"] == "invalid" and "env is" in result["error"]["message"]
+    assert pid_alive(pane_pid)
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("inf"), 1e9])
+def test_grace_is_bounded(target: Target, grace: float) -> None:
+    result = target.apply(grace=grace)
+    assert result["error"]["kind"] == "invalid"
+    assert "grace" in result["error"]["message"]
+
+
+def test_stale_temp_files_of_killed_deploys_are_removed(target: Target) -> None:
+    target.workdir.mkdir(parents=True)
+    stale = target.workdir / ".train.py.launcher-0123456789ab.tmp"
+    stale.write_bytes(b"\0" * (5 << 20))
+    unrelated = target.workdir / ".notes.tmp"
+    unrelated.write_text("mine")
+    result = target.apply()
+    assert result["ok"] is True, result["error"]
+    assert not stale.exists()
+    assert unrelated.read_text() == "mine"
+    assert any(s["name"] == "leftovers" and str(stale) in s["detail"] for s in result["steps"])
+
+
+def test_compile_error_quotes_the_new_script_not_the_installed_one(target: Target) -> None:
+    assert target.apply("x = 1\ny = 2\nz = 3\n", command="sleep 60")["ok"] is True
+    result = target.apply("x = 1\ny = (\nz = 3\n", restart=True, command="sleep 60")
+    message = result["error"]["message"]
+    assert result["error"]["kind"] == "compile"
+    assert "y = (" in message, message
+    assert "y = 2" not in message
+
+
+def test_compile_error_with_another_interpreter_quotes_the_new_script(target: Target) -> None:
+    python = oldest_python() or sys.executable
+    assert target.apply("a = 1\n", command="sleep 60")["ok"] is True
+    result = target.apply("a = [\n", restart=True, command="sleep 60", python=python)
+    assert result["error"]["kind"] == "compile"
+    assert "a = [" in result["error"]["message"]

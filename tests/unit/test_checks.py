@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.checks import (
+from launcher.verify.checks import (
     CheckResult,
     ChecksSpec,
+    Failure,
+    Judge,
+    LossSpec,
     PaneState,
     Poll,
     ThroughputSpec,
@@ -16,9 +19,9 @@ from launcher.checks import (
     evaluate,
     fatal_signs,
     history,
-    worst,
+    worst_verdict,
 )
-from launcher.status import Sample, parse_pane
+from launcher.verify.parse import Fields, Sample, parse_pane
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -61,30 +64,32 @@ def test_healthy_run_passes_everything() -> None:
     assert [r.name for r in results] == [
         "alive",
         "fatal",
+        "restarts",
         "samples",
         "queues.q_pre",
         "queues.q_hs",
         "throughput",
         "step",
         "loss",
+        "finite",
     ]
     assert {r.name: r.verdict for r in results} == dict.fromkeys(
         (r.name for r in results), Verdict.PASS
     )
-    assert worst(results) is Verdict.PASS
+    assert worst_verdict(results) is Verdict.PASS
 
 
 def test_worst() -> None:
     def r(v: Verdict) -> CheckResult:
         return CheckResult("x", v, "", "")
 
-    assert worst([]) is Verdict.PASS
-    assert worst([r(Verdict.PASS), r(Verdict.WARN)]) is Verdict.WARN
-    assert worst([r(Verdict.FAIL), r(Verdict.WARN), r(Verdict.PASS)]) is Verdict.FAIL
+    assert worst_verdict([]) is Verdict.PASS
+    assert worst_verdict([r(Verdict.PASS), r(Verdict.WARN)]) is Verdict.WARN
+    assert worst_verdict([r(Verdict.FAIL), r(Verdict.WARN), r(Verdict.PASS)]) is Verdict.FAIL
 
 
 def test_no_polls_fails() -> None:
-    assert worst(evaluate([], ChecksSpec())) is Verdict.FAIL
+    assert worst_verdict(evaluate([], ChecksSpec())) is Verdict.FAIL
 
 
 # --- history ----------------------------------------------------------------------------------
@@ -130,7 +135,8 @@ def test_fatal_signs_on_a_crash_pane() -> None:
     assert tail[-1] == "Pane is dead (status 1, Sun Nov 30 22:18:00 2025)"
     assert fatal.name == "fatal"
     assert fatal.verdict is Verdict.FAIL
-    assert fatal.observed == "Traceback (most recent call last):"
+    # The traceback and the exception that ended it.
+    assert fatal.observed.startswith("Traceback (most recent call last): … torch.OutOfMemoryError")
 
 
 def test_fatal_finds_a_pattern_split_by_wrapping() -> None:
@@ -154,10 +160,18 @@ def test_fatal_passes_on_a_healthy_pane_and_uses_exit_code() -> None:
 
 
 def test_fatal_remembers_earlier_polls() -> None:
-    polls = [poll(0, line(), "NCCL error: unhandled system error"), poll(60, line(1, step=30))]
+    # The fatal line has scrolled away, and nothing advanced the step since: still fatal.
+    polls = [poll(0, line(), "NCCL error: unhandled system error"), poll(60, line(0, step=10))]
     result = check("fatal", polls)
     assert result.verdict is Verdict.FAIL
     assert "NCCL error" in result.observed
+
+
+def test_fatal_sign_the_run_survived_is_a_warning() -> None:
+    polls = [poll(0, line(), "NCCL error: unhandled system error"), poll(60, line(1, step=30))]
+    result = check("fatal", polls)
+    assert result.verdict is Verdict.WARN
+    assert result.observed.endswith("(the run went on: step 10 → 30)")
 
 
 # --- samples / queues -------------------------------------------------------------------------
@@ -173,7 +187,7 @@ def test_empty_bucket_fails_queues() -> None:
     result = check("queues.q_pre", [poll(0, line(q_pre="[8, 6, 0, 5, 4, 4]"))])
     assert result.verdict is Verdict.FAIL
     assert result.observed == "q_pre=[8, 6, 0, 5, 4, 4] (bucket 3 empty)"
-    assert result.expected == "6 entries, all > 0"
+    assert result.expected == "6 entries, each > 0 at least once in 3 polls"
 
 
 def test_wrong_bucket_count_fails_queues() -> None:
@@ -209,10 +223,10 @@ def tput_polls(*values: float | None) -> list[Poll]:
     ("values", "spec", "verdict"),
     [
         ((0.0, 1.9, 12.3), ThroughputSpec(), Verdict.PASS),  # the seed: warming up
-        ((20.0, 20.0, 20.0), ThroughputSpec(), Verdict.WARN),  # flat, no target
+        ((20.0, 20.0, 20.0), ThroughputSpec(), Verdict.PASS),  # a steady level
         ((20.0, 20.0, 20.0), ThroughputSpec(target=18000), Verdict.PASS),  # plateau at target
         ((20.0, 20.0, 20.0), ThroughputSpec(target=25000), Verdict.WARN),  # flat below target
-        ((20.0, 20.5, 20.4), ThroughputSpec(), Verdict.WARN),  # within the rise margin
+        ((20.0, 20.5, 20.4), ThroughputSpec(), Verdict.PASS),  # steady within the noise
         ((20.0, 22.0, 24.0), ThroughputSpec(target=30000), Verdict.PASS),  # rising
         ((5.0, 3.0, 0.5), ThroughputSpec(), Verdict.FAIL),  # below min
         ((0.1, 0.2, 0.4), ThroughputSpec(), Verdict.FAIL),  # rising but below min
@@ -229,8 +243,11 @@ def test_throughput(
 
 def test_throughput_messages() -> None:
     result = check("throughput", tput_polls(5.0, 3.0, 0.5))
-    assert result.observed == "5.0Ktok/s -> 3.0Ktok/s -> 500tok/s (below minimum)"
-    assert result.expected == ">= 1.0Ktok/s, rising"
+    assert result.observed == (
+        "5.0Ktok/s -> 3.0Ktok/s -> 500tok/s (below minimum; 17% of this run's peak 3.0Ktok/s)"
+    )
+    assert result.kind is Failure.DEFINITE
+    assert result.expected == ">= 1.0Ktok/s, not below 50% of this run's peak"
     assert check("throughput", tput_polls(None)).observed == "no throughput reported"
 
 
@@ -309,3 +326,226 @@ def test_seed_capture_verdicts() -> None:
     assert results["step"].verdict is Verdict.PASS
     assert results["loss"].verdict is Verdict.WARN  # 6.41 after 1.32: early, but worth a look
     assert results["fatal"].verdict is Verdict.PASS
+
+
+# --- the run's own history (Judge) ------------------------------------------------------------
+
+
+def judged(*polls: Poll, spec: ChecksSpec | None = None) -> dict[str, CheckResult]:
+    judge = Judge(spec or ChecksSpec())
+    results: list[CheckResult] = []
+    for p in polls:
+        results = judge.add(p)
+    return by_name(results)
+
+
+def steady(start: int, count: int, *, at: float = 0, **fields: object) -> list[str]:
+    return [line(0, step=start + i, **fields) for i in range(count)]  # type: ignore[arg-type]
+
+
+def test_each_failing_check_says_how_it_counts() -> None:
+    dead = poll(0, line(), dead=True)
+    assert check("alive", [dead]).kind is Failure.IMMEDIATE
+    assert check("samples", [poll(0, "Loading...")]).kind is Failure.PENDING
+    assert check("loss", [poll(0, line(loss="nan"))]).kind is Failure.DEFINITE
+    assert check("queues.q_pre", [poll(0, line(q_pre="---"))]).kind is Failure.PENDING
+    assert check("step", [poll(0, line(step="---"))]).kind is Failure.PENDING
+    assert check("throughput", [poll(0, line())]).kind is None  # passing: no kind
+
+
+def test_throughput_sag_against_the_runs_own_peak() -> None:
+    values = [28.0, 28.3, 27.9, 28.1, 7.0, 7.1, 6.9]
+    polls = [poll(i, line(0, step=i, tput=v)) for i, v in enumerate(values)]
+    result = check("throughput", polls)
+    assert result.kind is Failure.DEFINITE
+    assert result.observed == "throughput 6.9 Ktok/s, 25 % of this run's peak 28.1 Ktok/s"
+
+
+def test_throughput_one_low_reading_among_many_does_not_sag() -> None:
+    # Median of the poll's newest readings: one outlier (a checkpoint being saved) moves nothing.
+    peak = steady(1, 6, tput=28.0)
+    dip = [line(0, step=7, tput=28.1), line(0, step=8, tput=3.0), line(0, step=9, tput=27.9)]
+    result = judged(poll(0, *peak), poll(10, *peak[-3:], *dip))["throughput"]
+    assert result.verdict is Verdict.PASS, result
+
+
+def test_throughput_below_the_floor_but_rising_is_pending() -> None:
+    polls = [poll(i, line(0, step=i, tput=v)) for i, v in enumerate([0.1, 0.2, 0.4, 0.6, 0.8])]
+    result = check("throughput", polls)
+    assert (result.verdict, result.kind) == (Verdict.FAIL, Failure.PENDING)
+    assert result.observed.endswith("(below minimum, rising)")
+
+
+def test_throughput_in_another_unit_is_shown_in_it() -> None:
+    class Iterations(Sample):
+        @property
+        def throughput_unit(self) -> str:
+            return "it/s"
+
+    def sample(i: int, rate: float) -> Sample:
+        return Iterations(i, None, Fields({"step": str(i), "throughput": str(rate)}), f"{i} {rate}")
+
+    samples = tuple(sample(i, r) for i, r in enumerate((6.0, 6.1, 5.9, 1.4, 1.5, 1.4)))
+    state = PaneState(True, False, None, None, "\n".join(s.raw for s in samples))
+    result = check("throughput", [Poll(0, state, samples)], ChecksSpec(throughput={"min": 1}))
+    assert result.observed == "throughput 1.4 it/s, 23 % of this run's peak 6 it/s"
+
+
+@pytest.mark.parametrize(
+    ("losses", "spec", "verdict", "kind", "observed"),
+    [
+        ((1.4, 1.41, 1.39, 1.4, 4.0, 4.1, 4.0), LossSpec(), Verdict.FAIL, Failure.DEFINITE,
+         "loss 4, up 186% from this run's lowest 1.4"),
+        ((1.4, 1.41, 1.39, 1.4, 2.5, 2.5, 2.5), LossSpec(), Verdict.WARN, None,
+         "loss=2.5, lowest 1.39"),
+        ((1.4, 1.41, 1.39, 1.4, 4.0, 4.1, 4.0), LossSpec(max_rise=None), Verdict.WARN, None,
+         "loss=4, lowest 1.39"),
+        ((1.4, 1.41, 1.39, 10.3, 10.35, 10.3), LossSpec(ceiling=10.4), Verdict.FAIL,
+         Failure.DEFINITE, "loss 10.3 near the ceiling 10.4 (it was 1.4)"),
+        ((10.38, 10.37, 10.36), LossSpec(ceiling=10.4), Verdict.FAIL, Failure.PENDING,
+         "loss 10.37 still near the ceiling 10.4 (not learning yet)"),
+        ((1.0, 0.2, 1.0, 1.1, 1.0), LossSpec(), Verdict.WARN, None, "loss=1, lowest 0.2"),
+    ],
+)  # fmt: skip
+def test_loss_against_its_own_history(
+    losses: tuple[float, ...], spec: LossSpec, verdict: Verdict, kind: Failure | None, observed: str
+) -> None:
+    # One lucky low reading (0.2) does not make the lowest for max_rise: a median of three does.
+    lines = [line(0, step=i, loss=f"{v:g}") for i, v in enumerate(losses)]
+    polls = [poll(0, *lines[:-3]), poll(10, *lines)] if len(lines) > 3 else [poll(0, *lines)]
+    result = check("loss", polls, ChecksSpec(loss=spec))
+    assert (result.verdict, result.kind, result.observed) == (verdict, kind, observed)
+
+
+def test_other_numbers_must_stay_finite() -> None:
+    text = "[0m] step=5 loss=2.3100 grad_norm=nan lr=6.00e-04 | (28.0Ktok/s) | q_pre=[1] ETA=inf"
+    result = check("finite", [poll(0, text)])
+    assert (result.verdict, result.kind) == (Verdict.FAIL, Failure.DEFINITE)
+    assert result.observed == "grad_norm=nan (while loss=2.31 looks plausible)"  # ETA=inf is fine
+    recovered = check("finite", [poll(0, text, text.replace("grad_norm=nan", "grad_norm=0.9"))])
+    assert recovered.verdict is Verdict.PASS  # one overflowed step (fp16 loss scaling) passes
+
+
+def test_queues_bursty_pass_drained_fail_at_once() -> None:
+    bursty = [
+        poll(i, line(0, step=i, q_pre="[8, 7, 6, 6, 5, " + ("2]" if i % 3 == 0 else "0]")))
+        for i in range(8)
+    ]
+    result = check("queues.q_pre", bursty)
+    assert result.verdict is Verdict.PASS
+    assert result.observed == "q_pre=[8, 7, 6, 6, 5, 0] (bursty: every bucket filled recently)"
+    drained = [poll(i, line(0, step=i, q_pre="[8, 7, 0, 6, 5, 0]")) for i in range(3)]
+    result = check("queues.q_pre", drained)
+    assert (result.verdict, result.kind) == (Verdict.FAIL, Failure.IMMEDIATE)
+    assert result.observed == "q_pre=[8, 7, 0, 6, 5, 0] (buckets 3, 6 empty in 3 polls)"
+
+
+BANNER_LINES = ("Starting pipeline...", "Pipeline running. Monitoring...")
+
+
+@pytest.mark.parametrize(
+    ("lines", "why"),
+    [
+        ((*steady(1, 30), line(0, step=25)), "step 30 → 25 before the probe"),
+        (
+            (*BANNER_LINES, *steady(1, 10), *BANNER_LINES, line(0, step=11)),
+            "start-up lines repeated ('Starting pipeline...') before the probe",
+        ),
+        (
+            (*steady(1, 9), "[default] Worker group FAILED. 3/3 attempts left; will restart "
+             "worker group", line(0, step=5)),
+            "step 9 → 5 before the probe",
+        ),
+    ],
+)  # fmt: skip
+def test_restart_signs(lines: tuple[str, ...], why: str) -> None:
+    result = check("restarts", [poll(0, *lines)])
+    assert result.verdict is Verdict.WARN  # one restart, before the probe: forgiven
+    assert result.observed == f"restarted once ({why})"
+
+
+def test_restarts_during_the_probe_fail_and_a_new_epoch_is_no_restart() -> None:
+    first = poll(0, *BANNER_LINES, *steady(1, 10))
+    again = poll(10, *BANNER_LINES, *steady(1, 10), *BANNER_LINES, *steady(4, 3))
+    result = check("restarts", [first, again])
+    assert (result.verdict, result.kind) == (Verdict.FAIL, Failure.DEFINITE)
+    assert result.observed == "restarted once (step 10 → 4 at 10 s)"
+    epochs = [f"[0m] step={s} loss=2.0 epoch={e} | (28.0Ktok/s)" for e in (1, 2) for s in (1, 2, 3)]
+    assert check("restarts", [poll(0, *epochs)]).verdict is Verdict.PASS
+
+
+def test_a_new_pane_process_is_a_restart() -> None:
+    def at(t: float, pid: int) -> Poll:
+        state = PaneState(True, False, None, None, "\n".join(steady(1, int(t) + 1)), pane_pid=pid)
+        return Poll(t, state, tuple(parse_pane(state.capture)))
+
+    result = judged(at(0, 100), at(5, 100), at(10, 200))["restarts"]
+    assert result.observed == "restarted once (new process behind the pane (pid 100 → 200) at 10 s)"
+
+
+def test_fatal_sign_then_restart_is_fatal() -> None:
+    lines = (*BANNER_LINES, *steady(1, 5), "Killed", *BANNER_LINES, *steady(1, 3))
+    first = poll(0, *BANNER_LINES, *steady(1, 5))
+    result = judged(first, poll(5, *lines))["fatal"]
+    assert result.verdict is Verdict.FAIL
+    assert result.observed == "Killed (then the run restarted)"
+
+
+def test_finaliser_noise_is_harmless_even_after_lines_of_equal_width() -> None:
+    # Two status lines of the same length, each followed by the noise: with the pane's width
+    # known, nothing is taken for a wrapped row.
+    noise = (
+        "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2c>",
+        "Traceback (most recent call last):",
+        '  File "dataloader.py", line 1478, in __del__',
+        "AssertionError: can only test a child process",
+    )
+    text = "\n".join((line(0, step=1), *noise, line(0, step=2), *noise, line(0, step=3)))
+    state = PaneState(True, False, None, None, text, pane_width=250)
+    result = judged(Poll(0, state, tuple(parse_pane(text, width=250))))["fatal"]
+    assert result.verdict is Verdict.WARN
+    assert result.observed.startswith("finaliser noise, harmless: Exception ignored in")
+
+
+def test_a_torchrun_rank_exit_is_a_fatal_sign() -> None:
+    lines = (*steady(1, 5), "failed (exitcode: -9) local_rank: 3 (pid: 42) of binary: python3")
+    result = check("fatal", [poll(0, *lines)])
+    assert result.verdict is Verdict.FAIL
+    assert result.observed.startswith("failed (exitcode: -9) local_rank: 3")
+
+
+def test_a_half_printed_last_line_waits_for_the_next_poll() -> None:
+    # A live judge takes the newest line only once it is complete (or unchanged).
+    judge = Judge(ChecksSpec(), live=True)
+    start = (*steady(1, 3), "Exception ignored in: <function _Multi")
+    judge.add(poll(0, *start))
+    done = (*steady(1, 3), "Exception ignored in: <function _MultiProcessing...__del__>",
+            "Traceback (most recent call last):", "AssertionError: x", *steady(4, 1))  # fmt: skip
+    results = by_name(judge.add(poll(1, *done)))
+    assert results["fatal"].verdict is Verdict.WARN
+    assert results["fatal"].observed.startswith("finaliser noise")
+
+
+def test_a_live_display_redrawn_below_the_status_lines_is_no_restart() -> None:
+    # A five-row progress display redrawn in place under the log: the previous poll's last
+    # rows are gone, but its last status line is still there to resume after.
+    def at(t: int) -> Poll:
+        footer = [f"epoch 1 {t}%|{'#' * t}", f"  data {t * 3}/300", f"  eta {60 - t}s"]
+        footer += [f"  gpu {t + 50}%", f"  mem {t + 20} GiB"]
+        return poll(t, *steady(1, 5 + t), *footer)
+
+    judge = Judge(ChecksSpec(), live=True)
+    results = [judge.add(at(t)) for t in range(6)][-1]
+    assert by_name(results)["restarts"].verdict is Verdict.PASS
+    assert by_name(results)["step"].observed.startswith("step 10,")
+
+
+def test_start_up_lines_are_learnt_only_from_a_capture_that_starts_at_the_start() -> None:
+    # A capture as long as asked for may begin anywhere: here in an evaluation, which recurs.
+    evaluation = ("***** Running Evaluation *****", "Evaluation done, saving metrics")
+    first = (*evaluation, *steady(100, 20))
+    later = (*first, *evaluation, *steady(120, 5))
+    for lines, verdict in ((len(first), Verdict.PASS), (None, Verdict.FAIL)):
+        judge = Judge(ChecksSpec(), history_lines=lines)
+        judge.add(poll(0, *first))
+        assert by_name(judge.add(poll(10, *later)))["restarts"].verdict is verdict, lines

@@ -48,8 +48,10 @@ def test_json_view(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = check(project, capsys, "--json")
     view = json.loads(out)
     assert code == 0
-    assert view["targets"]["staging"]["vmid"] == 201
-    assert view["targets"]["prod"]["checkpoints"] == "/root/dflash/checkpoints"
+    assert view["schema"] == "launcher.inventory/1"
+    targets = {t["target"]: t for t in view["targets"]}  # a list, like every envelope's
+    assert targets["staging"]["vmid"] == 201
+    assert targets["prod"]["checkpoints"] == "/root/dflash/checkpoints"
     assert view["hosts"]["pve"]["host_key_policy"] == "strict"
 
 

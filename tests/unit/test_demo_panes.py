@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.status import parse_pane
+from launcher.verify.parse import parse_pane
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

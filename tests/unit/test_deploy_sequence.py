@@ -98,74 +98,49 @@ def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> N
     host.expect_agent("apply", APPLIED)
     steps, _ = run_deploy(tmp_path, host)
     assert host.calls == ["push", "agent:preflight", "push", "agent:apply"]
-    assert steps[0].name == "preflight"
+    assert steps[0].name == "upload"
 
 
-def test_dry_run_changes_nothing(tmp_path: Path) -> None:
+def test_dry_run_is_the_transaction_in_plan_mode(tmp_path: Path) -> None:
+    """--dry-run runs the deploy's own checks (in the agent), in one call that changes nothing."""
     host = StrictFakeHost()
-    session = {"exists": True, "pane_dead": False, "dead_status": None, "pane_pid": 4242}
-    host.expect_agent(
-        "preflight",
-        lambda req: preflight(session=session) if req["create_workdir"] is False else {},
-    )
+    seen: dict[str, Any] = {}
+    planned = [
+        {"name": "active_check", "status": "ok", "detail": "restart requested"},
+        {"name": "stop", "status": "planned", "detail": "session 'dflash' (pane pid 4242): C-c"},
+    ]
+
+    def apply(request: dict[str, Any]) -> dict[str, Any]:
+        seen.update(request)
+        return {"ok": True, "error": None, "warnings": [], "steps": planned}
+
+    host.expect_agent("apply", apply)
     steps, _ = run_deploy(tmp_path, host, restart=True, dry_run=True)
-    assert host.calls == ["agent:preflight"]
-    planned = {s.name: s.detail for s in steps if s.status == "planned"}
-    assert "pane pid 4242" in planned["stop"]
-    assert "archived-<UTC time>" in planned["checkpoints"]
+    assert host.calls == ["agent:apply"]
+    assert seen["plan"] is True and seen["restart"] is True
+    assert base64.b64decode(seen["content_b64"]) == SCRIPT
+    assert [(s.name, s.status) for s in steps] == [("active_check", "ok"), ("stop", "planned")]
 
 
 @pytest.mark.parametrize(
-    ("overrides", "options", "code", "message"),
+    ("kind", "code"),
     [
-        ({"tmux": None}, {}, ExitCode.UNREACHABLE, "tmux is not installed in the container"),
-        (
-            {"gpus": {"visible": 2, "error": None, "holders": []}},
-            {},
-            ExitCode.UNREACHABLE,
-            "playbook wants 8 GPUs, 2 visible",
-        ),
-        (
-            {"session": {"exists": True, "pane_dead": False}},
-            {},
-            ExitCode.REFUSED,
-            "session 'dflash' is running; use --restart to replace it",
-        ),
-        (
-            {
-                "lock": {
-                    "operator": "ann@ws",
-                    "from_host": "ws",
-                    "client_pid": 7,
-                    "since": "t",
-                    "stale": False,
-                }
-            },
-            {"restart": True},
-            ExitCode.REFUSED,
-            "another deploy is running: ann@ws from ws (pid 7, since t)",
-        ),
-        (
-            {"checkpoints": {"exists": True, "unsafe": "symlink to /data"}},
-            {},
-            ExitCode.USAGE,
-            "checkpoints path refused: symlink to /data",
-        ),
+        ("missing", ExitCode.UNREACHABLE),
+        ("refused", ExitCode.REFUSED),
+        ("locked", ExitCode.REFUSED),
+        ("unsafe_path", ExitCode.USAGE),
     ],
 )
-@pytest.mark.usefixtures("push_path")
-def test_preflight_failures_stop_before_any_change(
-    tmp_path: Path, overrides: dict[str, Any], options: dict[str, Any], code: ExitCode, message: str
-) -> None:
-    """On a first deploy by push (or --dry-run) the preflight's verdict stops everything."""
+def test_dry_run_refusals_map_to_exit_codes(tmp_path: Path, kind: str, code: ExitCode) -> None:
     host = StrictFakeHost()
-    expect_upload(host, push_code=1)
-    host.expect_agent("preflight", preflight(**overrides))
+    failed = {"name": "check", "status": "failed", "detail": "no", "kind": kind}
+    host.expect_agent(
+        "apply", {"ok": False, "error": {"kind": kind, "message": "no"}, "steps": [failed]}
+    )
     with pytest.raises(LauncherError) as error:
-        run_deploy(tmp_path, host, **options)
+        run_deploy(tmp_path, host, dry_run=True)
     assert error.value.exit_code == code
-    assert error.value.message == f"prod (pve CT 200): {message}"
-    assert host.calls == ["push", "agent:preflight"]
+    assert host.calls == ["agent:apply"]
 
 
 @pytest.mark.parametrize(

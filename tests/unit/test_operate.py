@@ -44,7 +44,7 @@ from launcher.operate import (
 )
 from launcher.remote import resolve_endpoint
 from tests.unit.fakehost import StrictFakeHost
-from tests.unit.projectfiles import load_target, preflight_answer
+from tests.unit.projectfiles import load_target
 
 NO_SESSION = {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None}
 RUNNING = {"exists": True, "pane_dead": False, "dead_status": None, "pane_pid": 42}
@@ -548,27 +548,49 @@ def test_rollback_request_and_refusal(target: Any, tmp_path: Path, monkeypatch: 
 # --------------------------------------------------------------------------- doctor
 
 
-def doctor_preflight(**overrides: Any) -> dict[str, Any]:
-    checkpoints = {"path": "/root/dflash/checkpoints", "exists": False, "unsafe": None}
-    return preflight_answer(**{"session": NO_SESSION, "checkpoints": checkpoints, **overrides})
+PLAN_CHECKS = ["paths", "receive", "lock", "tmux", "resources", "active_check", "gpus",
+               "verify", "compile", "checkpoint_guard", "launch_check"]  # fmt: skip
 
 
-def doctor_host(status: str = "status: running", **pre: Any) -> StrictFakeHost:
+def doctor_plan(failed: dict[str, str] | None = None) -> Any:
+    """The agent's plan-mode answer: every check ok except `failed` (name -> error kind)."""
+    failed = failed or {}
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        assert request["plan"] is True and request["keep_going"] is True
+        steps: list[dict[str, Any]] = []
+        for name in PLAN_CHECKS:
+            if name in failed:
+                steps.append(
+                    {"name": name, "status": "failed", "detail": "no", "kind": failed[name]}
+                )
+            else:
+                steps.append({"name": name, "status": "ok", "detail": "fine"})
+        steps.append({"name": "launch", "status": "planned", "detail": "tmux session"})
+        first = next(iter(failed.items()), None)
+        error = {"kind": first[1], "message": "no"} if first else None
+        return {"ok": not failed, "error": error, "warnings": [], "steps": steps,
+                "preflight": {"python": "3.11.2"}}  # fmt: skip
+
+    return answer
+
+
+def doctor_host(status: str = "status: running", failed: dict[str, str] | None = None) -> Any:
     host = StrictFakeHost()
     host.expect("host", lambda argv: (0, "/usr/sbin/pct\n") if argv[:2] == ["command", "-v"] else 9)
     host.expect("host", lambda argv: (0, status + "\n") if argv[:2] == ["pct", "status"] else 9)
-    host.expect_agent("preflight", doctor_preflight(**pre))
+    host.expect_agent("apply", doctor_plan(failed))
     return host
 
 
-def test_doctor_all_pass(target: Any) -> None:
+def test_doctor_all_pass_shows_the_deploy_checks(target: Any) -> None:
     host = doctor_host()
-    result = doctor(target, host)  # type: ignore[arg-type]
+    result = doctor(target, host)
     host.assert_done()
     assert result.exit_code == ExitCode.OK, result.checks
     assert [c.name for c in result.checks] == [
-        "config", "reachable", "host key", "auth", "pct", "container", "running",
-        "python3", "tmux", "gpus", "disk", "workdir", "lock",
+        "config", "reachable", "host key", "auth", "pct", "container", "running", "python3",
+        *PLAN_CHECKS,
     ]  # fmt: skip
     assert all(c.status == "ok" for c in result.checks)
 
@@ -577,24 +599,21 @@ def test_doctor_stopped_container_exit_3(target: Any) -> None:
     host = StrictFakeHost()
     host.expect("host", lambda argv: (0, "/usr/sbin/pct\n"))
     host.expect("host", lambda argv: (0, "status: stopped\n"))
-    result = doctor(target, host)  # type: ignore[arg-type]
+    result = doctor(target, host)
     host.assert_done()
     assert result.exit_code == ExitCode.UNREACHABLE
     running = next(c for c in result.checks if c.name == "running")
     assert running.status == "failed" and running.fix == "pct start 200"
-    assert next(c for c in result.checks if c.name == "lock").status == "skipped"
+    assert next(c for c in result.checks if c.name == "deploy checks").status == "skipped"
 
 
-def test_doctor_held_lock_exit_4_and_gpus(target: Any) -> None:
-    lock = {"operator": "bob", "from_host": "ws", "client_pid": 1, "since": "t", "stale": False}
-    gpus = {"visible": 2, "names": [], "error": None, "holders": []}
-    host = doctor_host(lock=lock, gpus=gpus)
-    result = doctor(target, host)  # type: ignore[arg-type]
+def test_doctor_shows_every_failed_check_first_decides(target: Any) -> None:
+    host = doctor_host(failed={"resources": "missing", "lock": "locked"})
+    result = doctor(target, host)
     failed = [(c.name, c.exit_code) for c in result.checks if c.status == "failed"]
-    assert failed == [("gpus", ExitCode.UNREACHABLE), ("lock", ExitCode.REFUSED)]
-    assert result.exit_code == ExitCode.UNREACHABLE  # the first failure decides
-    host = doctor_host(lock=lock)
-    assert doctor(target, host).exit_code == ExitCode.REFUSED  # type: ignore[arg-type]
+    assert failed == [("lock", ExitCode.REFUSED), ("resources", ExitCode.UNREACHABLE)]
+    assert result.exit_code == ExitCode.REFUSED  # the first failure decides
+    assert next(c for c in result.checks if c.name == "lock").fix
 
 
 def test_doctor_host_key_and_unreachable(target: Any) -> None:
@@ -604,7 +623,7 @@ def test_doctor_host_key_and_unreachable(target: Any) -> None:
         raise HostKeyError("host key not known", hint="ssh-keyscan -p 22 h >> kh")
 
     host.expect("host", unknown)
-    result = doctor(target, host)  # type: ignore[arg-type]
+    result = doctor(target, host)
     statuses = {c.name: c.status for c in result.checks}
     assert statuses["reachable"] == "ok" and statuses["host key"] == "failed"
     assert statuses["auth"] == "skipped"
@@ -614,7 +633,7 @@ def test_doctor_host_key_and_unreachable(target: Any) -> None:
         raise ConnectError("cannot connect")
 
     host.expect("host", refused)
-    down = doctor(target, host)  # type: ignore[arg-type]
+    down = doctor(target, host)
     host.assert_done()
     assert down.exit_code == ExitCode.UNREACHABLE
     assert {c.name: c.status for c in down.checks}["reachable"] == "failed"

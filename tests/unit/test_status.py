@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.status import Quantity, Sample, logical_lines, parse_line, parse_pane, parse_rate
+from launcher.verify.parse import (
+    DFLASH,
+    Quantity,
+    Sample,
+    clean_text,
+    logical_lines,
+    parse_line,
+    parse_pane,
+    parse_rate,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -134,6 +143,100 @@ def test_last_row_at_the_edge_drops_the_partial_value() -> None:
     assert samples[1].number("lr") is None  # may have been 12e-5 on the next row
 
 
+# --- re-joining rows: only where the capture says a row was wrapped ----------------------------
+# Real tmux captures (tests/fixtures/panes/make_panes.py): 40 status lines each, at 80 and 250
+# columns, taken with -J (as launcher does), without it (rows wrapped at the pane's width) and
+# with the colours kept (-e).
+
+PANES = FIXTURES / "panes"
+REJOIN_CASES = [
+    f"{kind}_{width}col_{variant}.txt"
+    for kind in ("logging", "colour")
+    for width in (80, 250)
+    for variant in ("joined", "wrapped")
+] + ["colour_80col_joined-ansi.txt", "colour_250col_joined-ansi.txt"]
+
+
+@pytest.mark.parametrize("name", REJOIN_CASES)
+def test_prefixed_and_coloured_panes_give_every_status_line(name: str) -> None:
+    text = (PANES / name).read_text(encoding="utf-8")
+    samples = parse_pane(text)
+    base = 0 if name.startswith("logging") else 1000
+    assert [s.step for s in samples] == [base + 19 * i for i in range(40)]
+    assert all(s.numbers("q_pre") is not None for s in samples)
+    assert all(s.throughput is not None and s.throughput >= 27_000 for s in samples)
+    if name.startswith("logging"):
+        assert [s.elapsed_min for s in samples] == [float(i // 10) for i in range(40)]
+    # The same lines whatever the capture: one logical line per line the trainer printed.
+    reference = parse_pane((PANES / f"{name.split('_')[0]}_250col_joined.txt").read_text())
+    assert [s.raw for s in samples] == [s.raw for s in reference]
+
+
+@pytest.mark.parametrize("name", ["progress_80col_wrapped.txt", "progress_80col_joined.txt"])
+def test_progress_bar_pane_lines(name: str) -> None:
+    lines = logical_lines((PANES / name).read_text(encoding="utf-8"))
+    dicts = [line for line in lines if line.startswith("{'loss'")]
+    assert len(dicts) == 40 and all(line.endswith("}") for line in dicts)
+    shown = [line for line in lines if line.strip()][-1]
+    assert shown.lstrip().startswith("10%|")  # what the terminal shows last on that row
+
+
+def test_equal_length_lines_of_one_kind_are_never_merged() -> None:
+    # A -J capture where every line is the longest one: nothing says any row was wrapped.
+    line = "Epoch {} | it {:04d} | loss {:.4f} | lr 6.00e-04 | 12.5Ktok/s | gpu 71.2GB | ok"
+    rows = [line.format(1, 100 + i, 2.0 - i / 100) for i in range(10)]
+    assert len({len(row) for row in rows}) == 1 and len(rows[0]) >= 40
+    assert logical_lines("\n".join(rows)) == rows
+    status_rows = [
+        f"12:00:{i:02d} INFO step={1000 + i} loss=2.0000 lr=6.00e-04 | (1.0Ktok/s)"
+        for i in range(10)
+    ]
+    assert [s.step for s in parse_pane("\n".join(status_rows))] == list(range(1000, 1010))
+
+
+def test_a_wrap_after_a_trimmed_space_inside_a_list_is_joined() -> None:
+    # tmux trims the space the row ended with; the open `[` says the line goes on.
+    row = "[rank0]:[0m] step=1 q_pre=[5, 8,"
+    (sample,) = parse_pane(f"{row}\n9] q_hs=[1]\n", width=len(row) + 1)
+    assert sample.numbers("q_pre") == [5.0, 8.0, 9.0]
+    assert sample.raw == "[rank0]:[0m] step=1 q_pre=[5, 8, 9] q_hs=[1]"
+
+
+def test_a_row_starting_like_its_line_starts_a_line() -> None:
+    rows = ["[rank0]: aaaa bbbb cccc", "[rank0]: dddd eeee ffff"]  # both exactly 23 wide
+    assert logical_lines("\n".join(rows), width=23) == rows
+    rows = ["loss=1 lr=2 aaaa bbbbbb", "loss=3 lr=4 cccc dddddd"]
+    assert logical_lines("\n".join(rows), width=23) == rows
+
+
+def test_dflash_lines_behind_launcher_and_logger_prefixes() -> None:
+    text = "\n".join(
+        [
+            "[rank0]:[3m] step=5 loss=2.0 | (1.5Ktok/s)",
+            "[default1]:2025-11-30 22:10:00,123 - INFO - [4m] step=6 loss=1.9 | (1.6Ktok/s)",
+            "I1130 22:10:01.123456 4242 train.py:42] [5m] step=7 loss=1.8 | (1.7Ktok/s)",
+            "INFO:root:step=8 loss=1.7",
+        ]
+    )
+    samples = parse_pane(text)
+    assert [(s.step, s.elapsed_min) for s in samples] == [(5, 3.0), (6, 4.0), (7, 5.0), (8, None)]
+    assert samples[0].raw.startswith("[rank0]:")  # the line as printed
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("abcdef\rxy", "xycdef"),  # a shorter redraw leaves the tail of the longer text
+        ("abcdef\rxy\x1b[K", "xy"),  # ... unless it erases to the end of the line
+        (" 1%|  | 1/100\r 2%|  | 2/100\r", " 2%|  | 2/100"),
+        ("loss=2.0\r\n", "loss=2.0"),  # CRLF
+        ("\x1b[32mabc\x1b[0m\rX", "Xbc"),
+    ],
+)
+def test_carriage_return_keeps_what_a_terminal_shows(raw: str, shown: str) -> None:
+    assert clean_text(raw).rstrip("\n") == shown
+
+
 def test_shell_prompt_and_other_output_are_not_status_lines() -> None:
     text = "\n".join(
         [
@@ -225,6 +328,7 @@ def test_a_line_without_prefix_needs_two_fields() -> None:
     assert generic.elapsed_min is None
     assert generic.step is None
     assert parse_line("[12m] compiling kernels") == Sample(0, 12.0, {}, "[12m] compiling kernels")
+    assert generic.reading is DFLASH and generic.watched() == {}
 
 
 @pytest.mark.parametrize(
@@ -237,6 +341,8 @@ def test_a_line_without_prefix_needs_two_fields() -> None:
         ("900", 900.0),
         ("900tok/s", 900.0),
         (" 2 Ktok/s ", 2000.0),
+        ("2.5it/s", 2.5),
+        ("64samples/s", 64.0),
     ],
 )
 def test_parse_rate(text: str, rate: float) -> None:

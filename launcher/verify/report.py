@@ -7,9 +7,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any
 
-from launcher.checks import CheckResult, Verdict, history
-from launcher.status import Sample
-from launcher.verify import ProbeResult
+from launcher.termsafe import sanitize
+from launcher.verify.checks import CheckResult, Verdict, history
+from launcher.verify.parse import Sample
+from launcher.verify.prober import ProbeResult
 
 SCHEMA_ID = "launcher.verify/1"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -34,12 +35,15 @@ def sample_summary(sample: Sample, queue_names: Sequence[str]) -> dict[str, Any]
 
 
 def check_json(result: CheckResult) -> dict[str, str]:
-    return {
+    document = {
         "name": result.name,
         "verdict": str(result.verdict),
         "observed": result.observed,
         "expected": result.expected,
     }
+    if result.kind is not None:
+        document["failure"] = str(result.kind)  # immediate | definite | pending
+    return document
 
 
 def to_json(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> dict[str, Any]:
@@ -50,6 +54,7 @@ def to_json(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> dict
         "verdict": probe.verdict,
         "exit_code": int(probe.exit_code),
         "reason": probe.reason,
+        "run": probe.run,
         "checks": [check_json(r) for r in probe.checks],
         "samples": [sample_summary(s, queue_names) for s in probe.samples],
         "timings": probe.timings(),
@@ -84,12 +89,15 @@ def _junit_suite(
             ET.SubElement(case, "error", message=str(deploy.get("error")), type="deploy")
     for result in checks:
         case = ET.SubElement(suite, "testcase", classname=classname, name=result.name)
-        message = f"observed {result.observed}; expected {result.expected}"
         if result.verdict is Verdict.FAIL:
-            failure = ET.SubElement(case, "failure", message=message, type="unhealthy")
-            failure.text = "\n".join(probe.last_lines()) if probe else ""
+            failure = ET.SubElement(
+                case, "failure", message=_junit_message(result), type="unhealthy"
+            )
+            failure.text = _junit_body(result, probe)
         elif result.verdict is Verdict.WARN:
-            ET.SubElement(case, "system-out").text = f"warning: {message}"
+            ET.SubElement(case, "system-out").text = _xml_safe(
+                f"warning: observed {result.observed}; expected {result.expected}"
+            )
     if probe is not None and probe.verdict == "unreachable":
         errors += 1
         case = ET.SubElement(suite, "testcase", classname=classname, name="reachable")
@@ -101,17 +109,70 @@ def _junit_suite(
     return suite
 
 
+# Lines a traceback may add above the tail so that it is shown whole, from its header.
+TRACEBACK_REACH = 200
+HEADER = "Traceback (most recent call last)"
+
+
+def _xml_safe(text: str) -> str:
+    """Container text for XML: terminal controls dropped (XML 1.0 cannot hold most of them)."""
+    return sanitize(text, keep_sgr=False)
+
+
+def _junit_message(result: CheckResult) -> str:
+    """One whole line for the dashboard's summary; the full text is in the element's body."""
+    first = result.observed.splitlines()[0] if result.observed else ""
+    return _xml_safe(f"observed {first}; expected {result.expected}")
+
+
+def _junit_body(result: CheckResult, probe: ProbeResult | None) -> str:
+    parts = [f"observed: {result.observed}", f"expected: {result.expected}"]
+    lines = whole_tail(probe) if probe else []
+    if lines:
+        parts.append("last lines:\n" + "\n".join(lines))
+    return _xml_safe("\n".join(parts))
+
+
+def whole_tail(probe: ProbeResult, count: int = 15) -> list[str]:
+    """The last `count` lines, reaching back to the header of a traceback they start inside.
+
+    A tail that begins in the middle of a traceback hides where it came from; whole lines of
+    the capture are kept, at most TRACEBACK_REACH more.
+    """
+    lines = probe.last_lines(count + TRACEBACK_REACH)
+    start = max(0, len(lines) - count)
+    back = start
+    while back > 0 and _in_traceback(lines[back]) and not lines[back].startswith(HEADER):
+        back -= 1
+    if back < start and lines[back].startswith(HEADER):
+        return lines[back:]
+    return lines[start:]
+
+
+def _in_traceback(line: str) -> bool:
+    return line[:1].isspace() or line.startswith(HEADER) or _chained(line)
+
+
+def _chained(line: str) -> bool:
+    """A line a traceback holds that is not indented: its exception, or the chaining note."""
+    return line.startswith(("During handling", "The above exception")) or (
+        ":" in line and line.split(":", 1)[0].replace(".", "").isidentifier()
+    )
+
+
 def sparkline(values: Sequence[float]) -> str:
+    """Bars scaled from zero to the highest value: a plateau with a little noise looks flat.
+
+    A min-max scale would draw +-2 % noise as the full range of bars; from zero it stays at
+    the top. Negative values are drawn as zero, non-finite ones as "?".
+    """
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return ""
-    low, high = min(finite), max(finite)
-    span = (high - low) or 1.0
+    high = max(max(finite), 0.0) or 1.0
+    top = len(SPARKS) - 1
     return "".join(
-        SPARKS[min(len(SPARKS) - 1, int((v - low) / span * (len(SPARKS) - 1)))]
-        if math.isfinite(v)
-        else "?"
-        for v in values
+        SPARKS[min(top, max(0, round(v / high * top)))] if math.isfinite(v) else "?" for v in values
     )
 
 
@@ -163,7 +224,8 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
     if probe.verdict != "healthy" and probe.last_lines():
         lines.append("  last lines:")
         lines.extend(f"    | {line}" for line in probe.last_lines())
-    return "\n".join(lines)
+    # The observations and last lines are the run's own output: safe for a terminal only so.
+    return sanitize("\n".join(lines), keep_sgr=False)
 
 
 def render_status(
@@ -186,4 +248,4 @@ def render_status(
         lines.append(
             f"  deployed: sha256 {sha} at {record.get('time')} by {record.get('operator')}"
         )
-    return "\n".join(lines)
+    return sanitize("\n".join(lines), keep_sgr=False)

@@ -9,6 +9,11 @@ Field values become: int / float (`nan`, `inf` included), None for "not known ye
 or a value cut off at the end of the capture, a tuple for `[a, b, ...]` lists, `Quantity` for a
 number with a unit (durations normalised to seconds, `Ktok/s` to tok/s), and the raw string for
 anything else. The parenthesised `(12.3Ktok/s)` becomes the field `throughput` in tok/s.
+
+Other formats (JSON lines, Python dicts, `key: value`, regex, progress bars) are read by
+`launcher.verify.formats`, chosen by the playbook's `status:` section and passed as
+`parse_pane`'s `spec`;
+the line handling here (ANSI, `\r` redraws, logging prefixes, wrapped rows) serves them all.
 """
 
 from __future__ import annotations
@@ -19,14 +24,21 @@ import re
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.verify.formats import StatusSpec
 
 __all__ = [
+    "DFLASH",
     "Fields",
     "Quantity",
+    "ReadSample",
+    "Reading",
     "Sample",
     "clean_text",
     "logical_lines",
+    "message_start",
     "parse_line",
     "parse_pane",
     "parse_rate",
@@ -110,13 +122,31 @@ class Fields(Mapping[str, object]):
 
 
 @dataclass(frozen=True, slots=True)
+class Reading:
+    """How a kind of status line was read; one instance is shared by all its samples."""
+
+    format: str = "dflash"
+    unit: str = "tok/s"  # what `Sample.throughput` counts: tok/s, samples/s or it/s
+    watch: tuple[str, ...] = ()  # other numeric fields the format names (must stay finite)
+    progress: bool = False  # a progress bar: redrawn in place, so its line changes every poll
+
+
+DFLASH = Reading()
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One status line."""
 
     index: int  # order in the capture (0-based, among status lines)
-    elapsed_min: float | None  # from the `[Nm]` prefix
+    elapsed_min: float | None  # from the `[Nm]` prefix (or the format's elapsed field)
     fields: Mapping[str, object]
     raw: str  # the logical line (wrapped rows joined, ANSI removed)
+
+    @property
+    def reading(self) -> Reading:
+        """How the line was read: DFlash here, the format's for a `ReadSample`."""
+        return DFLASH
 
     def number(self, key: str) -> float | None:
         """The field as a float; None when missing, unknown (`---`) or not numeric."""
@@ -155,6 +185,14 @@ class Sample:
         return self.number("throughput")
 
     @property
+    def throughput_unit(self) -> str:
+        return self.reading.unit
+
+    def watched(self) -> dict[str, float | None]:
+        """The other numeric fields the format names (e.g. a gradient norm), as floats."""
+        return {name: self.number(name) for name in self.reading.watch}
+
+    @property
     def eta_seconds(self) -> float | None:
         for key in ("ETA", "eta"):
             value = self.fields.get(key)
@@ -163,6 +201,17 @@ class Sample:
             if value is not None:
                 return _as_number(value)
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSample(Sample):
+    """A status line read by a `launcher.verify.formats` reader, which says how it was read.
+
+    A subclass rather than a field of every Sample: the DFlash path makes one Sample per line
+    of a long scrollback, and each field costs its construction time.
+    """
+
+    reading: Reading
 
 
 _NUMERIC = frozenset((int, float))
@@ -219,18 +268,62 @@ _SCALAR_RE = re.compile(
     rf"|(?P<qn>{_NUM})(?P<qu>[A-Za-z%µ]+(?:/[A-Za-z]+)?)"
     r"|(?:(?P<hh>\d+):)?(?P<mm>\d{1,2}):(?P<ss>\d{2})(?:\.\d+)?"
 )
-# A list of integers float() reads as float(int()) does (exactly, and no overflow).
-_INT_LIST_RE = re.compile(r"\[\s*+[-+]?\d{1,300}+\s*+(?:,\s*+[-+]?\d{1,300}+\s*+)*+\]")
+# A list of integers float() reads as float(int()) does (exactly, and no overflow). Spaces and
+# tabs only: `\s` would also take control characters float() refuses.
+_INT_LIST_RE = re.compile(r"\[[ \t]*+[-+]?\d{1,300}+[ \t]*+(?:,[ \t]*+[-+]?\d{1,300}+[ \t]*+)*+\]")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _TOK_RATE_RE = re.compile(r"([kKMG]?)tok/s")
-_RATE_TEXT_RE = re.compile(rf"\s*(?P<n>{_NUM})\s*(?P<m>[kKMG]?)\s*(?:tok/s|tokens/s|t/s|/s)?\s*")
+_RATE_TEXT_RE = re.compile(
+    rf"\s*(?P<n>{_NUM})\s*(?P<m>[kKMG]?)\s*(?:tok/s|tokens/s|t/s|it/s|samples/s|/s)?\s*"
+)
 # Where a continuation row may start after a wrap that fell on a (trimmed) space.
 _FIELD_START_RE = re.compile(r"[A-Za-z_][\w.\-/]*[=~]|\||\(")
 
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_NOT_CONTINUATIONS = ("Pane is dead", "Traceback (")
 _INFER_ROWS = 4000
+_MIN_INFERRED_WIDTH = 40
+
+# What launchers and loggers put before a message, one piece per match: torchrun's `[rank3]:` /
+# `[default3]:`, a tag (`[titan]`, `[INFO]`), timestamps (ISO, bracketed, `%m/%d/%Y`, time
+# only), glog / absl (`I0501 12:00:00.123456 12345 file.py:42]`) and levels (`INFO:root:`,
+# `INFO - `, `INFO     | `); each may be followed by a ` - `, ` | ` or `: ` separator.
+_LOG_PREFIX_RE = re.compile(
+    r"[ \t]*(?:"
+    r"\[(?:rank|default)?\d+\]:?"
+    r"|\[\d{4}-\d\d-\d\d[^\]\n]{0,40}\]"
+    r"|\[[A-Za-z][\w.\-]{0,30}\]"
+    r"|\d{4}[-/]\d\d[-/]\d\d(?:[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)?(?=[ \t\]|])"
+    r"|\d\d/\d\d/\d{4} \d\d:\d\d:\d\d(?:[.,]\d+)?"
+    r"|\d\d:\d\d:\d\d(?:[.,]\d+)?(?=[ \t])"
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\]"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?::[\w.]*:|(?=[ \t\-|:]))"
+    r")(?:[ \t]*[-|:](?=[ \t]))?[ \t]*"
+)
+# After a timestamp or level: the logger's name (`root - `, `__main__:main:42 - `).
+_LOGGER_NAME_RE = re.compile(r"[\w.<>]+(?::[\w.<>]+)*[ \t]+-[ \t]+")
+# Rows that begin a line of their own, so a row above them never continues into them: `[Nm]`,
+# logging prefixes, a tag, a progress bar, a dict or JSON object, tmux's and Python's markers.
+# (Not every prefix above: a wrapped row may well start with `[8, 7]` or `12:00`.)
+_NEW_LINE_RE = re.compile(
+    r"\s*(?:\[\d+(?:\.\d+)?m\]"
+    r"|\[(?:rank|default)\d+\]:"
+    r"|\[?\d{4}[-/]\d\d[-/]\d\d[T ]\d\d:\d\d"
+    r"|\d\d/\d\d/\d{4} \d\d:\d\d"
+    r"|\d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ "
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::|[ \t]+[-|][ \t])"
+    r"|\[[A-Za-z][\w.\-]{0,30}\]"
+    r"|\d{1,3}%\|"
+    r"|\{['\"]"
+    r")"
+    r"|Pane is dead|Traceback \("
+)
+# A row's first token with digit runs as 0: two rows that start alike start two lines alike.
+_HEAD_RE = re.compile(r"\s*(\S{1,24})")
+_DIGITS_RE = re.compile(r"\d+")
+# Erase to the end of the line: what a redraw leaves of the text it overwrote.
+_ERASE_LINE_RE = re.compile(r"\x1b\[[02]?K")
 
 _CUT = object()  # marks a value that was cut off mid-way (list element, `...`)
 
@@ -324,20 +417,43 @@ def _classify(v: str) -> object:
 
 
 def clean_text(text: str) -> str:
-    """Remove ANSI escape sequences (and, in coloured text, stray control characters)."""
+    """Remove ANSI escape sequences (and stray control characters), and resolve `\\r` redraws."""
+    if "\r" in text:
+        text = "\n".join(
+            _last_overwrite(line) if "\r" in line else line for line in text.split("\n")
+        )
     if "\x1b" in text:
         text = _ANSI_RE.sub("", text)
-    if "\r" in text:
-        text = "\n".join(_last_overwrite(line) for line in text.split("\n"))
     return text
 
 
 def _last_overwrite(line: str) -> str:
-    # A carriage return redraws the line: what a terminal shows is the last non-empty redraw.
-    if "\r" not in line:
-        return line
-    parts = [p for p in line.split("\r") if p]
-    return parts[-1] if parts else ""
+    # A carriage return goes back to column 0 and the text after it overwrites what was there,
+    # leaving the tail of a longer earlier text (unless an erase-line cleared it): what a
+    # terminal shows. tqdm pads its redraws, so the bar shown is the last one drawn.
+    screen = ""
+    for part in line.split("\r"):
+        if not part:
+            continue
+        erase = "\x1b" in part and _ERASE_LINE_RE.search(part) is not None
+        shown = _ANSI_RE.sub("", part) if "\x1b" in part else part
+        screen = shown if erase else shown + screen[len(shown) :]
+    return screen
+
+
+def message_start(line: str) -> int:
+    """Where the message starts, after the prefixes launchers and loggers add (0: none).
+
+    `[rank0]:[titan] 2024-05-01 12:00:00,123 - root - INFO - step: 5` -> the index of `step`.
+    """
+    pos = 0
+    while True:
+        m = _LOG_PREFIX_RE.match(line, pos)
+        if (m is None or m.end() == pos) and pos:
+            m = _LOGGER_NAME_RE.match(line, pos)  # only after something else was stripped
+        if m is None or m.end() == pos:
+            return pos
+        pos = m.end()
 
 
 def _display_width(line: str) -> int:
@@ -351,32 +467,76 @@ def _display_width(line: str) -> int:
     return width
 
 
-def _starts_new_line(line: str) -> bool:
-    return _PREFIX_RE.match(line) is not None or line.startswith(_NOT_CONTINUATIONS)
+def _head(row: str) -> str:
+    m = _HEAD_RE.match(row)
+    return _DIGITS_RE.sub("0", m[1]) if m else ""
+
+
+def _continues(lines: list[str], i: int, first: int) -> bool:
+    """Whether row i+1 can carry on the line that began at row `first` (row i being full).
+
+    Not when it is blank, starts a line of its own (`_NEW_LINE_RE`), or starts the way that
+    line started: two rows that begin alike are two lines of the same kind.
+    """
+    nxt = lines[i + 1]
+    return not (not nxt or nxt.isspace() or _NEW_LINE_RE.match(nxt) or _alike(nxt, lines[first]))
+
+
+def _first_char(row: str) -> str:
+    char = row[:1]
+    return row.lstrip()[:1] if char == " " or char == "\t" else char
+
+
+def _alike(row: str, other: str) -> bool:
+    a, b = _first_char(row), _first_char(other)
+    if a != b and not (a.isdigit() and b.isdigit()):
+        return False  # they differ at their first character: no need to compare heads
+    return _head(row) == _head(other)
+
+
+def _unclosed(text: str) -> bool:
+    return (
+        text.count("[") > text.count("]")
+        or text.count("{") > text.count("}")
+        or text.count("(") > text.count(")")
+    )
 
 
 def _infer_width(lines: list[str], widths: list[int]) -> int | None:
-    # Rows wrapped at the pane width all have exactly that width and are followed by a row that
-    # carries on the line. The widest length (>= 40) shared by two such rows is the width; rows
-    # followed by a new status line do not count, so a -J capture whose status lines tie in
-    # length is not mistaken for a wrapped one. The width is the same for the whole capture, so
-    # the last rows are enough evidence (and keep a huge scrollback cheap).
-    counts: dict[int, int] = {}
-    for i in range(max(0, len(lines) - _INFER_ROWS), len(lines) - 1):
-        w = widths[i]
-        if w >= 40:
-            nxt = lines[i + 1]
-            if nxt.strip() and not _starts_new_line(nxt):
-                counts[w] = counts.get(w, 0) + 1
-    shared = [w for w, count in counts.items() if count >= 2]
-    return max(shared, default=None)
+    # A capture taken without -J has no row wider than the pane, and the rows wrapped at its
+    # edge are exactly that wide: the width is the widest row, when at least two rows of that
+    # width carry on into the next row. A -J capture whose longest lines tie in length is not
+    # taken for a wrapped one: the rows after them start lines of their own (by a prefix, or
+    # by starting as those lines did). The width is the same for the whole capture, so the
+    # last rows are enough evidence (and keep a huge scrollback cheap).
+    lo = max(0, len(lines) - _INFER_ROWS)
+    top = max(widths[lo:], default=0)
+    if top < _MIN_INFERRED_WIDTH:
+        return None
+    count = 0
+    first = lo
+    for i in range(lo, len(lines) - 1):
+        if widths[i] != top:
+            continue
+        if i == lo or widths[i - 1] != top:
+            first = i  # a run of full rows: one line, begun at its first row
+        if _continues(lines, i, first):
+            count += 1
+            if count >= 2:
+                return top
+    return None
 
 
 def _split(text: str, width: int | None) -> tuple[list[str], bool]:
     """Logical lines, and whether the last one is cut off (it ran to the pane's edge)."""
     text = clean_text(text)
     lines = text.split("\n")
-    widths = list(map(len, lines)) if text.isascii() else list(map(_display_width, lines))
+    # Trailing spaces do not count: a -J capture keeps them (tqdm pads its rows), tmux trims
+    # them from rows captured without -J.
+    if text.isascii():
+        widths = list(map(len, map(str.rstrip, lines)))
+    else:
+        widths = [_display_width(line.rstrip()) for line in lines]
     if width is None:
         width = _infer_width(lines, widths)
     if width is None or width <= 1:
@@ -389,20 +549,41 @@ def _split(text: str, width: int | None) -> tuple[list[str], bool]:
     while last >= 0 and not lines[last].strip():
         last -= 1
     cut = False
+    new_line = _NEW_LINE_RE.match
+    first, first_char, last_joined = 0, "", -2
     for i in candidates:
+        if last_joined != i - 1:  # row i starts a line (else it carries on the one at `first`)
+            first, first_char = i, lines[i][:1]
         nxt = lines[i + 1] if i + 1 < n else ""
-        if not nxt.strip() or _starts_new_line(nxt):
+        char = nxt[:1]
+        # (_continues, inlined: this loop runs for every full row of a long scrollback; the
+        # heads are compared only when the first characters do not already tell them apart)
+        if (
+            not nxt
+            or nxt.isspace()
+            or new_line(nxt)
+            or (
+                (char == first_char or char in " \t" or (char.isdigit() and first_char.isdigit()))
+                and _alike(nxt, lines[first])
+            )
+        ):
             # The capture ends at the pane's edge: the last value is partial.
             cut = cut or (i == last and widths[i] == width)
             continue
         if widths[i] == width:
             joins[i] = ""
+            last_joined = i
             continue
-        first = i  # a trimmed-space wrap: only inside a status line that began with `[Nm]`
-        while first - 1 in joins:
-            first -= 1
-        if _PREFIX_RE.match(lines[first]) and _FIELD_START_RE.match(nxt):
+        # A wrap right after a space (trimmed): only where the line cannot have ended, in a
+        # status line begun with `[Nm]` when the next row starts a field, or inside an open
+        # `[`, `{` or `(`.
+        head = lines[first]
+        if (
+            _FIELD_START_RE.match(nxt)
+            and (_PREFIX_RE.match(head) or _PREFIX_RE.match(head, message_start(head)))
+        ) or _unclosed("".join(lines[first : i + 1])):
             joins[i] = " "
+            last_joined = i
     if not joins:
         return lines, cut
     out: list[str] = []
@@ -495,11 +676,17 @@ def _fields(raw: dict[str, str | None]) -> Fields:
 
 
 def _parse(line: str, index: int, shapes: _Shapes | None = None) -> Sample | None:
+    body = line
     prefix = _PREFIX_RE.match(line)
+    if prefix is None:
+        start = message_start(line)  # `[rank0]: [3m] step=...`, `INFO:root:step=1 ...`
+        if start:
+            body = line[start:]  # sliced: a field must start a token of the message itself
+            prefix = _PREFIX_RE.match(body)
     if prefix is not None and shapes is not None:
-        fields = shapes.fields(line, prefix.end())
+        fields = shapes.fields(body, prefix.end())
     else:
-        raw = dict(_TOKEN_RE.findall(line, prefix.end() if prefix else 0))
+        raw = dict(_TOKEN_RE.findall(body, prefix.end() if prefix else 0))
         if prefix is None and len(raw) - ("" in raw) < 2:  # two key=value fields, at least
             return None
         fields = _fields(raw)
@@ -524,19 +711,27 @@ def _drop_cut_field(sample: Sample) -> Sample:
 def parse_line(line: str) -> Sample | None:
     """Parse one (already joined) line; None when it is not a status line.
 
-    A status line starts with `[Nm]` or has at least two key=value / key~value fields.
+    A status line starts with `[Nm]` (after any logging prefix) or has at least two key=value /
+    key~value fields.
     """
     return _parse(clean_text(line).replace("\n", " "), 0)
 
 
-def parse_pane(text: str, *, width: int | None = None) -> list[Sample]:
+def parse_pane(
+    text: str, spec: StatusSpec | None = None, *, width: int | None = None
+) -> list[Sample]:
     """All status lines in a captured pane, in order.
 
-    `width` is the pane width when the capture was taken without `-J`: a row of exactly that
-    width continues on the next row. Without it the width is inferred from the rows themselves.
-    A row never continues into one that starts with `[Nm]` or tmux's `Pane is dead`.
+    `spec` is the playbook's `status:` section (None: DFlash-style lines). `width` is the pane
+    width when the capture was taken without `-J`: a row of exactly that width may continue on
+    the next row. Without it the width is inferred from the rows themselves. A row never
+    continues into one that starts a line of its own (`[Nm]`, a logging prefix, tmux's
+    `Pane is dead`, ...) or starts the way the line it would continue started.
     """
     lines, cut = _split(text, width)
+    reader = spec.reader() if spec is not None else None
+    if reader is not None:
+        return reader.read(lines, cut)
     samples: list[Sample] = []
     # The objects made here hold no reference cycles, so pausing the cyclic collector only saves
     # it rescanning them: about a third of the time on a long scrollback.

@@ -1,0 +1,222 @@
+"""The Python API: launcher as a library. The CLI and the Fabric tasks are thin layers on top.
+
+    from launcher import Launcher
+
+    with Launcher("inventory.yaml") as l:
+        report = l.deploy("prod", restart=True)    # DeployReport
+        result = l.verify("prod", wait=180)        # ProbeResult; result.exit_code 0 or 1
+
+A run that is judged (verify, status) comes back as a result with its exit code, healthy or
+not. Everything that stops an operation raises a LauncherError whose `exit_code` is the one
+the CLI would exit with: 2 bad input, 3 unreachable, 4 refused. One SSH connection per host
+is opened on first use and kept until close() (or the end of the `with` block).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.cluster import place
+from launcher.config import Inventory, Target, inventory_path, load_inventory
+from launcher.deploy import CheckpointMode, DeployOptions, DeployReport, Step, deploy
+from launcher.doctor import DoctorResult, doctor
+from launcher.errors import ExitCode, UnhealthyError, UsageError
+from launcher.fleet import FleetContext
+from launcher.operate import (
+    HistoryResult,
+    LogsResult,
+    RollbackResult,
+    StopResult,
+    history,
+    logs,
+    rollback,
+    stop,
+)
+from launcher.remote import Connection, ConnectionPool
+from launcher.verify.prober import ProbeResult
+from launcher.verify.workflows import ProbeOverrides, run_probe, status_work
+
+LineSink = Callable[[str], None]
+
+
+@dataclass
+class StatusResult:
+    """One poll of the run, judged at once, plus what the last deploy recorded."""
+
+    exit_code: ExitCode
+    summary: str
+    probe: ProbeResult
+    record: dict[str, Any] | None = None  # the newest deploy record in the container
+    log_age: float | None = None  # seconds since the run's log was last written
+
+    @property
+    def healthy(self) -> bool:
+        return self.exit_code == ExitCode.OK
+
+
+class Launcher:
+    """One inventory and the SSH connections to its hosts; see the module docstring."""
+
+    def __init__(
+        self,
+        inventory: str | os.PathLike[str] | None = None,
+        *,
+        on_line: LineSink | None = None,
+    ) -> None:
+        """Load and validate the inventory (a ConfigError, exit code 2, names file and line).
+
+        Without a path: $LAUNCHER_INVENTORY, else ./inventory.yaml, as for the CLI.
+        `on_line` receives the progress lines the CLI would print (steps, polls).
+        """
+        self.inventory: Inventory = load_inventory(
+            inventory_path(None if inventory is None else os.fspath(inventory))
+        )
+        self._say: LineSink = on_line or (lambda line: None)
+        self._pool = ConnectionPool()
+
+    # -- targets and connections ------------------------------------------------------------
+
+    def targets(self, *names: str) -> list[str]:
+        """Target names for names, `a,b` lists and groups (none: default_target; no: all)."""
+        return self.inventory.resolve_names(list(names))
+
+    def target(self, name: str | None = None) -> Target:
+        """The target's settings (host, VMID, playbook); an unknown name is a UsageError."""
+        resolved = self.inventory.resolve_names([name] if name else [])
+        if len(resolved) != 1:
+            raise UsageError(f"{name!r} names {len(resolved)} targets; pass a single target")
+        return self.inventory.target(resolved[0])
+
+    def _connect(self, name: str | None) -> tuple[Target, Connection]:
+        """The target (a cluster target on the node running its VMID now) and its connection."""
+        target = place(self.target(name), self._pool)
+        return target, self._pool.get(target.host_name, target.host)
+
+    def _context(self, name: str | None) -> FleetContext:
+        target, conn = self._connect(name)
+        return FleetContext(target, conn, threading.Event(), self._say)
+
+    # -- workflows ----------------------------------------------------------------------
+
+    def deploy(
+        self,
+        target: str | None = None,
+        *,
+        restart: bool = False,
+        dry_run: bool = False,
+        checkpoints: CheckpointMode = "archive",
+        grace: float | None = None,
+        kill_gpu_holders: bool = False,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> DeployReport:
+        """Upload the script (verified), stop the old run (with `restart`), launch it.
+
+        An active run without `restart` raises RefusedError (exit code 4).
+        """
+        resolved, conn = self._connect(target)
+        options = DeployOptions(
+            restart=restart,
+            dry_run=dry_run,
+            checkpoint_mode=checkpoints,
+            grace=grace,
+            kill_gpu_holders=kill_gpu_holders,
+        )
+        return deploy(resolved, conn, options, on_step=on_step or (lambda step: None))
+
+    def verify(
+        self,
+        target: str | None = None,
+        *,
+        wait: float | None = None,
+        interval: float | None = None,
+        window: float | None = None,
+        successes: int | None = None,
+        failure_threshold: int | None = None,
+        check: bool = False,
+    ) -> ProbeResult:
+        """The startup probe. Unset settings come from the playbook's `verify:` section.
+
+        The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
+        `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
+        """
+        overrides = ProbeOverrides(wait, interval, window, successes, failure_threshold)
+        result = run_probe(self._context(target), overrides)
+        if check and result.exit_code != ExitCode.OK:
+            raise UnhealthyError(f"{result.verdict}: {result.reason}")
+        return result
+
+    def status(self, target: str | None = None) -> StatusResult:
+        """One poll judged at once: exit_code 1 when any check fails or no session runs."""
+        outcome = status_work(self._context(target))
+        data = outcome.data
+        return StatusResult(
+            outcome.exit_code, outcome.summary, data["probe"], data["record"], data["log_age"]
+        )
+
+    def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
+        """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
+        resolved, conn = self._connect(target)
+        return stop(resolved, conn, grace=grace)
+
+    def logs(
+        self,
+        target: str | None = None,
+        *,
+        tail: int = 50,
+        raw: bool = False,
+        follow: bool = False,
+        on_line: LineSink | None = None,
+    ) -> LogsResult:
+        """The last `tail` lines of the run's log (result.lines); `follow` streams new lines to
+        `on_line` until the run ends."""
+        resolved, conn = self._connect(target)
+        return logs(
+            resolved, conn, tail=tail, raw=raw, follow=follow, on_line=on_line or (lambda _: None)
+        )
+
+    def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
+        """The deploy records kept in the container, newest first."""
+        resolved, conn = self._connect(target)
+        return history(resolved, conn, limit=limit)
+
+    def rollback(
+        self,
+        target: str | None = None,
+        *,
+        restart: bool = False,
+        grace: float | None = None,
+        keep_checkpoints: bool = False,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> RollbackResult:
+        """Put the previous script version back and relaunch; refuses (exit code 4) without
+        one, or with an active run and no `restart`."""
+        resolved, conn = self._connect(target)
+        return rollback(
+            resolved,
+            conn,
+            restart=restart,
+            grace=grace,
+            keep_checkpoints=keep_checkpoints,
+            on_step=on_step or (lambda step: None),
+        )
+
+    def doctor(self, target: str | None = None) -> DoctorResult:
+        """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
+        resolved, conn = self._connect(target)
+        return doctor(resolved, conn)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every SSH connection (the Launcher can be used again: they reopen)."""
+        self._pool.close()
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

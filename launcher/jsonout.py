@@ -1,0 +1,39 @@
+"""The one JSON envelope every `--json` output shares (schemas: launcher/schemas/*.schema.json).
+
+`{"schema": "launcher.<command>/1", "exit_code": N, "targets": [...], ...}`: the same keys for one
+target and for many. With exactly one target, that target's fields are repeated at the top level,
+which is how a one-target document looked before the envelope: scripts written for it keep working.
+Only json and click are imported here; the result models live in launcher.schemas.models.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+ENVELOPE_KEYS = ("schema", "exit_code", "targets")
+
+
+def envelope(
+    command: str,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    exit_code: int,
+    per_target: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The document for `command`; `extra` holds keys beside `targets` (inventory, buckets)."""
+    document: dict[str, Any] = {"schema": f"launcher.{command}/1", "exit_code": int(exit_code)}
+    if per_target and len(items) == 1:
+        document.update((k, v) for k, v in items[0].items() if k not in ENVELOPE_KEYS)
+    document.update(extra)
+    document["targets"] = [dict(item) for item in items]
+    return document
+
+
+def emit(document: Mapping[str, Any]) -> None:
+    """One document on stdout; progress and errors never go there."""
+    click.echo(json.dumps(document, indent=2))

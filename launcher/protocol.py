@@ -1,0 +1,290 @@
+"""The contract between launcher and its in-container agent: every op's request and answer.
+
+This file travels with the agent: the client sends its source next to agent.py's, and both run
+in one namespace inside the container. So it has to run on whatever python3 the container has
+(Python 3.8 syntax, standard library only) and define nothing but names and types. The client
+(`launcher.agentclient`) builds requests and reads answers only through these types, and the
+agent uses the same names and constants: there is no second copy to drift.
+
+Every answer is an envelope::
+
+    {"ok": bool, "op": str, "error": AgentErrorInfo | None, "warnings": [str], ...op data}
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# Shared constants: the client sends them, the agent defaults to them.
+LOCK_PATH = "/run/launcher/deploy.lock"
+STATE_DIR = ".launcher"
+PANE_WIDTH = 250
+PANE_HEIGHT = 50
+HISTORY_LIMIT = 100_000
+
+OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback")
+# Ops whose stdout carries a stream (log bytes): their envelope is the last line on stderr.
+STREAMING_OPS = ("follow",)
+# A workdir may not be one of SYSTEM_DIRS nor lie below one of SYSTEM_TREES: checkpoints under it
+# are moved and deleted. The config checks the written path, the agent the real one.
+SYSTEM_TREES = (
+    "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/usr", "/etc",
+)  # fmt: skip
+SYSTEM_DIRS = (
+    *SYSTEM_TREES, "/", "/run", "/var", "/home", "/tmp", "/opt", "/srv", "/mnt", "/media",
+    "/var/lib", "/var/tmp", "/run/launcher",
+)  # fmt: skip
+
+
+def system_path_problem(path: str) -> str | None:
+    """Why `path` (absolute, normalised) cannot be a workdir, or None."""
+    if path in SYSTEM_DIRS:
+        return f"{path} is a system directory"
+    for tree in SYSTEM_TREES:
+        if path.startswith(tree + "/"):
+            return f"{path} is inside the system directory {tree}"
+    return None
+
+
+# Error kinds an answer can carry; the client maps each onto one exit code.
+ERROR_KINDS = ("refused", "locked", "unsafe_path", "corrupt", "compile", "missing", "invalid",
+               "failed")  # fmt: skip
+
+
+class AgentErrorInfo(TypedDict, total=False):
+    kind: str
+    message: str
+    holder: dict[str, Any]  # locked: who holds the deploy lock
+    holders: list[dict[str, Any]]  # refused for GPUs: the processes holding them
+
+
+class Operator(TypedDict):
+    user: str
+    host: str
+    pid: int
+
+
+class SessionState(TypedDict):
+    exists: bool
+    pane_dead: bool | None
+    dead_status: int | None
+    pane_pid: int | None
+    width: int | None
+    run: str | None  # the run marker "session:run-id" of the deploy that launched it
+
+
+class GpuHolder(TypedDict, total=False):
+    pid: int
+    name: str
+    used_memory: int | None
+    command: str | None
+
+
+class GpuReport(TypedDict):
+    visible: int
+    names: list[str]
+    error: str | None
+    holders: list[GpuHolder]
+    skipped: bool
+
+
+class LockState(TypedDict, total=False):
+    operator: str | None
+    from_host: str | None
+    client_pid: int | None
+    agent_pid: int | None
+    since: str | None
+    raw: str
+    stale: bool
+
+
+class Step(TypedDict, total=False):
+    name: str
+    status: str  # ok | unchanged | skipped | warning | failed | planned
+    detail: str
+    seconds: float
+    kind: str  # failed steps: the error kind
+
+
+class StopReport(TypedDict):
+    was_running: bool
+    session_existed: bool
+    pids: list[int]
+    forced: bool
+    leftover: list[int]
+    gpu_holders: list[GpuHolder]  # the run's own processes still listed by nvidia-smi
+    gpu_others: list[GpuHolder]  # processes outside the run holding GPUs
+
+
+class Envelope(TypedDict):
+    ok: bool
+    op: str
+    error: AgentErrorInfo | None
+    warnings: list[str]
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class PreflightRequest(TypedDict, total=False):
+    op: str
+    workdir: str
+    session: str
+    dest: str
+    checkpoints: str | None
+    gpus: int
+    need_bytes: int  # free bytes a deploy needs (script, its .prev copy, a margin)
+    create_workdir: bool
+    lock_path: str
+
+
+class TransactionRequest(TypedDict, total=False):
+    """apply (deploy) and rollback: one locked transaction, or (plan) its checks alone."""
+
+    op: str
+    workdir: str
+    dest: str
+    session: str
+    restart: bool
+    kill_gpu_holders: bool
+    grace: float
+    checkpoints: str | None
+    checkpoint_mode: str  # archive | purge | keep
+    keep_archives: int
+    command: str
+    env: dict[str, str]
+    width: int
+    height: int
+    history_limit: int
+    gpus: int
+    lock_path: str
+    operator: Operator
+    record: dict[str, Any]
+    # The script: inline (base64) or pushed before to `tmp`; its sha256 is checked either way.
+    content_b64: str | None
+    tmp: str | None
+    sha256: str
+    check_resources: bool
+    need_bytes: int
+    plan: bool  # run every check, change nothing, answer the planned steps
+    keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
+
+
+class StopRequest(TypedDict):
+    op: str
+    session: str
+    grace: float
+    gpus: int
+    lock_path: str
+    operator: Operator
+
+
+class PollRequest(TypedDict, total=False):
+    op: str
+    workdir: str
+    session: str
+    lines: int
+    lock_path: str
+
+
+class LogsRequest(TypedDict):
+    op: str
+    workdir: str
+    session: str
+    lines: int
+    raw: bool
+
+
+class FollowRequest(TypedDict):
+    op: str
+    workdir: str
+    session: str
+    offset: int
+    heartbeat: float
+    interval: float
+
+
+class HistoryRequest(TypedDict):
+    op: str
+    workdir: str
+    limit: int
+
+
+# --------------------------------------------------------------------------- answers
+
+
+class WorkdirInfo(TypedDict):
+    exists: bool
+    writable: bool
+    created: bool
+
+
+class CheckpointsInfo(TypedDict):
+    path: str
+    exists: bool
+    unsafe: str | None
+
+
+class PreflightAnswer(Envelope):
+    python: str
+    tmux: str | None
+    workdir: WorkdirInfo
+    free_bytes: int | None
+    gpus: GpuReport
+    session: SessionState
+    dest_sha256: str | None
+    checkpoints: CheckpointsInfo | None
+    lock: LockState | None
+
+
+class TransactionAnswer(Envelope, total=False):
+    steps: list[Step]
+    script: dict[str, Any] | None
+    stopped: StopReport | None
+    checkpoints: dict[str, Any] | None
+    launched: dict[str, Any] | None
+    record: dict[str, Any] | None
+    preflight: dict[str, Any] | None
+
+
+class StopAnswer(Envelope):
+    stopped: StopReport
+
+
+class PollAnswer(Envelope):
+    session: SessionState
+    capture: str
+    exit_code: int | None
+    now: float
+    record: dict[str, Any] | None
+    log_age: float | None
+    lock: LockState | None  # a deploy in progress (its run is about to replace this one)
+
+
+class LogsAnswer(Envelope):
+    source: str  # log | pane
+    log_file: str
+    log_exists: bool
+    lines: list[str]
+    partial: str
+    offset: int
+    session: SessionState
+    exit_code: int | None
+
+
+class RunEnd(TypedDict):
+    reason: str
+    exit_code: int | None
+
+
+class FollowAnswer(Envelope):
+    ended: RunEnd | None
+    client_gone: bool
+    offset: int
+
+
+class HistoryAnswer(Envelope):
+    path: str
+    records: list[dict[str, Any]]
+    total: int

@@ -1,0 +1,164 @@
+"""What a watcher remembers across its own restarts (systemd's Restart=, a reboot).
+
+One JSON file per inventory under the user's state directory ($XDG_STATE_HOME/launcher/watch/,
+or ~/.local/state/launcher/watch/), written atomically after every change: each target's last
+known run and status and the restarts made for it (so a restarted watcher neither reports a
+transition again nor forgets how many restarts the window has left), and the outbox, the
+notifications not yet delivered to every destination. An events log (`.events.jsonl`) next to
+it keeps every event. An exclusive lock stops a second watcher on the same file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from launcher.errors import RefusedError, UsageError
+from launcher.watch.events import Event
+
+# Delivered events are forgotten; undelivered ones are kept up to this many (the oldest go).
+OUTBOX_LIMIT = 500
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "launcher" / "watch"
+
+
+def default_state_path(inventory: Path) -> Path:
+    """One state file per inventory (two inventories watched side by side do not mix)."""
+    key = hashlib.sha256(str(inventory.resolve()).encode()).hexdigest()[:12]
+    return state_dir() / f"{inventory.stem}-{key}.json"
+
+
+@dataclass
+class TargetRecord:
+    run: str | None = None
+    status: str = "starting"
+    reachable: bool = True
+    restarts: list[float] = field(default_factory=list)  # epoch seconds of the watcher's restarts
+    gave_up_run: str | None = None  # the run left stopped (not restarted again)
+    bad: bool = False  # unhealthy since the last healthy verdict (its end is "recovered")
+
+
+@dataclass
+class _Pending:
+    event: dict[str, Any]
+    destinations: list[str]
+
+
+class WatchState:
+    """The persisted state; every method is thread-safe and saves before it returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events_path = path.with_suffix(".events.jsonl")
+        self._lock = threading.Lock()
+        self._flock: IO[str] | None = None
+        self.targets: dict[str, TargetRecord] = {}
+        self._outbox: dict[str, _Pending] = {}
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def open(self) -> WatchState:
+        """Take the file's lock (refused, exit 4, if another watcher holds it) and load it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path.with_suffix(".lock"), "a+", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise UsageError(f"watch state {self.path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise RefusedError(
+                f"another watcher uses the state file {self.path}",
+                hint="stop it first, or give this one its own file with --state",
+            ) from None
+        self._flock = handle
+        self._load()
+        return self
+
+    def close(self) -> None:
+        if self._flock is not None:
+            self._flock.close()
+            self._flock = None
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"watch state {self.path} cannot be read ({exc}); move it away to start afresh"
+            ) from None
+        try:
+            self.targets = {
+                name: TargetRecord(**record) for name, record in data.get("targets", {}).items()
+            }
+            self._outbox = {key: _Pending(**entry) for key, entry in data.get("outbox", {}).items()}
+        except TypeError as exc:
+            raise UsageError(
+                f"watch state {self.path} has an unknown layout ({exc}); move it away"
+            ) from None
+
+    def _save(self) -> None:
+        doc = {
+            "version": 1,
+            "targets": {name: asdict(record) for name, record in self.targets.items()},
+            "outbox": {key: asdict(entry) for key, entry in self._outbox.items()},
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    # -- targets --------------------------------------------------------------------------
+
+    def record(self, target: str) -> TargetRecord:
+        with self._lock:
+            found = self.targets.get(target)
+            return TargetRecord(**asdict(found)) if found else TargetRecord()
+
+    def update(self, target: str, record: TargetRecord) -> None:
+        with self._lock:
+            self.targets[target] = TargetRecord(**asdict(record))
+            self._save()
+
+    # -- events and the outbox ------------------------------------------------------------
+
+    def add_event(self, event: Event, destinations: list[str]) -> None:
+        """Log the event and, when it is to be sent, queue it for every destination."""
+        with self._lock:
+            with self.events_path.open("a", encoding="utf-8") as log:
+                log.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
+            if destinations:
+                self._outbox[event.id] = _Pending(event.to_json(), list(destinations))
+                while len(self._outbox) > OUTBOX_LIMIT:
+                    del self._outbox[next(iter(self._outbox))]
+            self._save()
+
+    def delivered(self, event_id: str, destination: str) -> None:
+        """One destination has the event (or gave up on it): never send it there again."""
+        with self._lock:
+            entry = self._outbox.get(event_id)
+            if entry is None or destination not in entry.destinations:
+                return
+            entry.destinations.remove(destination)
+            if not entry.destinations:
+                del self._outbox[event_id]
+            self._save()
+
+    def undelivered(self) -> list[tuple[Event, list[str]]]:
+        """What an earlier watcher queued and could not deliver, oldest first."""
+        with self._lock:
+            return [
+                (Event.from_json(entry.event), list(entry.destinations))
+                for entry in self._outbox.values()
+            ]

@@ -1,0 +1,84 @@
+"""The Python API against the sandbox: the README's examples run as written, and its errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import Launcher
+from launcher.errors import ConfigError, ExitCode, RemoteError
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+VMID = 202
+
+
+def readme_examples(section: str) -> list[str]:
+    """The ```python blocks of one `## section` of the README, in order."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, f"README has no '## {section}' section"
+    return re.findall(r"^```python\n(.*?)^```", match.group(1), re.S | re.M)
+
+
+def test_readme_examples_run_against_the_sandbox(project: Project) -> None:
+    examples = readme_examples("Python API")
+    assert len(examples) >= 2
+    project.write({"prod": (VMID, project.playbook("apidemo"))})
+    # One interpreter for all blocks, in the project's directory (inventory.yaml is there).
+    program = "\n\n".join(examples)
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    out = result.stdout
+    assert "healthy" in out.splitlines()[1]
+    assert "refused:" in out and "exit code 4" in out
+    assert "not healthy: True" in out
+    assert project.processes(VMID, "train_demo.py") == []  # l.stop() stopped it
+
+
+def test_errors_carry_the_cli_exit_codes(project: Project, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts: {}\ntargets:\n  prod: {host: nowhere, vmid: 5, playbook: x.yaml}\n")
+    with pytest.raises(ConfigError) as config_error:
+        Launcher(bad)
+    assert config_error.value.exit_code == ExitCode.USAGE
+    assert f"{bad}:3: targets.prod.host: unknown host 'nowhere'" in str(config_error.value)
+
+    # A closed port: unreachable, exit code 3, raised (not a result).
+    closed = project.host(port=1, connect_timeout=2)
+    project.write({"prod": (VMID, project.playbook("apidemo"))}, host=closed)
+    with Launcher(project.inventory) as launcher, pytest.raises(RemoteError) as remote_error:
+        launcher.status("prod")
+    assert remote_error.value.exit_code == ExitCode.UNREACHABLE
+
+
+def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
+    project.write({"prod": (VMID, project.playbook("apidemo"))})
+    before = _accepted(project)
+    lines: list[str] = []
+    with Launcher(project.inventory, on_line=lines.append) as launcher:
+        report = launcher.deploy(restart=True)  # default_target
+        status = launcher.status()
+        stopped = launcher.stop()
+    assert len(report.sha256) == 64 and any(s.name == "launch" for s in report.steps)
+    assert status.probe.run is not None and status.record is not None
+    assert stopped.exit_code == ExitCode.OK
+    assert _accepted(project) - before == 1  # three operations, one SSH connection
+
+
+def _accepted(project: Project) -> int:
+    log = project.info.state_dir / "sshd.log"
+    return log.read_text(errors="replace").count("Accepted publickey")

@@ -1,0 +1,94 @@
+"""A cluster target follows its container from one sandbox node to the other (pvesh, 2 sshds)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.sandbox import cluster as sandbox_cluster
+from launcher.sandbox.cluster import ClusterInfo
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+VMID = 201
+
+
+@pytest.fixture
+def pve(sandbox: tuple[Sandbox, SandboxInfo]) -> Iterator[ClusterInfo]:
+    sb, _ = sandbox
+    info = sandbox_cluster.up(sb)
+    yield info
+    sandbox_cluster.migrate(sb, VMID, sandbox_cluster.FIRST)  # back where the others expect it
+
+
+def write_cluster_inventory(project: Project, pve: ClusterInfo, **cluster: object) -> Path:
+    project.write({"prod": (VMID, project.playbook("pvedemo"))})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["clusters"] = {"pve": {**pve.inventory(project.sandbox), **cluster}}
+    inventory["targets"]["prod"] = {
+        "cluster": "pve",
+        "vmid": VMID,
+        "playbook": "playbooks/prod.yaml",
+    }
+    del inventory["hosts"]
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return project.inventory
+
+
+def sessions(node: sandbox_cluster.Node) -> int:
+    """SSH logins the node's sshd has accepted so far."""
+    return node.log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_cluster_target_follows_a_migrated_container(project: Project, pve: ClusterInfo) -> None:
+    write_cluster_inventory(project, pve, entry=["pve1"])
+    first, second = pve.nodes["pve1"], pve.nodes["pve2"]
+
+    before = sessions(second)
+    deployed = project.launcher("deploy", "--restart", "-t", "prod")
+    assert deployed.returncode == 0, deployed.stderr
+    assert "pve/pve1 CT 201" in deployed.stdout
+    assert sessions(second) == before  # pve1 answered pvesh and runs the container
+
+    sandbox_cluster.migrate(project.sandbox, VMID, "pve2")
+    before_first, before_second = sessions(first), sessions(second)
+    status = project.launcher("status", "-t", "prod")
+    assert status.returncode == 0, status.stdout + status.stderr
+    # pvesh was asked on the entry node (pve1), the container was reached through pve2's sshd,
+    # whose pct refuses VMIDs of other nodes: the call went where the container runs now.
+    assert sessions(first) == before_first + 1
+    assert sessions(second) == before_second + 1
+
+    deployed = project.launcher("deploy", "--restart", "-t", "prod")
+    assert deployed.returncode == 0, deployed.stderr
+    assert "pve/pve2 CT 201" in deployed.stdout
+
+
+def test_the_second_node_refuses_a_container_it_does_not_run(
+    project: Project, pve: ClusterInfo
+) -> None:
+    # The inventory names pve2 as a plain host: CT 201 runs on pve1, so pct there refuses (3).
+    write_cluster_inventory(project, pve)
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["hosts"] = {"pve2": inventory["clusters"]["pve"]["nodes"]["pve2"]}
+    inventory["targets"]["prod"] = {"host": "pve2", "vmid": VMID, "playbook": "playbooks/prod.yaml"}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    status = project.launcher("status", "-t", "prod")
+    assert status.returncode == 3, status.stdout + status.stderr
+
+
+def test_unreachable_entry_nodes_exit_3_naming_each(project: Project, pve: ClusterInfo) -> None:
+    write_cluster_inventory(project, pve)
+    inventory = yaml.safe_load(project.inventory.read_text())
+    for node in inventory["clusters"]["pve"]["nodes"].values():
+        node.update(port=1, connect_timeout=2)
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    status = project.launcher("status", "-t", "prod")
+    assert status.returncode == 3
+    assert "cluster pve: no entry node could tell where VMID 201 runs" in status.stderr
+    assert "pve1:" in status.stderr and "pve2:" in status.stderr

@@ -1,0 +1,144 @@
+"""Every agent op, called through AgentClient against the real agent in a sandbox container:
+each answer carries exactly the keys its protocol type promises (the contract cannot drift)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from launcher import protocol as p
+from launcher.agentclient import AgentClient, AgentFailure
+from launcher.config import load_inventory
+from launcher.container import Container
+from launcher.deploy import operator_info, transaction_request
+from launcher.remote import ConnectionPool
+from tests.e2e.project import DEMO_TRAINER, Project
+
+pytestmark = pytest.mark.e2e
+
+VMID = 203
+SESSION = "proto"
+WORKDIR = "/root/proto"
+
+
+def assert_shape(answer: Any, kind: type) -> None:
+    """`answer` has every required key of the TypedDict `kind`, and no key it does not name."""
+    required = set(kind.__required_keys__)  # type: ignore[attr-defined]
+    known = required | set(kind.__optional_keys__)  # type: ignore[attr-defined]
+    assert required <= set(answer), f"{kind.__name__}: missing {required - set(answer)}"
+    assert set(answer) <= known, f"{kind.__name__}: unexpected {set(answer) - known}"
+
+
+@pytest.fixture
+def client(project: Project) -> Iterator[tuple[AgentClient, Project]]:
+    book = project.playbook(SESSION, workdir=WORKDIR, gpus=8)
+    project.write({SESSION: (VMID, book)})
+    inventory = load_inventory(project.inventory)
+    target = inventory.target(SESSION)
+    with ConnectionPool() as pool:
+        conn = pool.get(target.host_name, target.host)
+        yield AgentClient(Container(conn, VMID, label=target.label)), project
+    project.ct(VMID, "tmux", "kill-session", "-t", f"={SESSION}")
+
+
+def transaction(project: Project, **overrides: Any) -> p.TransactionRequest:
+    target = load_inventory(project.inventory).target(SESSION)
+    request = transaction_request(target, op="apply", restart=True, grace=2.0, mode="archive")
+    script = DEMO_TRAINER.read_bytes()
+    request.update(
+        {
+            "content_b64": base64.b64encode(script).decode(),
+            "sha256": hashlib.sha256(script).hexdigest(),
+            "check_resources": True,
+            "need_bytes": 1,
+        }
+    )
+    request.update(overrides)  # type: ignore[typeddict-item]
+    return request
+
+
+def test_every_op_round_trips_through_the_protocol_types(
+    client: tuple[AgentClient, Project],
+) -> None:
+    agent, project = client
+    preflight: p.PreflightRequest = {
+        "op": "preflight", "workdir": WORKDIR, "session": SESSION, "dest": "train_demo.py",
+        "checkpoints": "checkpoints", "gpus": 8, "need_bytes": 1, "create_workdir": False,
+        "lock_path": p.LOCK_PATH,
+    }  # fmt: skip
+    answer = agent.preflight(preflight)
+    assert_shape(answer, p.PreflightAnswer)
+    assert_shape(answer["session"], p.SessionState)
+    assert_shape(answer["gpus"], p.GpuReport)
+
+    planned = agent.transaction(transaction(project, plan=True))
+    assert_shape(planned, p.TransactionAnswer)
+    assert {s["status"] for s in planned["steps"]} <= {"ok", "planned", "warning", "skipped"}
+    for step in planned["steps"]:
+        assert_shape(step, p.Step)
+
+    applied = agent.transaction(transaction(project))
+    assert_shape(applied, p.TransactionAnswer)
+    assert applied["launched"] and applied["launched"]["session"] == SESSION
+
+    poll: p.PollRequest = {"op": "poll", "workdir": WORKDIR, "session": SESSION, "lines": 20}
+    polled = agent.poll(poll)
+    assert_shape(polled, p.PollAnswer)
+    assert_shape(polled["session"], p.SessionState)
+    assert polled["session"]["run"] == applied["launched"]["run"]
+
+    logs: p.LogsRequest = {
+        "op": "logs", "workdir": WORKDIR, "session": SESSION, "lines": 5, "raw": False,
+    }  # fmt: skip
+    assert_shape(agent.logs(logs), p.LogsAnswer)
+
+    history: p.HistoryRequest = {"op": "history", "workdir": WORKDIR, "limit": 2}
+    records = agent.history(history)
+    assert_shape(records, p.HistoryAnswer)
+    assert records["records"][0]["sha256"] == applied["record"]["sha256"]  # type: ignore[index]
+
+    # A second deploy, so that rollback has a .prev to go back to.
+    changed = DEMO_TRAINER.read_bytes() + b"\n# v2\n"
+    agent.transaction(
+        transaction(
+            project,
+            content_b64=base64.b64encode(changed).decode(),
+            sha256=hashlib.sha256(changed).hexdigest(),
+        )
+    )
+    rolled = agent.transaction(transaction(project, op="rollback", content_b64=None))
+    assert_shape(rolled, p.TransactionAnswer)
+    assert rolled["record"] and rolled["record"]["rollback"] is True
+
+    stop: p.StopRequest = {
+        "op": "stop", "session": SESSION, "grace": 2.0, "gpus": 8, "lock_path": p.LOCK_PATH,
+        "operator": operator_info(),
+    }  # fmt: skip
+    stopped = agent.stop(stop)
+    assert_shape(stopped, p.StopAnswer)
+    assert_shape(stopped["stopped"], p.StopReport)
+
+    chunks: list[bytes] = []
+    follow: p.FollowRequest = {
+        "op": "follow", "workdir": WORKDIR, "session": SESSION, "offset": 0, "heartbeat": 1.0,
+        "interval": 0.2,
+    }  # fmt: skip
+    followed = agent.follow(follow, chunks.append, idle_timeout=10)
+    assert_shape(followed, p.FollowAnswer)
+    assert followed["ended"] is not None and b"launcher run" in b"".join(chunks)
+
+
+def test_an_error_answer_carries_its_kind_and_the_steps(
+    client: tuple[AgentClient, Project],
+) -> None:
+    agent, project = client
+    with pytest.raises(AgentFailure) as failure:
+        agent.transaction(transaction(project, checkpoints=".launcher", plan=True))
+    answer = failure.value.response
+    assert_shape(answer, p.TransactionAnswer)
+    assert answer["error"]["kind"] == "unsafe_path"
+    assert answer["steps"][-1]["kind"] == "unsafe_path"

@@ -1,0 +1,163 @@
+"""Verdicts end to end: how soon each kind of broken run fails, and that healthy kinds pass.
+
+Every definite failure must end `verify` within wait + failure_threshold x interval + a few
+seconds of appearing; the healthy kinds (a plateau with noise and finaliser tracebacks, bursty
+queues on a slow warmup, one resume at the start) must pass. Also: a deploy that replaces the
+run while verify polls, and a hung `pct` that must not hold verify or status past their deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.e2e.project import Project, json_out
+
+pytestmark = pytest.mark.e2e
+
+VMID = 202
+SCHEMA = json.loads(resources.files("launcher").joinpath("schemas/verify.schema.json").read_text())
+WAIT, INTERVAL, THRESHOLD = 3.0, 1.0, 3
+PROBE = {"wait": WAIT, "interval": INTERVAL, "failure_threshold": THRESHOLD, "window": 20}
+# Round trips of the polls (a busy machine makes them slower than the interval).
+SLACK = 4.0
+LOOP = "while true; do python3 train_demo.py; sleep 0.2; done"
+
+
+def deploy(project: Project, name: str, *args: str, **overrides: Any) -> None:
+    verify = {**PROBE, **overrides.pop("verify", {})}
+    project.write({name: (VMID, project.playbook(name, verify=verify, **overrides))})
+    result = project.launcher("deploy", "--restart", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def verify(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
+    started = time.monotonic()
+    result = project.launcher("verify", "--json", *args, timeout=90)
+    elapsed = time.monotonic() - started
+    report = json_out(result)
+    jsonschema.validate(report, SCHEMA)
+    return result.returncode, report, elapsed
+
+
+def checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+SAG = r"throughput \d+\.\d Ktok/s, \d+ % of this run's peak \d+\.\d Ktok/s, for 3 polls"
+DEFINITE = [
+    # mode, its environment, verify settings, the failing check, the reason (a regex)
+    ("crashloop", {"DEMO_CRASH_AFTER": "2.5", "DEMO_CHECKPOINT_EVERY": "2"}, {}, "restarts",
+     r"restarted (once|\d+ times) \(.*"),
+    ("diverge", {"DEMO_DIVERGE_AFTER": "2"}, {"loss": {"ceiling": 10.4}}, "loss",
+     r".*near the ceiling 10\.4.*"),
+    ("sag", {"DEMO_SAG_AFTER": "2.5"}, {}, "throughput", SAG + ".*"),
+    ("nan-gradnorm", {"DEMO_NAN_AFTER": "2"}, {}, "finite", r"finite: grad_norm=nan \(while.*"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "env", "verify_cfg", "check", "reason"), DEFINITE)
+def test_definite_failure_ends_verify_within_the_threshold(
+    project: Project,
+    mode: str,
+    env: dict[str, str],
+    verify_cfg: dict[str, Any],
+    check: str,
+    reason: str,
+) -> None:
+    command = {"command": LOOP} if mode == "crashloop" else {}
+    deploy(project, mode, env={"DEMO_MODE": mode, **env}, verify=verify_cfg, **command)
+    code, report, elapsed = verify(project)
+    assert code == 1, report
+    assert checks(report)[check]["verdict"] == "fail", report["checks"]
+    assert checks(report)[check]["failure"] == "definite"
+    assert re.fullmatch(reason, report["reason"]), report["reason"]
+    # Each failure appears by the end of the warmup: the threshold's polls, then exit 1. The
+    # probe's own duration (from its first poll), so a slow start of the CLI does not count.
+    duration = report["timings"]["duration"]
+    assert duration < WAIT + THRESHOLD * INTERVAL + SLACK, (duration, report["reason"])
+    assert elapsed < duration + 2 * SLACK
+    project.kill_session(VMID, mode)
+
+
+def test_plateau_with_finaliser_noise_is_healthy(project: Project) -> None:
+    deploy(project, "noise", env={"DEMO_MODE": "finalizer-noise", "DEMO_NOISE_EVERY": "1.5"})
+    code, report, _ = verify(project)
+    assert code == 0, report["reason"]
+    fatal = checks(report)["fatal"]
+    assert fatal["verdict"] == "warn"
+    assert fatal["observed"].startswith("finaliser noise, harmless: Exception ignored in")
+    assert checks(report)["throughput"]["verdict"] == "pass"
+    project.kill_session(VMID, "noise")
+
+
+def test_bursty_queues_on_a_slow_warmup_are_healthy(project: Project) -> None:
+    # The ramp takes ~10 s: at the warmup's end throughput is still below the floor but rising.
+    env = {"DEMO_MODE": "bursty", "DEMO_RAMP": "10"}
+    deploy(project, "bursty", env=env, verify={"throughput": {"min": "22Ktok/s"}})
+    code, report, elapsed = verify(project)
+    assert code == 0, report["reason"]
+    assert elapsed > WAIT + 1  # it had to wait for the floor
+    assert checks(report)["queues.q_pre"]["verdict"] == "pass"
+    project.kill_session(VMID, "bursty")
+
+
+def test_one_resume_from_a_checkpoint_at_the_start_is_healthy(project: Project) -> None:
+    deploy(project, "resume", env={"DEMO_CHECKPOINT_EVERY": "2"})
+    project.wait_for(
+        lambda: "step_" in project.ct_text(VMID, "ls", "/root/resume/checkpoints"),
+        what="a checkpoint",
+    )
+    deploy(project, "resume", "--keep-checkpoints", env={"DEMO_RESUME": "1"})
+    code, report, _ = verify(project)
+    assert code == 0, report["reason"]
+    assert checks(report)["restarts"]["verdict"] == "pass"
+    log = project.ct_text(VMID, "cat", "/root/resume/.launcher/resume.log")
+    assert "Resuming from checkpoints/step_" in log
+    project.kill_session(VMID, "resume")
+
+
+def test_run_replaced_while_verify_polls(project: Project) -> None:
+    deploy(project, "replaced")
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "verify", "--json"]
+    with subprocess.Popen(
+        [*argv, "--successes", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as running:
+        time.sleep(2)
+        redeploy = project.launcher("deploy", "--restart")
+        assert redeploy.returncode == 0, redeploy.stderr
+        out, err = running.communicate(timeout=60)
+    assert running.returncode == 1, out + err
+    report = json.loads(out)
+    jsonschema.validate(report, SCHEMA)
+    old = report["run"]
+    assert old and old.startswith("replaced:")
+    new = re.fullmatch(r"run replaced by (replaced:\S+)", report["reason"])
+    assert new is not None, report["reason"]
+    assert new[1] != old
+    assert checks(report)["run"]["verdict"] == "fail"
+    project.kill_session(VMID, "replaced")
+
+
+def test_hung_pct_holds_neither_verify_nor_status_past_their_deadlines(project: Project) -> None:
+    host = project.host(command_timeout=2)
+    project.write({"hung": (VMID, project.playbook("hung"))}, host=host)
+    project.sandbox.set_faults(pct_latency=8)
+    code, report, elapsed = verify(project, "--wait", "2", "--window", "2", "--interval", "1")
+    assert code == 3, report
+    # wait + window, then at most one poll bounded by command_timeout
+    assert report["timings"]["duration"] < 2 + 2 + 2 + 1, report["timings"]
+    assert elapsed < 2 + 2 + 2 + 2 * SLACK, elapsed
+    assert "did not finish within 2 s" in report["reason"]
+    started = time.monotonic()
+    status = project.launcher("status", "--json")
+    assert status.returncode == 3, status.stdout + status.stderr
+    assert time.monotonic() - started < 2 + 2 * SLACK

@@ -1,0 +1,352 @@
+# mypy: allow-untyped-calls
+"""The agent bundle cache: BOOT and its loader run with this host's python3 against a temp cache
+directory, as they run inside a container (and AgentClient through a host that runs the
+container's command here)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import agent
+from launcher.agentclient import (
+    BOOT,
+    LOADER,
+    MISS_EXIT,
+    MISS_MARKER,
+    AgentClient,
+    Mode,
+    bundle,
+    payload,
+)
+from launcher.container import Container
+from launcher.protocol import FollowRequest
+from launcher.remote import CommandResult
+
+PYTHON = shutil.which("python3") or "python3"
+TEXT, DIGEST = bundle()
+NAME = f"agent-{DIGEST}.bundle"
+
+
+def history(workdir: Path) -> dict[str, Any]:
+    return {"op": "history", "workdir": str(workdir)}
+
+
+def boot(
+    request: dict[str, Any],
+    mode: Mode,
+    cache_dir: Path,
+    preexec: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """One container call, run here: python3 -c BOOT with the line on stdin."""
+    line = payload(request, mode=mode, cache_dir=str(cache_dir))
+    return subprocess.run(
+        [PYTHON, "-c", BOOT],
+        input=line,
+        capture_output=True,
+        timeout=30,
+        check=False,
+        preexec_fn=preexec,
+    )
+
+
+def answer(result: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
+    assert result.returncode == 0, result.stderr.decode()
+    doc: dict[str, Any] = json.loads(result.stdout.decode().splitlines()[-1])
+    return doc
+
+
+def assert_miss(result: subprocess.CompletedProcess[bytes]) -> None:
+    assert result.returncode == MISS_EXIT
+    assert result.stdout == b""  # no answer: the loader ran no op
+    assert f"{MISS_MARKER} {DIGEST}" in result.stderr.decode()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    """Where the tests keep the cache: like /run/launcher, its parent exists and it does not."""
+    (tmp_path / "run").mkdir()
+    return tmp_path / "run" / "launcher"
+
+
+# --------------------------------------------------------------------------- lines and syntax
+
+
+def test_boot_and_loader_run_on_python38() -> None:
+    ast.parse(BOOT, feature_version=(3, 8))
+    ast.parse(LOADER, feature_version=(3, 8))
+    assert "\n" not in BOOT and len(BOOT) < 100
+
+
+def test_cached_line_is_small_and_carries_no_source(tmp_path: Path) -> None:
+    request = {"op": "poll", "workdir": "/root/demo", "session": "demo", "lines": 500}
+    cached = json.loads(payload(request, mode="cached"))
+    stored = json.loads(payload(request, mode="store"))
+    source = json.loads(payload(request))
+    assert len(payload(request, mode="cached")) < 2048
+    assert "bundle" not in cached and cached["sha256"] == DIGEST and "cache_dir" not in cached
+    assert stored["bundle"] == TEXT and stored["sha256"] == DIGEST
+    assert source["bundle"] == TEXT and "sha256" not in source  # runs, caches nothing
+    assert hashlib.sha256(TEXT.encode()).hexdigest() == DIGEST
+
+
+# --------------------------------------------------------------------------- hit, miss, repair
+
+
+def test_miss_runs_nothing_then_store_then_hit(tmp_path: Path, cache: Path) -> None:
+    request = {
+        "op": "preflight",
+        "workdir": str(tmp_path / "wd"),
+        "session": "demo",
+        "dest": "train.py",
+        "create_workdir": True,
+    }
+    assert_miss(boot(request, "cached", cache))
+    assert not cache.exists() and not (tmp_path / "wd").exists()
+
+    first = answer(boot(history(tmp_path), "store", cache))
+    assert first["ok"] and first["op"] == "history"
+    assert [p.name for p in cache.iterdir()] == [NAME]
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert (cache / NAME).stat().st_mode & 0o777 == 0o600
+    assert sha256(cache / NAME) == DIGEST
+
+    again = answer(boot(history(tmp_path), "cached", cache))
+    assert again == first
+    assert answer(boot(request, "cached", cache))["workdir"]["created"]  # now it runs
+
+
+def test_source_mode_writes_no_cache(tmp_path: Path, cache: Path) -> None:
+    assert answer(boot(history(tmp_path), "source", cache))["ok"]
+    assert not cache.exists()
+
+
+def evil_bundle(marker: Path) -> bytes:
+    """A bundle that would leave `marker` behind if it were ever run."""
+    code = f"open({str(marker)!r}, 'w').write('ran')\ndef main(request):\n    return 0\n"
+    return ("\0" + code).encode()
+
+
+def test_tampered_cache_file_is_never_run_and_is_rewritten(tmp_path: Path, cache: Path) -> None:
+    cache.mkdir(parents=True, mode=0o700)
+    marker = tmp_path / "tampered-bundle-ran"
+    (cache / NAME).write_bytes(evil_bundle(marker))
+
+    assert_miss(boot(history(tmp_path), "cached", cache))
+    assert not marker.exists()
+
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]  # the client's resend
+    assert sha256(cache / NAME) == DIGEST
+    assert answer(boot(history(tmp_path), "cached", cache))["ok"]
+    assert not marker.exists()
+
+
+def test_truncated_cache_file_is_a_miss(tmp_path: Path, cache: Path) -> None:
+    answer(boot(history(tmp_path), "store", cache))
+    data = (cache / NAME).read_bytes()
+    (cache / NAME).write_bytes(data[: len(data) // 2])
+    assert_miss(boot(history(tmp_path), "cached", cache))
+
+
+def test_unreadable_cache_entry_is_a_miss(tmp_path: Path, cache: Path) -> None:
+    (cache / NAME).mkdir(parents=True)  # open() fails with IsADirectoryError
+    assert_miss(boot(history(tmp_path), "cached", cache))
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]  # runs; cannot replace a dir
+
+
+# --------------------------------------------------------------------------- where it cannot cache
+
+
+def test_cache_dir_that_cannot_be_made_still_runs(tmp_path: Path) -> None:
+    blocker = tmp_path / "run-file"
+    blocker.write_text("a file where the directory's parent should be\n")
+    cache = blocker / "launcher"
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]
+    assert blocker.read_text().startswith("a file")
+    assert_miss(boot(history(tmp_path), "cached", cache))
+
+
+def test_full_filesystem_leaves_no_partial_file(tmp_path: Path, cache: Path) -> None:
+    """A write that fails half-way (RLIMIT_FSIZE stands in for a full /run): the op still
+    answers, and neither a truncated bundle nor its temp file is left."""
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    assert answer(boot(history(tmp_path), "store", cache, preexec=small_files))["ok"]
+    assert list(cache.iterdir()) == []
+    assert_miss(boot(history(tmp_path), "cached", cache))
+
+
+def test_existing_dir_is_made_private(tmp_path: Path, cache: Path) -> None:
+    cache.mkdir(parents=True)
+    cache.chmod(0o755)  # as the deploy lock's makedirs leaves it
+    answer(boot(history(tmp_path), "store", cache))
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert (cache / NAME).is_file()
+
+
+def test_symlinked_cache_dir_is_not_written(tmp_path: Path, cache: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cache.symlink_to(elsewhere)
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory away")
+def test_dir_owned_by_someone_else_is_left_alone(tmp_path: Path, cache: Path) -> None:
+    cache.mkdir(parents=True, mode=0o755)
+    os.chown(cache, 65534, 65534)
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]
+    assert list(cache.iterdir()) == []
+    assert cache.stat().st_mode & 0o777 == 0o755
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def test_store_prunes_all_but_the_newest_bundles(tmp_path: Path, cache: Path) -> None:
+    cache.mkdir(parents=True, mode=0o700)
+    now = time.time()
+    old = [cache / f"agent-{c * 64}.bundle" for c in "abcd"]
+    for age, path in enumerate(old, start=1):
+        path.write_bytes(b"an older launcher's agent")
+        os.utime(path, (now - age * 100, now - age * 100))
+    stale_tmp = cache / f".{old[0].name}.{'0' * 12}.tmp"
+    fresh_tmp = cache / f".{old[1].name}.{'1' * 12}.tmp"
+    for path, seconds in ((stale_tmp, 3600.0), (fresh_tmp, 1.0)):
+        path.write_bytes(b"half")
+        os.utime(path, (now - seconds, now - seconds))
+    (cache / "deploy.lock").write_text("")
+
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]
+    kept = sorted(p.name for p in cache.iterdir())
+    expected = [NAME, old[0].name, old[1].name, fresh_tmp.name, "deploy.lock"]
+    assert kept == sorted(expected)
+    assert agent.BUNDLES_KEPT == 3
+
+
+def test_store_bundle_reports_the_path_it_wrote(tmp_path: Path) -> None:
+    path = agent.store_bundle(str(tmp_path / "c"), TEXT)
+    assert path == str(tmp_path / "c" / NAME)
+    assert agent.store_bundle(str(tmp_path / "missing" / "c"), TEXT) is None
+
+
+# --------------------------------------------------------------------------- the client
+
+
+class LocalHost:
+    """Runs each `pct exec VMID -- ARGV` here, with the cache in a temp dir, and records what
+    was sent: a real host shell for AgentClient, minus SSH and the container."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self.sent: list[tuple[str, int, bool]] = []  # (mode, stdin bytes, carried the bundle)
+
+    def _argv(self, command: str, stdin: bytes | None) -> tuple[list[str], bytes]:
+        argv = shlex.split(command)
+        assert argv[:2] == ["pct", "exec"] and argv[3] == "--" and stdin is not None
+        line = json.loads(stdin)
+        mode = "cached" if "bundle" not in line else "store" if "sha256" in line else "source"
+        self.sent.append((mode, len(stdin), "bundle" in line))
+        line["cache_dir"] = str(self.cache_dir)
+        return argv[4:], (json.dumps(line) + "\n").encode()
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        argv, data = self._argv(command, stdin)
+        proc = subprocess.run(argv, input=data, capture_output=True, timeout=30, check=False)
+        return CommandResult(command, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        *,
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: bytes | None = None,
+        close_stdin: bool = True,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        argv, data = self._argv(command, stdin)
+        with subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as proc:
+            assert proc.stdin and proc.stdout and proc.stderr
+            proc.stdin.write(data)
+            proc.stdin.flush()  # kept open: EOF would tell the agent the client went away
+            out = proc.stdout.fileno()
+            for chunk in iter(lambda: os.read(out, 65536), b""):
+                on_stdout(chunk)
+            if on_stderr is not None:
+                on_stderr(proc.stderr.read())
+            proc.stdin.close()
+            return proc.wait(timeout=30)
+
+
+def client(host: LocalHost, vmid: int = 200) -> AgentClient:
+    return AgentClient(Container(host, vmid, label=f"ct{vmid}"))
+
+
+def test_client_sends_the_bundle_once(tmp_path: Path, cache: Path) -> None:
+    host = LocalHost(cache)
+    for _ in range(3):
+        assert client(host).call(history(tmp_path))["ok"]
+    assert [mode for mode, _, _ in host.sent] == ["cached", "store", "cached", "cached"]
+    assert all(size < 2048 for mode, size, _ in host.sent if mode == "cached")
+    assert (cache / NAME).is_file()
+
+
+def test_client_stops_trying_a_container_that_cannot_cache(tmp_path: Path) -> None:
+    blocker = tmp_path / "run-file"
+    blocker.write_text("not a directory\n")
+    host = LocalHost(blocker / "launcher")
+    for _ in range(4):
+        assert client(host).call(history(tmp_path))["ok"]
+    modes = [mode for mode, _, _ in host.sent]
+    # Tries the cache until it has sent the bundle and it still missed; then sends it each time.
+    assert modes == ["cached", "store", "cached", "store", "store", "store"]
+    # Another container on the same host starts again from trying the cache.
+    assert client(host, 201).call(history(tmp_path))["ok"]
+    assert host.sent[-2][0] == "cached"
+
+
+def test_follow_uses_the_cache_and_a_miss_streams_nothing(tmp_path: Path, cache: Path) -> None:
+    workdir = tmp_path / "wd"
+    (workdir / ".launcher").mkdir(parents=True)
+    (workdir / ".launcher" / "demo.log").write_bytes(b"step 1\nstep 2\n")
+    (workdir / ".launcher" / "demo.exit").write_text("0\n")
+    request: FollowRequest = {
+        "op": "follow",
+        "workdir": str(workdir),
+        "session": "demo",
+        "offset": 0,
+        "heartbeat": 5.0,
+        "interval": 0.05,
+    }
+    host = LocalHost(cache)
+    for _ in range(2):
+        received = bytearray()
+        result = client(host).follow(request, received.extend, idle_timeout=10)
+        assert result["ended"] == {"reason": "exited", "exit_code": 0}
+        assert bytes(received) == b"step 1\nstep 2\n"  # the miss added nothing to the stream
+    assert [mode for mode, _, _ in host.sent] == ["cached", "store", "cached"]

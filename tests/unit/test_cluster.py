@@ -1,0 +1,139 @@
+"""Cluster targets: inventory validation and finding the node that runs a VMID (pvesh)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.cluster import PveshError, locate, parse_node_ips, parse_resources, place
+from launcher.config import HostSpec, load_inventory
+from launcher.errors import ConfigError, ContainerError, ExitCode, RemoteError
+from launcher.remote import CommandResult
+
+RESOURCES = [
+    {"id": "lxc/200", "type": "lxc", "vmid": 200, "node": "pve2", "status": "running"},
+    {"id": "qemu/300", "type": "qemu", "vmid": 300, "node": "pve3", "status": "stopped"},
+]
+STATUS = [
+    {"type": "cluster", "name": "lab"},
+    {"type": "node", "name": "pve1", "ip": "10.0.0.1"},
+    {"type": "node", "name": "pve3", "ip": "10.0.0.3"},
+]
+
+
+class FakeNode:
+    """Answers pvesh like an entry node, or fails like one that cannot be reached."""
+
+    def __init__(self, name: str, log: list[str], *, down: bool = False) -> None:
+        self.name, self.log, self.down = name, log, down
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        self.log.append(f"{self.name}: {command}")
+        if self.down:
+            raise RemoteError(f"{self.name}: connection refused")
+        data = RESOURCES if "/cluster/resources" in command else STATUS
+        return CommandResult(command, 0, json.dumps(data).encode(), b"", 0.0)
+
+
+class FakePool:
+    def __init__(self, down: tuple[str, ...] = ()) -> None:
+        self.log: list[str] = []
+        self.down = down
+
+    def get(self, name: str, host: HostSpec) -> FakeNode:
+        return FakeNode(name, self.log, down=name.split("/")[-1] in self.down)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "demo.py").write_text("print(1)\n")
+    (tmp_path / "book.yaml").write_text(
+        "name: d\nsession: d\nworkdir: /root/d\ncommand: python3 demo.py\n"
+        "script: {source: demo.py, dest: demo.py}\n"
+    )
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    return path
+
+
+CLUSTER = """\
+clusters:
+  lab:
+    nodes:
+      pve1: {address: 10.0.0.1}
+      pve2: {address: 10.0.0.2, port: 2222}
+targets:
+  prod: {cluster: lab, vmid: 200, playbook: book.yaml}
+  vm: {cluster: lab, vmid: 300, playbook: book.yaml}
+"""
+
+
+def test_cluster_target_is_placed_on_the_node_that_runs_it(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, CLUSTER))
+    target = inventory.target("prod")
+    assert target.host_name == "lab" and target.cluster is not None
+    pool = FakePool()
+    placed = place(target, pool)
+    assert placed.host_name == "lab/pve2" and placed.host.port == 2222
+    assert placed.label == "prod (lab/pve2 CT 200)"
+    assert pool.log == ["lab/pve1: pvesh get /cluster/resources --type vm --output-format json"]
+
+
+def test_a_node_missing_from_the_inventory_is_reached_at_its_cluster_ip(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, CLUSTER))
+    placed = place(inventory.target("vm"), FakePool())
+    assert placed.host_name == "lab/pve3" and placed.host.address == "10.0.0.3"
+
+
+def test_entry_nodes_are_tried_in_order(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, CLUSTER))
+    pool = FakePool(down=("pve1",))
+    assert place(inventory.target("prod"), pool).host_name == "lab/pve2"
+    assert [line.split(":")[0] for line in pool.log] == ["lab/pve1", "lab/pve2"]
+    cluster = inventory.target("prod").cluster
+    assert cluster is not None
+    with pytest.raises(RemoteError) as error:
+        locate(cluster, 200, FakePool(down=("pve1", "pve2")))
+    assert error.value.exit_code == ExitCode.UNREACHABLE
+    assert "lab/pve1: connection refused" in str(error.value)
+
+
+def test_unknown_vmid_and_odd_output() -> None:
+    with pytest.raises(ContainerError, match="VMID 999 is on no node"):
+        parse_resources(json.dumps(RESOURCES), 999)
+    with pytest.raises(PveshError, match="did not answer JSON"):
+        parse_resources("Permission check failed", 200)
+    assert parse_node_ips(json.dumps(STATUS)) == {"pve1": "10.0.0.1", "pve3": "10.0.0.3"}
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "targets:\n  prod: {vmid: 200, playbook: book.yaml}\n",
+            ":2: targets.prod: give either host or cluster (exactly one of them)",
+        ),
+        (
+            CLUSTER.replace("cluster: lab, vmid: 200", "cluster: nope, vmid: 200"),
+            ":7: targets.prod.cluster: unknown cluster 'nope' (clusters: lab)",
+        ),
+        (
+            CLUSTER.replace("    nodes:", "    entry: [pve9]\n    nodes:"),
+            ":3: clusters.lab.entry.0: unknown node 'pve9' (nodes: pve1, pve2)",
+        ),
+        (
+            "clusters:\n  lab: {nodes: {}}\ntargets: {}\n",
+            ":2: clusters.lab.nodes:",
+        ),
+    ],
+)
+def test_bad_cluster_inventories_name_file_line_and_key(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_inventory(path)
+    assert f"{path}{problem}" in str(error.value)

@@ -1,0 +1,195 @@
+"""The HTML report, the terminal sparkline and the JUnit failure text, on real probe results.
+
+The probe runs on recorded panes with a fake clock (no waiting); the page is read back with
+html.parser as a browser would tokenise it.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from html.parser import HTMLParser
+
+import pytest
+
+from launcher.htmlreport import Run, render_html, step_rate, timeline
+from launcher.verify.checks import ChecksSpec, PaneState
+from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
+from launcher.verify.report import SPARKS, sparkline, to_junit
+
+HOSTILE = (
+    "evil <script>alert(1)</script> </pre><img src=http://x.invalid/a.png> \x1b]0;pwned\x07&amp;"
+)
+CRASH = [
+    "Traceback (most recent call last):",
+    *[f'  File "/root/t/train.py", line {n}, in layer{n}\n    layer{n + 1}()' for n in range(12)],
+    "RuntimeError: NCCL error: unhandled cuda error (demo crash)",
+]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def status_line(second: int, ktok: float) -> str:
+    return (
+        f"[0m] step={second} loss={6.0 - 0.01 * second:.4f} acc=0.1 streak=0.0 lr=6.00e-04 "
+        f"noise=0.1 | tgt=1b/s dft=1b/s ({ktok:.1f}Ktok/s) | q_pre=[8, 6, 6, 5, 4, 4] "
+        "q_hs=[4] | epoch~0.00 ETA=1d"
+    )
+
+
+def pane(clock: Clock, start: float, crash_at: float | None = None) -> Callable[[], PaneState]:
+    """A trainer printing one status line a second (and a hostile line), maybe crashing."""
+
+    def poll() -> PaneState:
+        t = clock.now - start
+        lines = ["Starting pipeline...", HOSTILE]
+        lines += [status_line(i, min(28.0, 2.0 + 4.0 * i)) for i in range(int(t) + 1)]
+        dead = crash_at is not None and t >= crash_at
+        if dead:
+            lines += "\n".join(CRASH).splitlines()
+        return PaneState(True, dead, 1 if dead else None, None, "\n".join(lines))
+
+    return poll
+
+
+def probe(crash_at: float | None = None) -> ProbeResult:
+    clock = Clock()
+    settings = ProbeSettings(wait=6, interval=2, window=20, successes=3)
+    spec = ChecksSpec(throughput={"min": 1000})  # type: ignore[arg-type]
+    poll = pane(clock, clock.now, crash_at)
+    return Prober(lambda _t: poll(), spec, settings, clock=clock, sleep=clock.sleep).run()
+
+
+class Page(HTMLParser):
+    """What a browser would build: tags with attributes, and the text inside <pre>/<td>."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.stack: list[str] = []
+        self.pre = ""
+        self.cells: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self.stack.append(tag)
+        if tag == "td":
+            self.cells.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        while self.stack and self.stack.pop() != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        if "pre" in self.stack:
+            self.pre += data
+        if "td" in self.stack:
+            self.cells[-1] += data
+
+    def all(self, tag: str) -> list[dict[str, str | None]]:
+        return [attrs for name, attrs in self.tags if name == tag]
+
+
+def parse(page: str) -> Page:
+    parser = Page()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def test_page_has_charts_checks_and_inert_last_lines() -> None:
+    result = probe(crash_at=9)
+    assert result.verdict == "unhealthy"
+    page = parse(render_html([Run("prod", result, None, ["q_pre", "q_hs"])]))
+    titles = [a.get("aria-label") for a in page.all("svg")]
+    assert titles == [
+        "throughput (Ktok/s)",
+        "loss",
+        "step rate (steps/s)",
+        "queue q_pre depth",
+        "queue q_hs depth",
+    ]
+    lines = page.all("polyline")
+    assert len(lines) == 3 + 6 + 1  # one per queue entry
+    assert all(len((a["points"] or "").split()) >= 3 for a in lines)
+    assert len(page.all("line")) >= 5 and any(a.get("class") == "warmup" for a in page.all("line"))
+    assert {"alive", "fatal", "throughput", "step"} <= set(page.cells)
+    # The hostile line is text, exactly as printed minus the terminal escape: no element.
+    assert "evil <script>alert(1)</script> </pre><img src=http://x.invalid/a.png> &amp;" in page.pre
+    assert "RuntimeError: NCCL error" in page.pre
+    assert not page.all("script") and not page.all("img") and not page.all("link")
+    assert "\x1b" not in page.pre and "pwned" not in page.pre
+    for _, attrs in page.tags:
+        for name, value in attrs.items():
+            if name in ("src", "href") or (value and "://" in value and name != "xmlns"):
+                pytest.fail(f"a reference out of the page: {name}={value}")
+    csp = [a for a in page.all("meta") if a.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "default-src 'none'" in (csp[0]["content"] or "")
+
+
+def test_throughput_chart_rises_and_the_warmup_line_sits_at_the_wait() -> None:
+    result = probe()
+    assert result.verdict == "healthy", result.reason
+    page = parse(render_html([Run("prod", result, None, ["q_pre"])]))
+    first = page.all("polyline")[0]["points"] or ""
+    ys = [float(p.split(",")[1]) for p in first.split()]
+    assert ys[-1] < ys[0]  # SVG y grows downwards: throughput went up
+    warmup = next(a for a in page.all("line") if a.get("class") == "warmup")
+    xs = [float(p.split(",")[0]) for p in first.split()]
+    # x of the warmup (6 s) lies between the first point (before the probe) and the last
+    assert xs[0] < float(warmup["x1"] or 0) < xs[-1]
+
+
+def test_timeline_spreads_new_lines_over_the_poll_interval() -> None:
+    result = probe()
+    placed = timeline(result)
+    times = [x for x, _ in placed]
+    assert times == sorted(times)
+    steps = [s.step for _, s in placed]
+    assert steps == list(range(len(steps)))  # each status line once
+    after = [x for x in times if x > 0]
+    assert after and max(after) == pytest.approx(result.polls[-1].at - result.polls[0].at)
+    # one line a second, measured between polls
+    assert [round(rate) for _, rate in step_rate(result)] == [1] * (len(result.polls) - 1)
+
+
+def test_unprobed_target_still_gets_a_section() -> None:
+    page = parse(
+        render_html([Run("staging", None, {"ok": False, "error": "<b>refused</b>"}, [], "x")])
+    )
+    assert not page.all("b") and not page.all("svg")
+    assert any(a.get("class") == "deploy" for a in page.all("p"))
+
+
+def test_sparkline_is_scaled_from_zero() -> None:
+    plateau = [28_000 * (1 + 0.02 * ((-1) ** i)) for i in range(30)]
+    assert set(sparkline(plateau)) == {SPARKS[-1]}
+    ramp = sparkline([0, 7_000, 14_000, 21_000, 28_000])
+    assert ramp[0] == SPARKS[0] and ramp[-1] == SPARKS[-1] and len(set(ramp)) == 5
+    assert sparkline([1.0, float("nan")]) == SPARKS[-1] + "?"
+    assert sparkline([]) == ""
+
+
+def test_junit_failure_keeps_the_whole_traceback() -> None:
+    result = probe(crash_at=9)
+    root = ET.fromstring(to_junit([("prod", result, None)]))
+    failures = root.findall(".//failure")
+    assert failures
+    for failure in failures:
+        message = failure.get("message") or ""
+        assert "\n" not in message and message.startswith("observed ")
+        body = failure.text or ""
+        tail = body.split("last lines:\n", 1)[1]
+        assert tail.startswith("Traceback (most recent call last):")  # 26 lines, not the last 15
+        assert tail.endswith("RuntimeError: NCCL error: unhandled cuda error (demo crash)")
+        assert tail.count('  File "/root/t/train.py"') == 12
+        assert "\x1b" not in body
