@@ -133,23 +133,8 @@ def deploy(
             _upload_again(container, script, ct_tmp)
         emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp} (sha256 checked next)")
 
-    request = transaction_request(
-        target,
-        op="apply",
-        restart=options.restart,
-        grace=grace,
-        mode=options.checkpoint_mode,
-        kill_gpu_holders=options.kill_gpu_holders,
-    )
-    request.update(
-        {
-            "tmp": ct_tmp,
-            "content_b64": base64.b64encode(script).decode("ascii") if inline else None,
-            "sha256": report.sha256,
-            "check_resources": True,
-            "need_bytes": need_bytes(script),
-        }
-    )
+    request = deploy_request(target, script, options, grace, inline=inline)
+    request["tmp"] = ct_tmp
     applied = run_transaction(
         container, request, emit, timeout=grace + conn.endpoint.command_timeout
     )
@@ -205,15 +190,10 @@ def need_bytes(script: bytes) -> int:
     return len(script) * 2 + DISK_MARGIN
 
 
-def plan_request(
-    target: Target,
-    script: bytes,
-    options: DeployOptions,
-    grace: float,
-    *,
-    keep_going: bool = False,
+def deploy_request(
+    target: Target, script: bytes, options: DeployOptions, grace: float, *, inline: bool = True
 ) -> p.TransactionRequest:
-    """The deploy transaction in plan mode: every check, nothing changed (dry run, doctor)."""
+    """The deploy transaction for `script`: inline, or (not inline) pushed to `tmp` first."""
     request = transaction_request(
         target,
         op="apply",
@@ -224,14 +204,26 @@ def plan_request(
     )
     request.update(
         {
-            "content_b64": base64.b64encode(script).decode("ascii"),
+            "content_b64": base64.b64encode(script).decode("ascii") if inline else None,
             "sha256": hashlib.sha256(script).hexdigest(),
             "check_resources": True,
             "need_bytes": need_bytes(script),
-            "plan": True,
-            "keep_going": keep_going,
         }
     )
+    return request
+
+
+def plan_request(
+    target: Target,
+    script: bytes,
+    options: DeployOptions,
+    grace: float,
+    *,
+    keep_going: bool = False,
+) -> p.TransactionRequest:
+    """The deploy transaction in plan mode: every check, nothing changed (dry run, doctor)."""
+    request = deploy_request(target, script, options, grace)
+    request.update({"plan": True, "keep_going": keep_going})
     return request
 
 

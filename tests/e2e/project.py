@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,19 @@ def tree(project: Project, vmid: int, folder: str) -> list[str]:
 def host_tmp_files() -> list[str]:
     """Upload temp files left on the host (the sandbox host is this machine)."""
     return sorted(p.name for p in Path("/tmp").glob(".launcher-*"))
+
+
+def verify_json(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
+    """`launcher verify --json ARGS`: exit code, the report (checked against its shipped schema)
+    and how long it took."""
+    import jsonschema
+
+    schema = json.loads(
+        resources.files("launcher").joinpath("schemas/verify.schema.json").read_text()
+    )
+    started = time.monotonic()
+    result = project.launcher("verify", "--json", *args, timeout=90)
+    elapsed = time.monotonic() - started
+    report = json_out(result)
+    jsonschema.validate(report, schema)
+    return result.returncode, report, elapsed

@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from importlib import resources
 from typing import Any
 
-import jsonschema
 import pytest
 
-from tests.e2e.project import Project, json_out
+from tests.e2e.project import Project, verify_json
 
 pytestmark = pytest.mark.e2e
 
 VMID = 201
-SCHEMA = json.loads(resources.files("launcher").joinpath("schemas/verify.schema.json").read_text())
 
 # The demo trainer's hf format: loss from the dict lines, step and it/s from the bar (about 2
 # it/s once warm), so the throughput floor is in it/s and there are no queues to check.
@@ -54,12 +49,7 @@ def deploy(project: Project, name: str, setup: dict[str, Any], **env: str) -> No
 
 
 def verify(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
-    started = time.monotonic()
-    result = project.launcher("verify", "--json", *args, timeout=90)
-    elapsed = time.monotonic() - started
-    report = json_out(result)
-    jsonschema.validate(report, SCHEMA)
-    return result.returncode, report, elapsed
+    return verify_json(project, *args)
 
 
 def failed(report: dict[str, Any]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.e2e.project import Project, json_out
+from tests.e2e.project import Project, verify_json
 
 pytestmark = pytest.mark.e2e
 
@@ -40,12 +40,7 @@ def deploy(project: Project, name: str, *args: str, **overrides: Any) -> None:
 
 
 def verify(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
-    started = time.monotonic()
-    result = project.launcher("verify", "--json", *args, timeout=90)
-    elapsed = time.monotonic() - started
-    report = json_out(result)
-    jsonschema.validate(report, SCHEMA)
-    return result.returncode, report, elapsed
+    return verify_json(project, *args)
 
 
 def checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

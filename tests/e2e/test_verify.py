@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import time
 import xml.etree.ElementTree as ET
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 
-from tests.e2e.project import DEMO_TRAINER, Project, json_out
+from tests.e2e.project import DEMO_TRAINER, Project, json_out, verify_json
 
 pytestmark = pytest.mark.e2e
 
 VMID = 201
-SCHEMA = json.loads(resources.files("launcher").joinpath("schemas/verify.schema.json").read_text())
 
 
 def deploy(project: Project, name: str, **overrides: Any) -> None:
@@ -27,12 +22,7 @@ def deploy(project: Project, name: str, **overrides: Any) -> None:
 
 
 def verify(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
-    started = time.monotonic()
-    result = project.launcher("verify", "--json", *args, timeout=90)
-    elapsed = time.monotonic() - started
-    report = json_out(result)
-    jsonschema.validate(report, SCHEMA)
-    return result.returncode, report, elapsed
+    return verify_json(project, *args)
 
 
 def failed_checks(report: dict[str, Any]) -> set[str]:
