@@ -1,36 +1,51 @@
-"""The SSH layer: the only module that imports paramiko.
+"""The SSH layer: where to connect (inventory + ssh_config), connections, commands.
 
 One `Connection` per host, opened lazily and shared by everything that acts on that host's
-containers. Host keys are always checked; connect, banner, auth and every command are bounded;
-only the connect phase is retried.
+containers. Under it is Fabric's `Connection` (launcher.sshopen). paramiko, cryptography and
+Fabric take ~0.3 s to import: they are imported only when a connection is handed out (while
+OpenSSH reads ssh_config for it), so `--help`, `--version` and configuration errors do not pay
+for them. Host keys are always checked; connecting (TCP, banner, key exchange, auth, every jump
+host) ends within connect_timeout as a whole, retries included; every command is bounded; only
+the connect phase is retried.
+
+Commands run on launcher's own channel code over Fabric's transport, not through invoke's
+runner: stdin goes in one write (invoke copies a non-terminal stdin a byte per 10 ms) and a
+stream has an idle deadline.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
-import paramiko
-from tenacity import (
-    retry,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
-
+from launcher import sshconfig
 from launcher.config import HostSpec
-from launcher.errors import AuthError, CommandTimeout, ConnectError, HostKeyError
+from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
 
-KEEPALIVE_SECONDS = 15
+if TYPE_CHECKING:
+    import paramiko
+
+    from launcher.sshopen import BoundedConnection, Sock
+
+# Attempts at connecting, all within one connect_timeout; the pause between them doubles.
 CONNECT_ATTEMPTS = 3
+RETRY_PAUSE = 0.2
+MAX_RETRY_PAUSE = 2.0
+MAX_HOPS = 8  # jump hosts in one chain, the jump hosts' own included
+POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
+
+# paramiko logs a traceback from its transport thread for every failed handshake (a port that
+# is not SSH, a link cut by the deadline); the error raised here already says what happened.
+# `--debug` adds a handler that shows them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ STATS = ConnectionStats()
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where and how to connect, after merging the inventory with ~/.ssh/config."""
+    """Where and how to connect, after merging the inventory with ssh_config."""
 
     name: str
     hostname: str
@@ -85,9 +100,12 @@ class Endpoint:
     identity_files: tuple[str, ...]
     known_hosts: Path
     accept_new: bool
-    jump: str | None
+    jump: str | None  # ProxyJump as configured (hops by alias, nearest first)
     connect_timeout: float
     command_timeout: float
+    proxy_command: str | None = None  # with its %-tokens expanded
+    via: Endpoint | None = None  # the jump host this one is reached through (resolved)
+    passphrase: Literal["agent", "prompt"] = "agent"
 
     @property
     def known_hosts_key(self) -> str:
@@ -95,175 +113,248 @@ class Endpoint:
 
 
 def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) -> Endpoint:
-    """Inventory values win; ~/.ssh/config fills what the inventory left unset."""
-    config_path = ssh_config or Path("~/.ssh/config").expanduser()
-    looked: dict[str, Any] = {}
-    if config_path.is_file():
-        looked = dict(paramiko.SSHConfig.from_path(str(config_path)).lookup(host.address))
+    """Where to connect for inventory host `name`: inventory values win; ssh_config fills what
+    the inventory left unset, from the blocks for the host's name, then for its address.
+
+    The address is what is connected to (an ssh_config HostName for the address is followed);
+    jump hosts are resolved too (`via`). `ssh_config` replaces the user's and system's files.
+    Raises ConfigError (exit 2) for ssh_config that OpenSSH rejects or a jump chain that loops.
+    """
+    aliases = [name, host.address] if name != host.address else [host.address]
+    found = sshconfig.lookup(aliases, ssh_config, meanwhile=_load_ssh_stack)
+    by_address = found[-1]
+    options = found[0].before(by_address)
     explicit = host.model_fields_set
-    known_hosts = (
-        host.known_hosts or _first(looked.get("userknownhostsfile")) or "~/.ssh/known_hosts"
-    )
-    identities = (
-        [host.identity_file] if host.identity_file else list(looked.get("identityfile", []))
-    )
-    return Endpoint(
+    identities = (host.identity_file,) if host.identity_file else options.identity_files
+    known_hosts = host.known_hosts or options.known_hosts or "~/.ssh/known_hosts"
+    endpoint = Endpoint(
         name=name,
-        hostname=str(looked.get("hostname", host.address)),
-        port=host.port if "port" in explicit else int(looked.get("port", host.port)),
-        user=host.user if "user" in explicit else str(looked.get("user", host.user)),
+        hostname=by_address.hostname or host.address,
+        port=host.port if "port" in explicit else options.port or host.port,
+        user=host.user if "user" in explicit else options.user or host.user,
         identity_files=tuple(os.path.expanduser(p) for p in identities),
         known_hosts=Path(os.path.expanduser(known_hosts)),
         accept_new=host.host_key_policy == "accept-new",
-        jump=host.jump or looked.get("proxyjump"),
+        jump=None,
         connect_timeout=host.connect_timeout,
         command_timeout=host.command_timeout,
+        passphrase=host.passphrase,
     )
+    if "jump" in explicit:
+        jump, proxy = (None if host.jump == "none" else host.jump), None
+    else:
+        jump, proxy = options.proxy_jump, options.proxy_command
+    return _with_route(endpoint, jump, proxy, host, ssh_config, alias=name)
 
 
-def _first(value: Any) -> str | None:
-    if isinstance(value, list):
-        return str(value[0]).split()[0] if value else None
-    return str(value) if value else None
+def _load_ssh_stack() -> None:
+    """Import paramiko and Fabric (a connection follows) while OpenSSH reads ssh_config."""
+    import launcher.sshopen  # noqa: F401
 
 
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Reject unknown keys with advice; with accept-new, record them (changed keys never pass)."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        ep = self.endpoint
-        if ep.accept_new:
-            ep.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            with ep.known_hosts.open("a", encoding="utf-8") as handle:
-                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-            return
-        raise HostKeyError(
-            f"{ep.name}: host key of {hostname} is not in {ep.known_hosts} "
-            f"({key.get_name()} {key.fingerprint})",
-            hint=(
-                f"verify the fingerprint, then: ssh-keyscan -p {ep.port} {ep.hostname} >> "
-                f"{ep.known_hosts}   (or set host_key_policy: accept-new for this host)"
-            ),
+def _with_route(
+    endpoint: Endpoint,
+    jump: str | None,
+    proxy: str | None,
+    host: HostSpec,
+    ssh_config: Path | None,
+    *,
+    alias: str,
+    seen: tuple[tuple[str, int], ...] = (),
+) -> Endpoint:
+    """The endpoint with its ProxyCommand expanded, or its jump chain resolved (`via`)."""
+    seen = (*seen, (endpoint.hostname, endpoint.port))
+    if proxy:
+        command = sshconfig.expand_proxy_command(
+            proxy, host=endpoint.hostname, port=endpoint.port, user=endpoint.user, alias=alias
         )
-
-
-class _RetryableConnect(Exception):
-    pass
+        return replace(endpoint, proxy_command=command)
+    hops = sshconfig.split_jump(jump) if jump else []
+    if not hops:
+        return endpoint
+    if len(seen) + len(hops) > MAX_HOPS:
+        raise ConfigError([f"{endpoint.name}: more than {MAX_HOPS} jump hosts in a row"])
+    found = sshconfig.lookup([hop.host for hop in hops], ssh_config)
+    via: Endpoint | None = None
+    for index, (hop, options) in enumerate(zip(hops, found, strict=True)):
+        label = "jump" if len(hops) == 1 else f"jump {index + 1}"
+        identities = (host.identity_file,) if host.identity_file else options.identity_files
+        known_hosts = host.known_hosts or options.known_hosts or "~/.ssh/known_hosts"
+        hop_endpoint = replace(
+            endpoint,
+            name=f"{endpoint.name} ({label})",
+            hostname=options.hostname or hop.host,
+            port=hop.port or options.port or 22,
+            user=hop.user or options.user or endpoint.user,
+            identity_files=tuple(os.path.expanduser(p) for p in identities),
+            known_hosts=Path(os.path.expanduser(known_hosts)),
+            jump=None,
+            proxy_command=None,
+            via=via,
+        )
+        key = (hop_endpoint.hostname, hop_endpoint.port)
+        if key in seen:
+            raise ConfigError(
+                [f"{endpoint.name}: the jump chain {jump!r} loops through {key[0]}:{key[1]}"],
+                hint="check ProxyJump in the inventory and ssh_config (ssh -G ALIAS)",
+            )
+        if index == 0:
+            # As OpenSSH: the nearest hop is reached the way its own ssh_config says.
+            hop_endpoint = _with_route(
+                hop_endpoint,
+                options.proxy_jump,
+                options.proxy_command,
+                host,
+                ssh_config,
+                alias=hop.host,
+                seen=seen,
+            )
+        node: Endpoint | None = hop_endpoint
+        while node is not None:  # the hop, and the hosts it is reached through
+            seen = (*seen, (node.hostname, node.port))
+            node = node.via
+        via = hop_endpoint
+    return replace(endpoint, jump=jump, via=via)
 
 
 class Connection:
-    """One SSH connection to one host, opened on first use and closed by `close()`."""
+    """One SSH connection to one host, opened on first use and closed by `close()`.
+
+    Connecting (TCP, banner, key exchange, auth, and the tunnel through every jump host) ends
+    within the host's connect_timeout as a whole, retries included. A connection that failed
+    remembers why: if it was never established, every later use in this process fails at once
+    with the same error; if it was established and then lost, each use may try again, but not
+    sooner than connect_timeout after the last failed try. So a host that is unreachable costs
+    a command at most one connect_timeout, however often the command asks for it.
+    """
 
     def __init__(self, endpoint: Endpoint, *, jump: Connection | None = None) -> None:
         self.endpoint = endpoint
+        if jump is None and endpoint.via is not None:
+            jump = Connection(endpoint.via)
         self._jump = jump
-        self._client: paramiko.SSHClient | None = None
+        self._fab: BoundedConnection | None = None  # made on the first connect
+        self._client: paramiko.SSHClient | None = None  # set while connected
+        self._pkey: paramiko.PKey | None = None  # a key unlocked on the terminal
+        self._prepared = False
         self._lock = threading.Lock()
+        self._established = False
+        self._failure: tuple[float, LauncherError] | None = None
 
     # -- connecting -----------------------------------------------------------------------
-    def _connected(self) -> paramiko.SSHClient:
+    @property
+    def fabric(self) -> BoundedConnection:
+        """The Fabric Connection under this one, connected (for Fabric's own API)."""
+        self._connected()
+        assert self._fab is not None
+        return self._fab
+
+    def _connected(self, deadline: float | None = None) -> paramiko.SSHClient:
         with self._lock:
             if self._client is not None and not _alive(self._client):
                 # The link dropped (network blip, sshd restart): start over on the next use.
                 self._client.close()
                 self._client = None
             if self._client is None:
-                self._client = self._connect()
+                self._raise_recent_failure()
+                try:
+                    if deadline is None:
+                        self._prepare()  # may ask for a passphrase: before the clock starts
+                    self._client = self._connect(deadline)
+                except LauncherError as error:
+                    self._failure = (time.monotonic(), error)
+                    raise
+                self._failure = None
+                self._established = True
             return self._client
 
-    def _connect(self) -> paramiko.SSHClient:
-        ep = self.endpoint
-        attempt = retry(
-            retry=retry_if_exception_type(_RetryableConnect),
-            stop=stop_after_attempt(CONNECT_ATTEMPTS) | stop_after_delay(ep.connect_timeout * 3),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            reraise=True,
-        )(self._connect_once)
-        try:
-            return attempt()
-        except _RetryableConnect as exc:
-            raise ConnectError(
-                f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {exc}",
-                hint="check the address and port in the inventory, and that sshd is running",
-            ) from None
+    def _raise_recent_failure(self) -> None:
+        if self._failure is None:
+            return
+        failed_at, error = self._failure
+        if self._established and time.monotonic() - failed_at >= self.endpoint.connect_timeout:
+            return
+        # A new instance: the same one raised from several threads would share a traceback.
+        raise type(error)(error.message, hint=error.hint)
 
-    def _connect_once(self) -> paramiko.SSHClient:
-        ep = self.endpoint
-        client = paramiko.SSHClient()
-        if ep.known_hosts.is_file():
-            client.get_host_keys().load(str(ep.known_hosts))
-        client.set_missing_host_key_policy(_HostKeyPolicy(ep))
-        sock = self._jump.tunnel(ep.hostname, ep.port, ep.connect_timeout) if self._jump else None
-        try:
-            client.connect(
-                ep.hostname,
-                port=ep.port,
-                username=ep.user,
-                # paramiko takes a list here too (its stubs say str only).
-                key_filename=list(ep.identity_files) or None,  # type: ignore[arg-type]
-                look_for_keys=not ep.identity_files,
-                allow_agent=True,
-                timeout=ep.connect_timeout,
-                banner_timeout=ep.connect_timeout,
-                auth_timeout=ep.connect_timeout,
-                channel_timeout=ep.connect_timeout,
-                sock=sock,
-            )
-        except HostKeyError:
-            client.close()
-            raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise HostKeyError(
-                f"{ep.name}: host key of {ep.hostname} CHANGED (known_hosts: {ep.known_hosts}); "
-                f"got {exc.key.get_name()} {exc.key.fingerprint}",
-                hint=(
-                    "if the host was reinstalled, remove the old key with "
-                    f"ssh-keygen -R '{ep.known_hosts_key}' -f {ep.known_hosts} and add the new one"
-                ),
-            ) from None
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise AuthError(
-                f"{ep.name}: authentication as {ep.user}@{ep.hostname} failed: {exc}",
-                hint="check identity_file, ssh-agent and the host's authorized_keys",
-            ) from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            client.close()
-            raise _RetryableConnect(str(exc) or type(exc).__name__) from None
-        transport = client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(KEEPALIVE_SECONDS)
-        STATS.count("connects")
-        return client
+    def _prepare(self) -> None:
+        """Once, before the first connect of the chain: keys to unlock on the terminal."""
+        if self._jump is not None:
+            self._jump._prepare()
+        if self._prepared:
+            return
+        if self.endpoint.passphrase == "prompt":
+            from launcher import sshkeys
 
-    def tunnel(self, hostname: str, port: int, timeout: float) -> paramiko.Channel:
-        """A direct-tcpip channel through this host (ProxyJump)."""
-        transport = self._connected().get_transport()
+            self._pkey = sshkeys.unlock(self.endpoint)
+        self._prepared = True
+
+    def _fabric_connection(self) -> BoundedConnection:
+        if self._fab is None:
+            from launcher import sshopen
+
+            gateway = self._jump._fabric_connection() if self._jump else self.endpoint.proxy_command
+            self._fab = sshopen.fabric_connection(self.endpoint, gateway)
+        return self._fab
+
+    def _connect(self, deadline: float | None = None) -> paramiko.SSHClient:
+        """Connect within the budget: attempts share one deadline, each gets what is left."""
+        from launcher import sshopen
+
+        ep = self.endpoint
+        if deadline is None:
+            deadline = time.monotonic() + ep.connect_timeout
+        fab = self._fabric_connection()
+        pause = RETRY_PAUSE
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                client = sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
+                STATS.count("connects")
+                return client
+            except sshopen.RetryableConnect as exc:
+                failure = exc
+            if attempt == CONNECT_ATTEMPTS or time.monotonic() + pause >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_RETRY_PAUSE)
+        raise ConnectError(
+            f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
+            hint=failure.hint
+            or "check the address and port in the inventory, and that sshd is running",
+        )
+
+    def _socket(self, deadline: float) -> Sock:
+        """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""
+        from launcher import sshopen
+
+        if self._jump is not None:
+            return self._jump.tunnel(self.endpoint, deadline)
+        if self.endpoint.proxy_command:
+            return sshopen.proxy_socket(self.endpoint)
+        return sshopen.open_socket(self.endpoint, deadline)
+
+    def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
+        """A direct-tcpip channel through this host (ProxyJump), within the caller's deadline."""
+        from launcher import sshopen
+
+        transport = self._connected(deadline).get_transport()
         if transport is None:
             raise ConnectError(f"{self.endpoint.name}: jump host connection lost")
-        try:
-            return transport.open_channel(
-                "direct-tcpip", (hostname, port), ("127.0.0.1", 0), timeout=timeout
-            )
-        except (paramiko.SSHException, OSError) as exc:
-            raise _RetryableConnect(f"via {self.endpoint.hostname}: {exc}") from None
+        channel: paramiko.Channel = sshopen.tunnel(transport, self.endpoint, target, deadline)
+        return channel
 
     # -- commands -------------------------------------------------------------------------
     def _open_channel(self) -> paramiko.Channel:
         """A new session channel on this host's one connection (opened on first use)."""
+        from launcher import sshopen
+
         ep = self.endpoint
         transport = self._connected().get_transport()
         if transport is None or not transport.is_active():
             raise ConnectError(f"{ep.name}: connection to {ep.hostname} was lost")
         try:
             channel = transport.open_session(timeout=ep.connect_timeout)
-        except (paramiko.SSHException, OSError) as exc:
+        except sshopen.CHANNEL_ERRORS as exc:
             raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
         STATS.count("commands")
         return channel
@@ -272,10 +363,13 @@ class Connection:
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
         """Run a shell command string on the host, with a deadline on the whole exchange."""
+        from launcher import sshopen
+
         ep = self.endpoint
         limit = timeout if timeout is not None else ep.command_timeout
         started = time.monotonic()
         deadline = started + limit
+        out, err = io.BytesIO(), io.BytesIO()
         channel = self._open_channel()
         try:
             channel.settimeout(limit)
@@ -283,7 +377,8 @@ class Connection:
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            stdout, stderr = _drain(channel, deadline)
+            if _read_until_eof(channel, _sink(out), _sink(err), deadline=deadline) is not None:
+                raise TimeoutError()
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError()
             code = channel.recv_exit_status()
@@ -291,11 +386,12 @@ class Connection:
             raise CommandTimeout(
                 f"{ep.name}: command did not finish within {limit:g} s: {_short(command)}"
             ) from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
+        except sshopen.CHANNEL_ERRORS as exc:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
             channel.close()
-        return CommandResult(command, code, stdout, stderr, time.monotonic() - started)
+        duration = time.monotonic() - started
+        return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
 
     def stream(
         self,
@@ -317,11 +413,11 @@ class Connection:
         included, the channel is closed at once (the remote command loses its pipes) and the
         exception propagates.
         """
+        from launcher import sshopen
+
         ep = self.endpoint
-        started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         channel = self._open_channel()
-        last_data = started
         try:
             channel.settimeout(ep.connect_timeout)
             channel.exec_command(command)
@@ -329,41 +425,38 @@ class Connection:
                 channel.sendall(stdin)
             if close_stdin:
                 channel.shutdown_write()
-            while True:
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise CommandTimeout(
-                        f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
-                    )
-                if idle_timeout is not None and now - last_data >= idle_timeout:
-                    raise CommandTimeout(
-                        f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}"
-                    )
-                select.select([channel], [], [], 0.5)
-                while channel.recv_ready():
-                    last_data = time.monotonic()
-                    on_stdout(channel.recv(65536))
-                while channel.recv_stderr_ready():
-                    last_data = time.monotonic()
-                    data = channel.recv_stderr(65536)
-                    if on_stderr is not None:
-                        on_stderr(data)
-                pending = channel.recv_ready() or channel.recv_stderr_ready()
-                if (channel.eof_received or channel.closed) and not pending:
-                    break
+            expired = _read_until_eof(
+                channel,
+                on_stdout,
+                on_stderr,
+                deadline=deadline,
+                idle_timeout=idle_timeout,
+            )
+            if expired == "deadline":
+                raise CommandTimeout(
+                    f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
+                )
+            if expired == "idle":
+                raise CommandTimeout(
+                    f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}"
+                )
             if not channel.status_event.wait(ep.connect_timeout):
                 raise CommandTimeout(f"{ep.name}: no exit status after EOF: {_short(command)}")
             return channel.recv_exit_status()
-        except (paramiko.SSHException, OSError, EOFError) as exc:
+        except _SinkFailed as failed:
+            # Not the connection's fault (e.g. stdout's reader went away): the caller's error.
+            raise failed.error from None
+        except sshopen.CHANNEL_ERRORS as exc:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
             channel.close()
 
     def close(self) -> None:
         with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            if self._fab is not None:
+                self._fab.close()  # SFTP sessions Fabric opened, then the client
+                self._fab.client.close()  # also a client whose link had already dropped
+            self._client = None
         if self._jump is not None:
             self._jump.close()
 
@@ -374,39 +467,73 @@ class Connection:
         self.close()
 
 
+def _read_until_eof(
+    channel: paramiko.Channel,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None] | None,
+    *,
+    deadline: float | None,
+    idle_timeout: float | None = None,
+) -> Literal["deadline", "idle"] | None:
+    """The one read loop: stdout and stderr together until EOF, so neither can fill up and
+    block the other. Returns None at EOF, or which limit ran out first."""
+    last_data = time.monotonic()
+    while True:
+        now = time.monotonic()
+        wait = POLL_SECONDS
+        if deadline is not None:
+            if now >= deadline:
+                return "deadline"
+            wait = min(wait, deadline - now)
+        if idle_timeout is not None:
+            if now - last_data >= idle_timeout:
+                return "idle"
+            wait = min(wait, last_data + idle_timeout - now)
+        select.select([channel], [], [], wait)
+        while channel.recv_ready():
+            last_data = time.monotonic()
+            _deliver(on_stdout, channel.recv(65536))
+        while channel.recv_stderr_ready():
+            last_data = time.monotonic()
+            data = channel.recv_stderr(65536)
+            if on_stderr is not None:
+                _deliver(on_stderr, data)
+        # Done at EOF or close, but only once both buffers are empty: data can arrive on one
+        # stream while the other is being read, just before the close.
+        finished = channel.eof_received or channel.closed
+        if finished and not channel.recv_ready() and not channel.recv_stderr_ready():
+            return None
+
+
+class _SinkFailed(Exception):
+    """An exception from a caller's output callback, carried past the SSH error handling."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _deliver(sink: Callable[[bytes], None], data: bytes) -> None:
+    try:
+        sink(data)
+    except Exception as exc:
+        raise _SinkFailed(exc) from exc
+
+
+def _sink(buffer: io.BytesIO) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        buffer.write(data)
+
+    return write
+
+
 def _alive(client: paramiko.SSHClient) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
 
 
-def _drain(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
-    """Read stdout and stderr together until EOF, so neither can fill up and block the other."""
-    out = io.BytesIO()
-    err = io.BytesIO()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError()
-        select.select([channel], [], [], min(remaining, 1.0))
-        while channel.recv_ready():
-            out.write(channel.recv(65536))
-        while channel.recv_stderr_ready():
-            err.write(channel.recv_stderr(65536))
-        # Done at EOF or close, but only once both buffers are empty: data can arrive on one
-        # stream while the other is being read, just before the close.
-        finished = channel.eof_received or channel.closed
-        if finished and not channel.recv_ready() and not channel.recv_stderr_ready():
-            return out.getvalue(), err.getvalue()
-
-
 def _short(command: str, limit: int = 120) -> str:
     return command if len(command) <= limit else command[: limit - 3] + "..."
-
-
-def _parse_jump(jump: str) -> tuple[str | None, str, int]:
-    user, _, rest = jump.rpartition("@")
-    host, _, port = rest.partition(":")
-    return (user or None), host, int(port or 22)
 
 
 class ConnectionPool:
@@ -421,22 +548,7 @@ class ConnectionPool:
         with self._lock:
             conn = self._connections.get(name)
             if conn is None:
-                endpoint = resolve_endpoint(name, host, self._ssh_config)
-                jump = None
-                if endpoint.jump:
-                    user, jump_host, jump_port = _parse_jump(endpoint.jump)
-                    jump_spec = host.model_copy(
-                        update={
-                            "address": jump_host,
-                            "port": jump_port,
-                            "user": user or endpoint.user,
-                            "jump": None,
-                        }
-                    )
-                    jump = Connection(
-                        resolve_endpoint(f"{name} (jump)", jump_spec, self._ssh_config)
-                    )
-                conn = Connection(endpoint, jump=jump)
+                conn = Connection(resolve_endpoint(name, host, self._ssh_config))
                 self._connections[name] = conn
             return conn
 

@@ -50,13 +50,18 @@ def ensure_key(path: Path, comment: str) -> bool:
     return True
 
 
-def config_text(state_dir: Path, port: int) -> str:
+def config_text(
+    state_dir: Path, port: int, *, address: str = ADDRESS, authorized_keys: Path | None = None
+) -> str:
+    """sshd_config for the sandbox's sshd (or another one on `address`, e.g. a jump host that
+    lets in the keys of `authorized_keys`)."""
     session_path = f"{state_dir / 'bin'}:{SESSION_PATH_TAIL}"
+    keys = authorized_keys or state_dir / "authorized_keys"
     lines = [
         f"Port {port}",
-        f"ListenAddress {ADDRESS}",
+        f"ListenAddress {address}",
         f"HostKey {_quote(str(state_dir / 'ssh_host_ed25519_key'))}",
-        f"AuthorizedKeysFile {_quote(str(state_dir / 'authorized_keys'))}",
+        f"AuthorizedKeysFile {_quote(str(keys))}",
         f"PidFile {_quote(str(state_dir / 'sshd.pid'))}",
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
@@ -95,16 +100,16 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
+def free_port(address: str = ADDRESS) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ADDRESS, 0))
+        s.bind((address, 0))
         port: int = s.getsockname()[1]
         return port
 
 
-def accepting(port: int, timeout: float = 0.5) -> bool:
+def accepting(port: int, timeout: float = 0.5, *, address: str = ADDRESS) -> bool:
     try:
-        with socket.create_connection((ADDRESS, port), timeout=timeout) as s:
+        with socket.create_connection((address, port), timeout=timeout) as s:
             s.settimeout(timeout)
             return s.recv(4).startswith(b"SSH-")
     except OSError:
@@ -196,7 +201,9 @@ def stop_all(config: Path) -> None:
         kill([*descendants(listeners), *listeners])
 
 
-def start(state_dir: Path, config: Path, port: int, timeout: float = 10.0) -> int:
+def start(
+    state_dir: Path, config: Path, port: int, timeout: float = 10.0, *, address: str = ADDRESS
+) -> int:
     """Start sshd and wait until it answers on the port; return its PID."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
     check = subprocess.run([SSHD, "-t", "-f", str(config)], capture_output=True, check=False)
@@ -214,12 +221,12 @@ def start(state_dir: Path, config: Path, port: int, timeout: float = 10.0) -> in
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = read_pid(pid_file)
-        if pid is not None and alive(pid) and accepting(port):
+        if pid is not None and alive(pid) and accepting(port, address=address):
             return pid
         time.sleep(0.02)
     tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
     raise SshdError(
-        f"sshd did not come up on {ADDRESS}:{port}" + "".join(f"\n  {line}" for line in tail)
+        f"sshd did not come up on {address}:{port}" + "".join(f"\n  {line}" for line in tail)
     )
 
 

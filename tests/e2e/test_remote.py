@@ -163,3 +163,42 @@ def test_dropped_link_reconnects_on_next_command(sandbox: tuple[Sandbox, Sandbox
         transport.join(5)
         assert connection.run("echo back").out == "back\n"
     assert STATS.connects - before == 2
+
+
+def test_the_connection_is_fabrics_with_launchers_host_key_policy(conn: Connection) -> None:
+    import fabric
+    import paramiko
+
+    assert conn.run("true").ok
+    assert isinstance(conn.fabric, fabric.Connection)
+    # Fabric's own default (AutoAddPolicy) would accept any unknown key: never in place.
+    policy = conn.fabric.client._policy
+    assert not isinstance(policy, paramiko.AutoAddPolicy | paramiko.WarningPolicy)
+    # One connection: launcher's channels and Fabric's API share the transport.
+    assert conn.fabric.transport is conn._connected().get_transport()
+    assert conn.fabric.run("echo via fabric", hide=True, in_stream=False).stdout == "via fabric\n"
+
+
+def test_stream_output_deadlines_and_a_failing_reader(conn: Connection) -> None:
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = conn.stream("echo a; echo b >&2; exit 3", out.append, on_stderr=err.append)
+    assert (code, b"".join(out), b"".join(err)) == (3, b"a\n", b"b\n")
+
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="no output for 1 s"):
+        conn.stream("echo x; sleep 30", out.append, idle_timeout=1)
+    with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+        conn.stream("while :; do echo tick; sleep 0.2; done", out.append, timeout=1, idle_timeout=5)
+    assert time.monotonic() - started < 5
+
+    class ReaderGone(Exception):
+        pass
+
+    def gone(data: bytes) -> None:
+        raise ReaderGone()
+
+    # The reader's own error, not a connection error.
+    with pytest.raises(ReaderGone):
+        conn.stream("echo x", gone)
+    assert conn.run("echo still usable").out == "still usable\n"
