@@ -313,6 +313,8 @@ def attach_argv(endpoint: Endpoint, vmid: int, session: str) -> list[str]:
     argv += ["-o", f"StrictHostKeyChecking={policy}"]
     if endpoint.jump:
         argv += ["-o", f"ProxyJump={endpoint.jump}"]
+    if endpoint.proxy_command:
+        argv += ["-o", f"ProxyCommand={endpoint.proxy_command}"]
     argv += ["-o", f"ConnectTimeout={max(1, math.ceil(endpoint.connect_timeout))}"]
     remote = exec_command(vmid, ["tmux", "attach", "-t", f"={session}:"])
     return [*argv, "--", endpoint.hostname, remote]

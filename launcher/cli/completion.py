@@ -8,13 +8,13 @@ SHELLS = ("bash", "zsh", "fish")
 COMPLETE_VAR = "_LAUNCHER_COMPLETE"
 
 
-def completion_script(shell: str) -> str:
+def completion_script(shell: str, group: click.Command | None = None) -> str:
     """The script click generates for `shell`; it calls `launcher` back to complete a word
-    (subcommands, options, and -t from the inventory's target and group names)."""
+    (subcommands, options, and -t from the inventory's target and group names). `group` is the
+    root command (default: the one running now, so this module never imports cli/main.py)."""
     from click.shell_completion import get_completion_class
 
-    from launcher.cli.main import cli
-
+    cli = group or click.get_current_context().find_root().command
     completion_class = get_completion_class(shell)
     if completion_class is None:  # click supports all three; a guard for its future
         raise click.UsageError(f"no completion for {shell}")

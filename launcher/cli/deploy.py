@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from launcher.cli.main import AppContext, fleet_options, pass_app
+from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import GRACE
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from launcher.cli.main import AppContext, global_options, pass_app
+from launcher.cli.context import AppContext, global_options, pass_app
 
 
 @click.group()

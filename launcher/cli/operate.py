@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from launcher.cli.main import (
+from launcher.cli.context import (
     AppContext,
     fleet_options,
     global_options,

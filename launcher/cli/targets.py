@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from launcher.cli.main import AppContext, print_error
+from launcher.cli.context import AppContext, print_error
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import (
     FleetContext,

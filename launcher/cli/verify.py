@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from launcher.cli.main import AppContext, fleet_options, pass_app
+from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launcher.cli.main import AppContext, fleet_options, pass_app
+from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import DAY, HOUR, INTERVAL, WAIT, Count, Duration
 
 if TYPE_CHECKING:

@@ -66,7 +66,8 @@ def test_crash_fails_fast_with_traceback(project: Project) -> None:
             "stall",
             {"DEMO_MODE": "stall", "DEMO_STALL_AFTER": "2"},
             {"step": {"stall_after": 3}},
-            {"step"},
+            # A stalled trainer also stops filling its queues: either ends the probe first.
+            {"step", "queues.q_pre", "queues.q_hs"},
         ),
         ("flat", {"DEMO_MODE": "flat"}, {"throughput": {"min": 1000}}, {"throughput"}),
         ("nan", {"DEMO_MODE": "nan", "DEMO_NAN_AFTER": "2"}, {}, {"loss"}),
@@ -79,7 +80,7 @@ def test_misbehaving_runs_fail(
     deploy(project, name, env=env, verify={"window": 8, **verify_cfg})
     code, report, _ = verify(project)
     assert code == 1, report
-    assert failing <= failed_checks(report), report["checks"]
+    assert failing & failed_checks(report), report["checks"]  # one of the expected failures
     project.kill_session(VMID, name)
 
 

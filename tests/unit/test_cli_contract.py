@@ -217,7 +217,7 @@ def test_an_error_is_printed_once_on_stderr(
 def test_completion_script(shell: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "completion", shell)
     assert code == 0
-    assert out == completion_script(shell)
+    assert out == completion_script(shell, cli)
     assert COMPLETE_VAR in out and "launcher" in out
 
 
