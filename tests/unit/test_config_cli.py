@@ -277,3 +277,25 @@ def test_repository_inventory_is_valid(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exit_info:
         main(["-i", str(root / "inventory.yaml"), "inventory", "check"])
     assert exit_info.value.code == 0, capsys.readouterr().err
+
+
+def test_debug_sends_paramikos_log_to_stderr() -> None:
+    """With --debug, paramiko's logger gets a stderr handler at INFO; without, it stays quiet."""
+    import logging
+
+    from launcher.cli import main as cli_main
+
+    log = logging.getLogger("paramiko")
+    before, level = list(log.handlers), log.level
+    try:
+        cli_main._paramiko_log(False)
+        assert log.handlers == before
+        cli_main._paramiko_log(True)
+        added = [h for h in log.handlers if h not in before]
+        assert len(added) == 1 and isinstance(added[0], logging.StreamHandler)
+        assert log.level == logging.INFO
+    finally:
+        for handler in list(log.handlers):
+            if handler not in before:
+                log.removeHandler(handler)
+        log.setLevel(level)
