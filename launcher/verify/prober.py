@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -269,25 +269,10 @@ class Prober:
 
     def _reason(self, failures: Sequence[CheckResult]) -> str:
         """One line: each failing check and its evidence, the most telling first."""
-
-        def rank(result: CheckResult) -> int:
-            head = result.name.split(".")[0]
-            return REASON_ORDER.index(head) if head in REASON_ORDER else len(REASON_ORDER)
-
         if any(r.name == "samples" for r in failures):
             # No status line at all: what else was never reported follows from that.
             failures = [r for r in failures if r.kind is not Failure.PENDING or r.name == "samples"]
-        parts = []
-        for result in sorted(failures, key=rank):
-            text = _first_line(result.observed)
-            subject = result.name.split(".")[-1]
-            if not text.startswith(subject) and not text.startswith("restarted"):
-                text = f"{result.name}: {text}"
-            polls = self._streaks.get(result.name, 0)
-            if result.kind is Failure.DEFINITE and polls > 1 and result.name not in EVENT_CHECKS:
-                text += f", for {polls} polls"
-            parts.append(text)
-        return "; ".join(parts)
+        return describe_failures(failures, self._streaks)
 
     def _window_reason(self) -> str:
         failing = [r for r in self._results if r.verdict is Verdict.FAIL]
@@ -341,6 +326,29 @@ class Prober:
                 run=self.run_id,
             )
         )
+
+
+def describe_failures(
+    failures: Sequence[CheckResult], streaks: Mapping[str, int] | None = None
+) -> str:
+    """One line: each failing check and its evidence, the most telling first; with `streaks`
+    (failing polls in a row by check), a definite failure says for how many polls."""
+
+    def rank(result: CheckResult) -> int:
+        head = result.name.split(".")[0]
+        return REASON_ORDER.index(head) if head in REASON_ORDER else len(REASON_ORDER)
+
+    parts = []
+    for result in sorted(failures, key=rank):
+        text = _first_line(result.observed)
+        subject = result.name.split(".")[-1]
+        if not text.startswith(subject) and not text.startswith("restarted"):
+            text = f"{result.name}: {text}"
+        polls = (streaks or {}).get(result.name, 0)
+        if result.kind is Failure.DEFINITE and polls > 1 and result.name not in EVENT_CHECKS:
+            text += f", for {polls} polls"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def _first_line(text: str) -> str:

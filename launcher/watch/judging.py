@@ -29,7 +29,7 @@ from launcher.verify.checks import (
     worst_verdict,
 )
 from launcher.verify.parse import Sample
-from launcher.verify.prober import REASON_ORDER, WARMUP_CHECKS, ParseFn
+from launcher.verify.prober import WARMUP_CHECKS, ParseFn, describe_failures
 from launcher.watch.events import LAST_LINES
 
 
@@ -67,17 +67,7 @@ def run_identity(state: PaneState) -> str | None:
 
 def reason_of(failures: Sequence[CheckResult]) -> str:
     """One line: each failing check and its evidence, the most telling first (as verify)."""
-
-    def rank(result: CheckResult) -> int:
-        head = result.name.split(".")[0]
-        return REASON_ORDER.index(head) if head in REASON_ORDER else len(REASON_ORDER)
-
-    parts = []
-    for result in sorted(failures, key=rank):
-        text = result.observed.splitlines()[0] if result.observed else ""
-        subject = result.name.split(".")[-1]
-        parts.append(text if text.startswith((subject, "restarted")) else f"{result.name}: {text}")
-    return "; ".join(parts) or "failing"
+    return describe_failures(failures) or "failing"
 
 
 class RunJudge:
