@@ -28,8 +28,8 @@ import datetime
 import fcntl
 import hashlib
 import json
+import marshal
 import os
-import platform
 import re
 import select
 import shlex
@@ -55,6 +55,7 @@ if __name__ != "launcher_agent":
         STREAMING_OPS,
         system_path_problem,
     )
+PYTHON_VERSION = "%d.%d.%d" % sys.version_info[:3]  # what platform.python_version() says
 SCRIPT_HISTORY = 5
 MARKER_VAR = "LAUNCHER_RUN"
 PLACEHOLDER_WINDOW = "launcher-placeholder"
@@ -174,6 +175,48 @@ def run(argv, timeout=30.0, input=None):
     out = proc.stdout.decode("utf-8", "replace")
     err = proc.stderr.decode("utf-8", "replace")
     return proc.returncode, out, err
+
+
+class Started:
+    """A command started now and answered later, like run(): its wait overlaps other work.
+    Its output must be small (a pipe's worth) or it waits, harmlessly, until read."""
+
+    def __init__(self, argv, timeout=30.0):
+        self.argv, self.timeout = argv, timeout
+        self.deadline = time.monotonic() + timeout
+        self.proc, self.missing = None, ""
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=_default_signals,
+            )
+        except OSError as exc:
+            self.missing = str(exc)
+
+    def result(self):
+        """(returncode, stdout, stderr) as run() gives them."""
+        if self.proc is None:
+            return 127, "", self.missing
+        try:
+            out, err = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return 124, "", "%s timed out after %ss" % (self.argv[0], self.timeout)
+        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def cancel(self):
+        """Kill it if it still runs; never waits on its pipes (a child of its could hold them)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def write_atomic(path, text):
@@ -607,12 +650,31 @@ def emit_event(event):
 # --------------------------------------------------------------------------- GPUs
 
 
-def gpu_names():
-    """(names, error): one name per visible GPU from `nvidia-smi -L`."""
+GPU_NAMES_ARGS = ["-L"]
+GPU_HOLDERS_ARGS = [
+    "--query-compute-apps=pid,process_name,used_memory",
+    "--format=csv,noheader,nounits",
+]
+
+
+def start_gpu_queries(names, holders):
+    """The nvidia-smi queries asked for, started at once (each can take a good part of a
+    second on a real 8-GPU host) for gpu_names and gpu_holders to read when their checks come."""
+    binary = which("nvidia-smi")
+    started = {}
+    if binary and names:
+        started["names"] = Started([binary, *GPU_NAMES_ARGS])
+    if binary and holders:
+        started["holders"] = Started([binary, *GPU_HOLDERS_ARGS])
+    return started
+
+
+def gpu_names(started=None):
+    """(names, error): one name per visible GPU from `nvidia-smi -L` (or its `started` run)."""
     binary = which("nvidia-smi")
     if not binary:
         return [], "nvidia-smi not found"
-    rc, out, err = run([binary, "-L"])
+    rc, out, err = started.result() if started else run([binary, *GPU_NAMES_ARGS])
     if rc != 0:
         return [], (err.strip() or out.strip() or "nvidia-smi -L exited %d" % rc)
     names = []
@@ -623,13 +685,12 @@ def gpu_names():
     return names, None
 
 
-def gpu_holders():
-    """(holders, error): processes nvidia-smi lists as using a GPU."""
+def gpu_holders(started=None):
+    """(holders, error): processes nvidia-smi lists as using a GPU (or its `started` run)."""
     binary = which("nvidia-smi")
     if not binary:
         return [], "nvidia-smi not found"
-    query = "--query-compute-apps=pid,process_name,used_memory"
-    rc, out, err = run([binary, query, "--format=csv,noheader,nounits"])
+    rc, out, err = started.result() if started else run([binary, *GPU_HOLDERS_ARGS])
     if rc != 0:
         return [], (err.strip() or out.strip() or "nvidia-smi exited %d" % rc)
     holders = []
@@ -654,10 +715,10 @@ def describe_holders(holders):
     )
 
 
-def gpu_report(wanted, holders=True):
+def gpu_report(wanted, holders=True, started=None):
     if wanted <= 0:
         return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True}
-    names, error = gpu_names()
+    names, error = gpu_names(started)
     holders, holders_error = gpu_holders() if holders and not error else ([], None)
     return {
         "visible": len(names),
@@ -901,7 +962,7 @@ def op_preflight(request, warnings):
     if gpus > 0 and gpu_info["visible"] < gpus:
         warnings.append("%d GPUs wanted, %d visible" % (gpus, gpu_info["visible"]))
     return {
-        "python": platform.python_version(),
+        "python": PYTHON_VERSION,
         "tmux": tmux_version(),
         "workdir": workdir_info,
         "free_bytes": free,
@@ -966,6 +1027,7 @@ class Deploy:
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
+        self.gpu_queries: dict[str, Started] = {}
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
@@ -1056,7 +1118,11 @@ class Deploy:
 
     def run(self):
         try:
-            for name, check in self.checks():
+            checks = self.checks()
+            names = [name for name, _ in checks]
+            # nvidia-smi answers while the checks before its own run (it only reads).
+            self.gpu_queries = start_gpu_queries("resources" in names, "gpus" in names)
+            for name, check in checks:
                 try:
                     self.step(name, check)
                 except AgentError as exc:
@@ -1137,6 +1203,8 @@ class Deploy:
             emit_event({"event": "step", "step": self.steps[-1]})
 
     def cleanup(self):
+        for query in self.gpu_queries.values():  # a check failed before reading it
+            query.cancel()
         # The pushed temp file never outlives the transaction; only removed once proven ours.
         if self.tmp_ok:
             remove_quietly(self.tmp)
@@ -1231,9 +1299,9 @@ class Deploy:
     def check_disk_and_gpus(self):
         free = free_bytes(self.workdir)
         # Who holds the GPUs is judged once the old run's processes are known (check_gpu_holders).
-        gpus = gpu_report(self.gpus, holders=False)
+        gpus = gpu_report(self.gpus, holders=False, started=self.gpu_queries.get("names"))
         self.result["preflight"] = {
-            "python": platform.python_version(),
+            "python": PYTHON_VERSION,
             "free_bytes": free,
             "gpus": gpus,
         }
@@ -1242,7 +1310,10 @@ class Deploy:
         if self.gpus > 0 and gpus["visible"] < self.gpus:
             reason = gpus["error"] or "%d visible" % gpus["visible"]
             raise AgentError("missing", "playbook wants %d GPUs, %s" % (self.gpus, reason))
-        detail = "python %s, %d MiB free" % (platform.python_version(), (free or 0) // 2**20)
+        detail = "python %s, %d MiB free" % (
+            PYTHON_VERSION,
+            (free or 0) // 2**20,
+        )
         if self.gpus > 0:
             detail += ", %d GPUs" % gpus["visible"]
         return "ok", detail
@@ -1250,7 +1321,7 @@ class Deploy:
     def check_gpu_holders(self):
         """Refuse to launch onto GPUs held by processes that are not the old run's (a child
         that double-forked out of the run, another job): stopping the run would not free them."""
-        holders, error = gpu_holders()
+        holders, error = gpu_holders(self.gpu_queries.get("holders"))
         if error:
             raise AgentError("missing", "cannot tell who holds the GPUs: %s" % error)
         ours = [h for h in holders if h["pid"] in self.old_pids]
@@ -2000,7 +2071,8 @@ def main(request):
 # hashes the bytes it reads before running them, so nothing stored here is trusted as it lies.
 
 BUNDLE_FILE = re.compile(r"^agent-[0-9a-f]{64}\.bundle$")
-BUNDLE_TMP = re.compile(r"^\.agent-[0-9a-f]{64}\.bundle\.[0-9a-f]{12}\.tmp$")
+CODE_FILE = re.compile(r"^agent-([0-9a-f]{64})\.[\w.-]+\.code$")  # <sha256>.<cache_tag>.code
+BUNDLE_TMP = re.compile(r"^\.agent-[0-9a-f]{64}\.(?:bundle|[\w.-]+\.code)\.[0-9a-f]{12}\.tmp$")
 BUNDLES_KEPT = 3  # two launcher versions used side by side do not evict each other
 BUNDLE_TMP_STALE = 60.0  # a temp file this old was left by a writer that died
 
@@ -2015,6 +2087,30 @@ def store_bundle(directory, text):
         path = os.path.join(directory, "agent-%s.bundle" % hashlib.sha256(data).hexdigest())
         write_whole(path, data)
         prune_bundles(directory, path)
+        return path
+    except Exception:  # the op runs whatever happened to its cache
+        return None
+
+
+def code_key(digest, payload):
+    """What a cached compiled bundle starts with: binds the marshal `payload` to the bundle's
+    sha256 and to this very interpreter (marshal and bytecode change between versions), and
+    shows a corrupt file. agentclient.LOADER computes the same to check it."""
+    return hashlib.sha256(("%s %s\0" % (digest, sys.version)).encode() + payload).digest()
+
+
+def store_code(directory, text, codes):
+    """Cache the compiled bundle (`codes`, the code objects of protocol.py and agent.py compiled
+    from `text`) as <directory>/agent-<sha256>.<cache_tag>.code, so later calls skip compiling
+    it; the path, or None when it could not be written."""
+    try:
+        tag = sys.implementation.cache_tag
+        if not tag or not private_dir(directory):
+            return None
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        payload = marshal.dumps(tuple(codes))
+        path = os.path.join(directory, "agent-%s.%s.code" % (digest, tag))
+        write_whole(path, code_key(digest, payload) + payload)
         return path
     except Exception:  # the op runs whatever happened to its cache
         return None
@@ -2052,19 +2148,29 @@ def write_whole(path, data):
 
 
 def prune_bundles(directory, current):
-    """Keep `current` and the newest others up to BUNDLES_KEPT; drop temp files of dead writers."""
-    bundles, now = [], time.time()
+    """Keep `current` and the newest others up to BUNDLES_KEPT, and the compiled copies of the
+    bundles kept; drop the rest and temp files of dead writers."""
+    bundles, codes, now = [], [], time.time()
     for name in os.listdir(directory):
         path = os.path.join(directory, name)
         with contextlib.suppress(OSError):
             if BUNDLE_FILE.match(name) and path != current:
                 bundles.append((os.lstat(path).st_mtime, path))
+            elif CODE_FILE.match(name):
+                codes.append((name[6:70], path))
             elif BUNDLE_TMP.match(name) and now - os.lstat(path).st_mtime > BUNDLE_TMP_STALE:
                 os.unlink(path)
     bundles.sort(reverse=True)
-    for _, path in bundles[BUNDLES_KEPT - 1 :]:
+    dropped = bundles[BUNDLES_KEPT - 1 :]
+    for _, path in dropped:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    kept = {os.path.basename(p)[6:-7] for _, p in bundles[: BUNDLES_KEPT - 1]}
+    kept.add(os.path.basename(current)[6:-7])
+    for digest, path in codes:
+        if digest not in kept:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 if __name__ == "__main__":

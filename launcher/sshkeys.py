@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import paramiko
-
 from launcher.errors import AuthError
+from launcher.sshlibs import paramiko
 
 if TYPE_CHECKING:
     from launcher.remote import Endpoint

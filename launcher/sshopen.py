@@ -19,11 +19,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import fabric
-import paramiko
-
 from launcher import sshkeys
 from launcher.errors import AuthError, ConfigError, HostKeyError
+from launcher.sshlibs import fabric, paramiko
 
 if TYPE_CHECKING:
     from launcher.remote import Endpoint

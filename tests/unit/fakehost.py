@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.agentclient import AGENT_ARGV
 from launcher.remote import CommandResult
 
 
@@ -65,7 +66,7 @@ class StrictFakeHost:
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
         argv = shlex.split(command)
-        if argv[:2] == ["pct", "exec"] and argv[4:6] == ["python3", "-c"]:
+        if argv[:2] == ["pct", "exec"] and argv[4:] == AGENT_ARGV:
             assert stdin is not None, "agent call without stdin"
             request = json.loads(stdin.decode().splitlines()[0])["request"]
             answer = self._next(f"agent:{request['op']}").respond(request)
@@ -99,7 +100,7 @@ class StrictFakeHost:
         idle_timeout: float | None = None,
     ) -> int:
         argv = shlex.split(command)
-        if argv[:2] != ["pct", "exec"] or argv[4:6] != ["python3", "-c"] or stdin is None:
+        if argv[:2] != ["pct", "exec"] or argv[4:] != AGENT_ARGV or stdin is None:
             raise AssertionError(f"unexpected streamed command {command!r}")
         request = json.loads(stdin.decode().splitlines()[0])["request"]
         if self.expected and self.expected[0].kind == f"agent:{request['op']}":

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -860,3 +861,61 @@ def test_compile_error_with_another_interpreter_quotes_the_new_script(target: Ta
     result = target.apply("a = [\n", restart=True, command="sleep 60", python=python)
     assert result["error"]["kind"] == "compile"
     assert "a = [" in result["error"]["message"]
+
+
+SLOW_NVIDIA_SMI = """#!/bin/sh
+log=%(log)s
+if [ "$1" = -L ]; then
+  echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
+  echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)"
+else
+  echo "holders start $$" >> "$log"
+  [ -e %(hang)s ] && exec sleep 30
+  sleep 0.5; echo "holders end" >> "$log"
+fi
+"""
+
+
+def slow_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    log, hang = tmp_path / "nvidia-smi.log", tmp_path / "hang"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        SLOW_NVIDIA_SMI % {"log": shlex.quote(str(log)), "hang": shlex.quote(str(hang))}
+    )
+    fake.chmod(0o755)
+    real_which = agent.which
+    monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    return log, hang
+
+
+def test_gpu_queries_run_side_by_side_before_their_checks(
+    target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both nvidia-smi queries start with the transaction and answer while the checks before
+    theirs run: the second starts before the first ends. Their answers are still judged."""
+    log, _ = slow_nvidia_smi(tmp_path, monkeypatch)
+    result = target.apply(gpus=2, check_resources=True)
+    assert result["ok"] is True, result["error"]
+    events = [line.split()[:2] for line in log.read_text().splitlines()]
+    assert sorted(events[:2]) == [["holders", "start"], ["names", "start"]], events
+    steps = {s["name"]: s for s in result["steps"]}
+    assert steps["resources"]["detail"].endswith(", 2 GPUs")
+    assert steps["gpus"]["status"] == "ok" and steps["gpus"]["detail"] == "free"
+
+
+def test_a_refused_deploy_leaves_no_gpu_query_running(
+    target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Refused before the GPU holders check (a run is active, no --restart): the query it
+    started is killed, not waited for."""
+    log, hang = slow_nvidia_smi(tmp_path, monkeypatch)
+    assert target.apply(gpus=2, check_resources=True)["ok"] is True
+    hang.touch()
+    started = time.monotonic()
+    result = target.apply(gpus=2, check_resources=True, restart=False)
+    assert result["error"]["kind"] == "refused" and "--restart" in result["error"]["message"]
+    assert time.monotonic() - started < 10  # the 30 s query was not waited for
+    starts = [line for line in log.read_text().splitlines() if line.startswith("holders start")]
+    pid = int(starts[-1].split()[2])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

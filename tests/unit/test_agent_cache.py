@@ -22,6 +22,7 @@ import pytest
 
 from launcher import agent
 from launcher.agentclient import (
+    AGENT_ARGV,
     BOOT,
     LOADER,
     MISS_EXIT,
@@ -38,6 +39,14 @@ from launcher.remote import CommandResult
 PYTHON = shutil.which("python3") or "python3"
 TEXT, DIGEST = bundle()
 NAME = f"agent-{DIGEST}.bundle"
+# The interpreter the loader runs under, which keys the compiled copy of the bundle.
+TAG, VERSION = subprocess.run(
+    [PYTHON, "-c", "import sys; print(sys.implementation.cache_tag); print(sys.version, end='')"],
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout.split("\n", 1)
+CODE = f"agent-{DIGEST}.{TAG}.code"
 
 
 def history(workdir: Path) -> dict[str, Any]:
@@ -53,7 +62,7 @@ def boot(
     """One container call, run here: python3 -c BOOT with the line on stdin."""
     line = payload(request, mode=mode, cache_dir=str(cache_dir))
     return subprocess.run(
-        [PYTHON, "-c", BOOT],
+        [PYTHON, *AGENT_ARGV[1:]],
         input=line,
         capture_output=True,
         timeout=30,
@@ -122,9 +131,10 @@ def test_miss_runs_nothing_then_store_then_hit(tmp_path: Path, cache: Path) -> N
 
     first = answer(boot(history(tmp_path), "store", cache))
     assert first["ok"] and first["op"] == "history"
-    assert [p.name for p in cache.iterdir()] == [NAME]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([NAME, CODE])
     assert cache.stat().st_mode & 0o777 == 0o700
     assert (cache / NAME).stat().st_mode & 0o777 == 0o600
+    assert (cache / CODE).stat().st_mode & 0o777 == 0o600
     assert sha256(cache / NAME) == DIGEST
 
     again = answer(boot(history(tmp_path), "cached", cache))
@@ -150,11 +160,104 @@ def test_tampered_cache_file_is_never_run_and_is_rewritten(tmp_path: Path, cache
 
     assert_miss(boot(history(tmp_path), "cached", cache))
     assert not marker.exists()
+    # A compiled copy does not make a bad bundle good: the bundle's hash is checked first.
+    write_code(cache / CODE, DIGEST, evil_code(marker))
+    assert_miss(boot(history(tmp_path), "cached", cache))
+    assert not marker.exists()
 
     assert answer(boot(history(tmp_path), "store", cache))["ok"]  # the client's resend
     assert sha256(cache / NAME) == DIGEST
     assert answer(boot(history(tmp_path), "cached", cache))["ok"]
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- the compiled copy
+
+
+def evil_code(marker: Path) -> bytes:
+    """The marshalled (protocol, agent) code pair of a bundle that leaves `marker` behind."""
+    source = f"open({str(marker)!r}, 'w').write('ran')\ndef main(request):\n    return 0\n"
+    script = (
+        "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(("
+        f"compile('', 'p', 'exec'), compile({source!r}, 'a', 'exec'))))"
+    )
+    return subprocess.run([PYTHON, "-c", script], capture_output=True, check=True).stdout
+
+
+def write_code(path: Path, digest: str, payload: bytes, version: str = VERSION) -> None:
+    """A compiled copy keyed as the loader checks it (agent.code_key, for `version`)."""
+    key = hashlib.sha256(f"{digest} {version}\0".encode() + payload).digest()
+    path.write_bytes(key + payload)
+    path.chmod(0o600)
+
+
+def keyed(data: bytes) -> bool:
+    return hashlib.sha256(f"{DIGEST} {VERSION}\0".encode() + data[32:]).digest() == data[:32]
+
+
+@pytest.fixture
+def stored(tmp_path: Path, cache: Path) -> Path:
+    """A cache after one store: the bundle and its compiled copy."""
+    assert answer(boot(history(tmp_path), "store", cache))["ok"]
+    assert (cache / CODE).is_file()
+    return cache
+
+
+def test_compiled_copy_is_what_runs(tmp_path: Path, stored: Path) -> None:
+    """The loader runs the compiled copy when it is keyed right: shown by a copy of a different
+    program (key computed as the loader does, here in the test), which then runs."""
+    marker = tmp_path / "compiled-copy-ran"
+    write_code(stored / CODE, DIGEST, evil_code(marker))
+    assert keyed((stored / CODE).read_bytes())  # the test's key is the agent's
+    boot(history(tmp_path), "cached", stored)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        "corrupt",  # a byte flipped in the code
+        "other-version",  # keyed for another interpreter
+        "other-bundle",  # an older launcher's copy renamed to this bundle's name
+        "file-writable",  # group-writable: someone else could have written it
+        "dir-writable",
+    ],
+)
+def test_spoiled_compiled_copy_is_never_run_and_is_rewritten(
+    tmp_path: Path, stored: Path, spoil: str
+) -> None:
+    marker = tmp_path / "spoiled-copy-ran"
+    payload = evil_code(marker)
+    if spoil == "corrupt":
+        write_code(stored / CODE, DIGEST, payload)
+        data = bytearray((stored / CODE).read_bytes())
+        data[-5] ^= 0xFF
+        (stored / CODE).write_bytes(bytes(data))
+    elif spoil == "other-version":
+        write_code(stored / CODE, DIGEST, payload, version="3.99.0 (main) [other]")
+    elif spoil == "other-bundle":
+        write_code(stored / CODE, "e" * 64, payload)
+    else:
+        write_code(stored / CODE, DIGEST, payload)
+        (stored if spoil == "dir-writable" else stored / CODE).chmod(
+            0o770 if spoil == "dir-writable" else 0o620
+        )
+    result = answer(boot(history(tmp_path), "cached", stored))
+    assert result["ok"] and result["op"] == "history"  # the real agent ran, compiled afresh
+    assert not marker.exists()
+    if spoil != "dir-writable":  # a directory that is not private is not written into
+        data = (stored / CODE).read_bytes()
+        assert payload not in data and keyed(data)  # rewritten from the real bundle
+        assert (stored / CODE).stat().st_mode & 0o777 == 0o600
+        marker.unlink(missing_ok=True)
+        boot(history(tmp_path), "cached", stored)  # the rewritten copy is the real agent
+        assert not marker.exists()
+
+
+def test_store_code_reports_the_path_it_wrote(tmp_path: Path) -> None:
+    path = agent.store_code(str(tmp_path / "c"), TEXT, (compile("", "p", "exec"),) * 2)
+    assert path is not None and path.endswith(".code")
+    assert agent.store_code(str(tmp_path / "missing" / "c"), TEXT, ()) is None
 
 
 def test_truncated_cache_file_is_a_miss(tmp_path: Path, cache: Path) -> None:
@@ -235,10 +338,15 @@ def test_store_prunes_all_but_the_newest_bundles(tmp_path: Path, cache: Path) ->
         path.write_bytes(b"half")
         os.utime(path, (now - seconds, now - seconds))
     (cache / "deploy.lock").write_text("")
+    # Compiled copies go with their bundles: the newest old one's stays, the oldest one's goes.
+    codes = [cache / p.name.replace(".bundle", ".cpython-39.code") for p in (old[0], old[3])]
+    for path in codes:
+        path.write_bytes(b"an older launcher's compiled agent")
 
     assert answer(boot(history(tmp_path), "store", cache))["ok"]
     kept = sorted(p.name for p in cache.iterdir())
-    expected = [NAME, old[0].name, old[1].name, fresh_tmp.name, "deploy.lock"]
+    expected = [NAME, CODE, old[0].name, old[1].name, codes[0].name, fresh_tmp.name]
+    expected.append("deploy.lock")
     assert kept == sorted(expected)
     assert agent.BUNDLES_KEPT == 3
 

@@ -277,3 +277,20 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_connecting_loads_no_second_yaml_library() -> None:
+    """invoke's vendored pure-Python PyYAML is not imported (it only reads config files launcher
+    does not use); invoke gets the PyYAML launcher already loaded, and works with it."""
+    code = (
+        "import sys, yaml\n"
+        "import launcher.sshopen, invoke.util\n"
+        "from invoke.config import Config\n"
+        "print(invoke.util.yaml is yaml, sorted(m for m in sys.modules"
+        " if m.startswith('invoke.vendor.yaml.')))\n"
+        "print(isinstance(Config(), Config))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split("\n")[:2] == ["True []", "True"], result.stdout
