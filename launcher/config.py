@@ -67,6 +67,9 @@ class HostSpec(_Model):
     passphrase: Literal["agent", "prompt"] = "agent"
     connect_timeout: Annotated[float, Field(strict=True, gt=0, le=600)] = 10.0
     command_timeout: Annotated[float, Field(strict=True, gt=0, le=DAY)] = 300.0
+    # Commands at once on the one connection: each is an SSH session, and sshd refuses more
+    # than its MaxSessions (10 by default) per connection; 8 leaves room for `attach`.
+    max_sessions: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
 
     @field_validator("address", "user", "identity_file", "known_hosts")
     @classmethod

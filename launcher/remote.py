@@ -106,6 +106,7 @@ class Endpoint:
     proxy_command: str | None = None  # with its %-tokens expanded
     via: Endpoint | None = None  # the jump host this one is reached through (resolved)
     passphrase: Literal["agent", "prompt"] = "agent"
+    max_sessions: int = 8  # commands at once on the connection (sshd's MaxSessions)
 
     @property
     def known_hosts_key(self) -> str:
@@ -139,6 +140,7 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
         connect_timeout=host.connect_timeout,
         command_timeout=host.command_timeout,
         passphrase=host.passphrase,
+        max_sessions=host.max_sessions,
     )
     if "jump" in explicit:
         jump, proxy = (None if host.jump == "none" else host.jump), None
@@ -240,6 +242,9 @@ class Connection:
         self._lock = threading.Lock()
         self._established = False
         self._failure: tuple[float, LauncherError] | None = None
+        # One slot per session channel: a fleet of more containers than sshd's MaxSessions
+        # waits for a slot instead of being refused ("administratively prohibited").
+        self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -370,9 +375,18 @@ class Connection:
         started = time.monotonic()
         deadline = started + limit
         out, err = io.BytesIO(), io.BytesIO()
-        channel = self._open_channel()
+        if not self._sessions.acquire(timeout=limit):
+            raise CommandTimeout(
+                f"{ep.name}: no free SSH session within {limit:g} s (max_sessions "
+                f"{ep.max_sessions} all busy): {_short(command)}"
+            )
         try:
-            channel.settimeout(limit)
+            channel = self._open_channel()
+        except BaseException:
+            self._sessions.release()
+            raise
+        try:
+            channel.settimeout(max(0.001, deadline - time.monotonic()))
             channel.exec_command(command)
             if stdin:
                 channel.sendall(stdin)
@@ -390,6 +404,7 @@ class Connection:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
             channel.close()
+            self._sessions.release()
         duration = time.monotonic() - started
         return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
 
@@ -417,7 +432,16 @@ class Connection:
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        channel = self._open_channel()
+        if not self._sessions.acquire(timeout=timeout):
+            raise CommandTimeout(
+                f"{ep.name}: no free SSH session within {timeout:g} s (max_sessions "
+                f"{ep.max_sessions} all busy): {_short(command)}"
+            )
+        try:
+            channel = self._open_channel()
+        except BaseException:
+            self._sessions.release()
+            raise
         try:
             channel.settimeout(ep.connect_timeout)
             channel.exec_command(command)
@@ -450,6 +474,7 @@ class Connection:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
             channel.close()
+            self._sessions.release()
 
     def close(self) -> None:
         with self._lock:

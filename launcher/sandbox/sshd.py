@@ -71,7 +71,7 @@ def config_text(
         "StrictModes no",
         "PrintMotd no",
         "Subsystem sftp internal-sftp",
-        "MaxSessions 100",
+        "MaxSessions 10",  # OpenSSH's default, which launcher must live with
         "MaxStartups 200:30:400",
         f"SetEnv {_quote('PATH=' + session_path)}",
         "",

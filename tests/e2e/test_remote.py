@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -202,3 +203,62 @@ def test_stream_output_deadlines_and_a_failing_reader(conn: Connection) -> None:
     with pytest.raises(ReaderGone):
         conn.stream("echo x", gone)
     assert conn.run("echo still usable").out == "still usable\n"
+
+
+def _overlap(conn: Connection, commands: int) -> tuple[int, list[BaseException]]:
+    """Run `commands` host commands at once on `conn`: (the most that ran at the same time on
+    the host, the errors)."""
+    spans: list[tuple[float, float]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            result = conn.run("date +%s.%N; sleep 0.4; date +%s.%N", timeout=60)
+            start, end = (float(x) for x in result.stdout.split())
+            spans.append((start, end))
+        except Exception as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(commands)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    most = max((sum(1 for s, e in spans if s <= at < e) for at, _ in spans), default=0)
+    return most, errors
+
+
+def test_sshd_refuses_sessions_beyond_its_max_sessions(
+    sandbox: tuple[Sandbox, SandboxInfo],
+) -> None:
+    """The control for the next test: the sandbox's sshd has OpenSSH's default MaxSessions 10,
+    and a connection that opens more sessions at once than that has commands refused."""
+    with connect(sandbox[1], max_sessions=30) as many:
+        _, errors = _overlap(many, 24)
+    assert errors and all("cannot open a session" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("max_sessions", [8, 2])
+def test_commands_beyond_max_sessions_wait_for_a_slot(
+    sandbox: tuple[Sandbox, SandboxInfo], max_sessions: int
+) -> None:
+    """A fleet bigger than sshd's MaxSessions on one host: every command runs, at most
+    `max_sessions` (default 8) at a time on the one connection."""
+    kwargs = {} if max_sessions == 8 else {"max_sessions": max_sessions}
+    with connect(sandbox[1], **kwargs) as conn:
+        most, errors = _overlap(conn, 24 if max_sessions == 8 else 6)
+    assert errors == []
+    assert 1 <= most <= max_sessions
+
+
+def test_waiting_for_a_session_counts_against_the_command_deadline(
+    sandbox: tuple[Sandbox, SandboxInfo],
+) -> None:
+    with connect(sandbox[1], max_sessions=1) as conn:
+        holder = threading.Thread(target=lambda: conn.run("sleep 3", timeout=30))
+        holder.start()
+        time.sleep(0.5)  # the one session is taken (its command runs for 3 s)
+        with pytest.raises(CommandTimeout, match="no free SSH session within 1 s"):
+            conn.run("true", timeout=1)
+        holder.join()
+        assert conn.run("true", timeout=5).exit_code == 0  # the slot came back

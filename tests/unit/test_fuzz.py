@@ -134,7 +134,7 @@ INVENTORY_KEYS = [
     ("hosts", "pve", "address"), ("hosts", "pve", "port"), ("hosts", "pve", "user"),
     ("hosts", "pve", "jump"), ("hosts", "pve", "connect_timeout"),
     ("hosts", "pve", "command_timeout"), ("hosts", "pve", "identity_file"),
-    ("hosts", "pve", "host_key_policy"), ("targets", "prod", "vmid"),
+    ("hosts", "pve", "max_sessions"), ("hosts", "pve", "host_key_policy"), ("targets", "prod", "vmid"),
     ("targets", "prod", "playbook"), ("targets", "prod", "host"), ("default_target",),
     ("groups",), ("groups", "all"), ("targets",), ("hosts",),
 ]  # fmt: skip
@@ -146,6 +146,7 @@ NUMBER_KEYS: dict[tuple[str, tuple[str, ...]], tuple[float, float, bool, bool]] 
     ("inventory", ("hosts", "pve", "port")): (1, 65535, True, False),
     ("inventory", ("hosts", "pve", "connect_timeout")): (0, 600, False, True),
     ("inventory", ("hosts", "pve", "command_timeout")): (0, 86400, False, True),
+    ("inventory", ("hosts", "pve", "max_sessions")): (1, 1000, True, False),
     ("inventory", ("targets", "prod", "vmid")): (1, 999_999_999, True, False),
     ("playbook", ("stop_grace",)): (0, 3600, False, False),
     ("playbook", ("gpus",)): (0, 256, True, False),
