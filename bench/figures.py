@@ -50,7 +50,7 @@ class Samples:
         self.ssh.append(env.ssh_accepts() - ssh0)
 
 
-def _json(result: Timed, what: str) -> dict[str, Any]:
+def printed_json(result: Timed, what: str) -> dict[str, Any]:
     """The JSON document a command printed (the last one, if it printed several)."""
     try:
         doc = json.loads(result.out)
@@ -184,7 +184,7 @@ def crash_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row]
             "verify of a crashing run",
             codes=(1,),
         )
-        report = _json(result, "verify --json")
+        report = printed_json(result, "verify --json")
         if report.get("verdict") != "unhealthy":
             raise BenchError(f"verify of a crashing run said {report.get('verdict')!r}")
         crashed = env.ct_file_mtime(CRASH_VMID, exit_file)
@@ -360,6 +360,7 @@ class FleetRun:
     deploy_ssh: int
     verify_codes: list[int]
     busy: float = 0.0  # fraction of the machine's CPU in use while it ran
+    cpu: float = 0.0  # CPU seconds of the launcher processes themselves (user + system)
 
     @property
     def seconds(self) -> float:
@@ -370,10 +371,11 @@ def fleet_once(
     env: BenchEnv, inventory: Path, targets: list[str], multi: tuple[bool, bool]
 ) -> FleetRun:
     """deploy --restart then verify on every target of `inventory`; wall time of both."""
-    busy0 = env.cpu_ticks()
+    busy0, cpu0 = env.cpu_ticks(), env.children_cpu()
     run = _fleet_once(env, inventory, targets, multi)
     busy1 = env.cpu_ticks()
     run.busy = (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1)
+    run.cpu = env.children_cpu() - cpu0
     return run
 
 
@@ -383,26 +385,38 @@ def _fleet_once(
     all_ok, parallel = multi
     verify = ["verify", "--wait", "5", "--interval", "1", "--successes", "2", "--window", "30"]
     timev = ["/usr/bin/time", "-v"]
+    limit = max(180.0, 5.0 * len(targets))  # a kill cap only; 64 targets on 2 cores need more
     ssh0 = env.ssh_accepts()
     if all_ok:
         par = ["--parallel", str(len(targets))] if parallel else []
         deploy = check(
-            env.launcher(inventory, "deploy", "--restart", "--all", *par), "deploy --all"
+            env.launcher(inventory, "deploy", "--restart", "--all", *par, timeout=limit),
+            "deploy --all",
         )
         ssh = env.ssh_accepts() - ssh0
-        ver = env.run([*timev, *env.launcher_argv(inventory, *verify, "--all", *par)], timeout=120)
+        ver = env.run(
+            [*timev, *env.launcher_argv(inventory, *verify, "--all", *par)], timeout=limit
+        )
         return FleetRun(deploy.seconds, ver.seconds, _max_rss_mib(ver.err), ssh, [ver.code])
     d_wall, deploys = _parallel(
-        env, [env.launcher_argv(inventory, "-t", t, "deploy", "--restart") for t in targets], 120
+        env, [env.launcher_argv(inventory, "-t", t, "deploy", "--restart") for t in targets], limit
     )
     for d in deploys:
         check(d, "deploy (one process per target)")
     ssh = env.ssh_accepts() - ssh0
     v_wall, vers = _parallel(
-        env, [[*timev, *env.launcher_argv(inventory, "-t", t, *verify)] for t in targets], 120
+        env, [[*timev, *env.launcher_argv(inventory, "-t", t, *verify)] for t in targets], limit
     )
     rss = max(_max_rss_mib(v.err) for v in vers)
     return FleetRun(d_wall, v_wall, rss, ssh, [v.code for v in vers])
+
+
+def stop_all(env: BenchEnv, inventory: Path, log: Log) -> None:
+    """Stop every run of `inventory`, so its trainers load no later figure."""
+    log("  stopping the trainers (so they load no later figure)")
+    stopped = env.launcher(inventory, "stop", "--all", "--grace", "2", timeout=300)
+    if stopped.code != 0:
+        log(f"  stop --all exited {stopped.code}; some trainers may still run")
 
 
 def fleet_rows(env: BenchEnv, vmids: list[int], runs: int, log: Log) -> list[Row]:
@@ -442,6 +456,8 @@ def fleet_rows(env: BenchEnv, vmids: list[int], runs: int, log: Log) -> list[Row
     note = "; ".join([split, busy, *notes])
     rss = median([r.rss_mib for r in many])
     n = len(vmids)
+    if multi[0]:
+        stop_all(env, inv_n, log)
     return [
         Row(
             f"fleet: deploy --restart + verify, {n} CTs vs 1",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -126,10 +127,12 @@ class BenchEnv:
 
     @property
     def env(self) -> dict[str, str]:
-        """The commands' environment: a HOME of our own, no agent, no user inventory."""
+        """The commands' environment: a HOME of our own, no agent, no user inventory, and .pyc
+        files written and used as for a user (start-up figures depend on them)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SSH_", "LAUNCHER_"))}
         env["HOME"] = str(self.home)
-        env.pop("XDG_STATE_HOME", None)
+        for name in ("XDG_STATE_HOME", "PYTHONDONTWRITEBYTECODE"):
+            env.pop(name, None)
         return env
 
     # -- project files ----------------------------------------------------------------------
@@ -269,6 +272,13 @@ class BenchEnv:
             fields = [int(x) for x in f.readline().split()[1:]]
         idle = fields[3] + fields[4]  # idle + iowait
         return sum(fields) - idle, sum(fields)
+
+    @staticmethod
+    def children_cpu() -> float:
+        """CPU seconds (user + system) of the commands run and waited for so far: launcher's
+        own share of a run, apart from sshd, pct and the containers'."""
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     def set_latency(self, seconds: float) -> None:
         self.sandbox.set_faults(pct_latency=seconds)

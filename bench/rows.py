@@ -41,6 +41,8 @@ def fmt(value: Value, unit: str) -> str:
         return f"{value:,.0f}/s"
     if unit == "bytes":
         return f"{value:,.0f} B"
+    if unit == "ms":
+        return f"{value:.0f} ms"
     if unit == "MiB":
         return f"{value:.0f} MiB"
     if unit == "x":

@@ -6,6 +6,13 @@
 Prints one table (figure, launcher, A, B, ratio, target, met). Exits 0 when targets are missed
 (it reports); non-zero only when something could not be measured. Needs root (LXC, sshd).
 
+Groups (--only): deploy status agent crash fleet startup parser scale imports watch.
+  scale    status --all and deploy --restart --all + verify --all on 1, 16 and 64 containers
+  imports  the import time of each command (python -X importtime)
+  watch    the long watch figures: 10 min of resources, then 2x20 min of faults (about 50 min)
+Without --only every group runs but watch; `--only watch` runs it. --quick runs every group,
+watch included, at a size CI can afford (fleet of 2, scale 1/2/4, watch for seconds).
+
 Usage: bench/run.py [--runs N] [--quick] [--json FILE] [--markdown] [--only GROUP,...]
 """
 
@@ -25,13 +32,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_watch
 import figures
+import imports
+import scale
 from harness import CRASH_VMID, DEPLOY_VMID, HAND_VMID, MUX_VMID, BenchEnv, BenchError, check
 from rows import Row, render_markdown, render_text
 
 LATENCIES = {0.0: 0.6, 0.3: 0.5}  # pct start-up latency -> target ratio launcher/B
 FLEET = 16
-# Figure groups, for --only (default: all of them).
-GROUPS = ("deploy", "status", "agent", "crash", "fleet", "startup", "parser", "watch")
+# Figure groups, for --only. The default leaves out the full watch figures (about 50 minutes);
+# --quick runs every group.
+GROUPS = (
+    "deploy", "status", "agent", "crash", "fleet", "startup", "parser", "scale", "imports", "watch"
+)  # fmt: skip
+LONG = {"watch"}
+# Groups that need a run on the "demo" target (DEPLOY_VMID) deployed before they start.
+NEEDS_RUN = {"status", "agent", "imports"}
 PROFILE = Path(__file__).resolve().parent / "profile_deploy.py"
 
 
@@ -86,7 +101,7 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
         rows += figures.deploy_rows(results, LATENCIES)
         log("profiling one deploy per latency")
         args.profiles = {lat: profile(env, inventory, lat) for lat in LATENCIES}
-    elif args.only & {"status", "agent"}:
+    elif args.only & NEEDS_RUN:
         log("one deploy --restart, for a run to poll")
         check(env.launcher(inventory, "-t", "demo", "deploy", "--restart"), "deploy")
     if "status" in args.only:
@@ -95,12 +110,19 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
     if "agent" in args.only:
         log("bytes sent per verify poll, agent cached and not")
         rows += figures.agent_rows(env, inventory, 3 if args.quick else 10)
+    if "imports" in args.only:
+        log("import time per command (python -X importtime)")
+        rows += imports.import_rows(env, inventory, "demo", args.runs, log)
     if "crash" in args.only:
         log("crash to verify exit")
         rows += figures.crash_rows(env, inventory, args.runs, log)
     if "fleet" in args.only:
         log(f"fleet: {len(fleet)} containers against 1")
         rows += figures.fleet_rows(env, fleet, args.runs, log)
+    if "scale" in args.only:
+        sizes = scale.QUICK_SIZES if args.quick else scale.SIZES
+        log(f"scale: status --all and deploy + verify --all on {', '.join(map(str, sizes))} CTs")
+        rows += scale.scale_rows(env, scale.VMIDS, sizes, args.runs, log)
     if "watch" in args.only:
         timing = bench_watch.QUICK if args.quick else (600.0, 1200.0, 120.0)
         rows += bench_watch.watch_rows(env, log, duration=timing[0], fault_duration=timing[1],
@@ -119,24 +141,52 @@ def groups(text: str) -> set[str]:
     return chosen
 
 
+def fleet_vmids(args: argparse.Namespace) -> list[int]:
+    return list(range(300, 300 + (2 if args.quick else FLEET))) if "fleet" in args.only else []
+
+
+def vmids(args: argparse.Namespace) -> list[int]:
+    """The containers the chosen groups use (at least one: the sandbox needs one)."""
+    chosen: set[int] = set()
+    if args.only & ({"deploy"} | NEEDS_RUN):
+        chosen.add(DEPLOY_VMID)
+    if "deploy" in args.only:
+        chosen |= {HAND_VMID, MUX_VMID}
+    if "crash" in args.only:
+        chosen.add(CRASH_VMID)
+    chosen.update(fleet_vmids(args))
+    if "scale" in args.only:
+        chosen.update(scale.VMIDS[: max(scale.QUICK_SIZES if args.quick else scale.SIZES)])
+    if "watch" in args.only:
+        chosen.update(bench_watch.VMIDS)
+    return sorted(chosen or {DEPLOY_VMID})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (median; default 5)")
     parser.add_argument(
-        "--quick", action="store_true", help="1 run each, fleet of 2, targets not enforced (CI)"
+        "--quick",
+        action="store_true",
+        help="1 run each, fleet of 2, scale 1/2/4, watch for seconds, targets not enforced (CI)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument(
         "--only",
         type=groups,
-        default=set(GROUPS),
         metavar="GROUP,...",
-        help=f"measure only these figure groups ({', '.join(GROUPS)}; default: all)",
+        help=(
+            f"measure only these figure groups ({', '.join(GROUPS)}; default: all but "
+            "watch, whose full figures take about 50 minutes (10 min resources, 2x20 min "
+            "faults): `--only watch` runs them; --quick runs every group)"
+        ),
     )
     args = parser.parse_args()
+    if args.only is None:
+        args.only = set(GROUPS) if args.quick else set(GROUPS) - LONG
     if args.quick:
         args.runs = 1
     if args.runs < 1:
@@ -146,11 +196,10 @@ def main() -> int:
         return 2
     enforce = not args.quick
     args.profiles = {}
-    fleet = list(range(300, 300 + (2 if args.quick else FLEET))) if "fleet" in args.only else []
+    fleet = fleet_vmids(args)
     started = time.monotonic()
 
-    watching = bench_watch.VMIDS if "watch" in args.only else ()
-    env = BenchEnv(sorted({*fleet, *watching, DEPLOY_VMID, CRASH_VMID, HAND_VMID, MUX_VMID}))
+    env = BenchEnv(vmids(args))
     rows: list[Row] = []
     try:
         log(f"sandbox: {len(env.vmids)} containers under {env.tmp}")
