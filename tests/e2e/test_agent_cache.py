@@ -70,7 +70,7 @@ def conn(sandbox: tuple[Sandbox, SandboxInfo]) -> Iterator[Connection]:
 def cache(sandbox: tuple[Sandbox, SandboxInfo]) -> Iterator[Path]:
     """The container's /run/launcher, seen from the host, with no cached bundle in it."""
     path = sandbox[0].container_root(VMID) / CACHE
-    for old in path.glob("agent-*.bundle"):
+    for old in [*path.glob("agent-*.bundle"), *path.glob("agent-*.code")]:
         old.unlink()
     yield path
     if path.is_dir():
@@ -97,6 +97,9 @@ def test_first_call_caches_the_agent_and_the_next_sends_under_2kb(
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == DIGEST
     assert stored.stat().st_mode & 0o777 == 0o600 and stored.stat().st_uid == 0
     assert cache.stat().st_mode & 0o777 == 0o700 and cache.stat().st_uid == 0
+    # ...and compiled, for the container's python3, next to it.
+    [code] = cache.glob(f"agent-{DIGEST}.*.code")
+    assert code.stat().st_mode & 0o777 == 0o600 and code.stat().st_uid == 0
 
     later = Recording(conn)  # a new process would know nothing either: it reads the cache
     pct0 = sb.pct_calls()

@@ -134,7 +134,8 @@ INVENTORY_KEYS = [
     ("hosts", "pve", "address"), ("hosts", "pve", "port"), ("hosts", "pve", "user"),
     ("hosts", "pve", "jump"), ("hosts", "pve", "connect_timeout"),
     ("hosts", "pve", "command_timeout"), ("hosts", "pve", "identity_file"),
-    ("hosts", "pve", "max_sessions"), ("hosts", "pve", "host_key_policy"), ("targets", "prod", "vmid"),
+    ("hosts", "pve", "max_sessions"), ("hosts", "pve", "host_key_policy"),
+    ("targets", "prod", "vmid"),
     ("targets", "prod", "playbook"), ("targets", "prod", "host"), ("default_target",),
     ("groups",), ("groups", "all"), ("targets",), ("hosts",),
 ]  # fmt: skip
