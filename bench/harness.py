@@ -101,6 +101,7 @@ class BenchEnv:
         self.project = self.tmp / "project"
         self.home = self.tmp / "home"
         self.control_dir = self.tmp / "mux"
+        self.runtime_dir = self.tmp / "run"  # launcher's persisted connections (short path)
         self.vmids = list(vmids)
         self.python = Path(sys.executable)
         self.info: SandboxInfo | None = None
@@ -109,9 +110,10 @@ class BenchEnv:
     # -- lifecycle --------------------------------------------------------------------------
 
     def up(self) -> SandboxInfo:
-        for d in (self.project / "playbooks", self.home, self.control_dir):
+        for d in (self.project / "playbooks", self.home, self.control_dir, self.runtime_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.control_dir.chmod(0o700)
+        self.runtime_dir.chmod(0o700)
         self.info = self.sandbox.up(self.vmids, gpus=8)
         self.sandbox.set_faults()
         self.new_script()
@@ -121,6 +123,7 @@ class BenchEnv:
         try:
             if self.info is not None:
                 self.close_master()
+                self.run([str(self.python), "-m", "launcher", "disconnect"])
             self.sandbox.down()
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -131,6 +134,7 @@ class BenchEnv:
         files written and used as for a user (start-up figures depend on them)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SSH_", "LAUNCHER_"))}
         env["HOME"] = str(self.home)
+        env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
         for name in ("XDG_STATE_HOME", "PYTHONDONTWRITEBYTECODE"):
             env.pop(name, None)
         return env
@@ -164,11 +168,13 @@ class BenchEnv:
         path.write_text(yaml.safe_dump(book, sort_keys=False))
         return f"playbooks/{name}.yaml"
 
-    def inventory(self, name: str, targets: Mapping[str, tuple[int, str]]) -> Path:
+    def inventory(
+        self, name: str, targets: Mapping[str, tuple[int, str]], **host_options: object
+    ) -> Path:
         """targets: name -> (vmid, playbook path relative to the project)."""
         assert self.info is not None
         info = self.info
-        host = {
+        host: dict[str, object] = {
             "address": info.address,
             "port": info.port,
             "user": info.user,
@@ -176,6 +182,7 @@ class BenchEnv:
             "known_hosts": str(info.known_hosts),
             "host_key_policy": "strict",
             "connect_timeout": 5,
+            **host_options,
         }
         inv = {
             "hosts": {"sandbox": host},

@@ -106,7 +106,7 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
         check(env.launcher(inventory, "-t", "demo", "deploy", "--restart"), "deploy")
     if "status" in args.only:
         log("launcher status against one ssh capture-pane")
-        rows.append(figures.status_row(env, inventory, args.runs))
+        rows += figures.status_rows(env, inventory, args.runs)
     if "agent" in args.only:
         log("bytes sent per verify poll, agent cached and not")
         rows += figures.agent_rows(env, inventory, 3 if args.quick else 10)

@@ -70,6 +70,9 @@ class HostSpec(_Model):
     # Commands at once on the one connection: each is an SSH session, and sshd refuses more
     # than its MaxSessions (10 by default) per connection; 8 leaves room for `attach`.
     max_sessions: Annotated[StrictInt, Field(ge=1, le=1000)] = 8
+    # Keep the connection open in a background process for later commands until it has been
+    # idle this long (seconds; 0: off), as OpenSSH's ControlPersist (see persist.py).
+    control_persist: Annotated[float, Field(strict=True, ge=0, le=DAY)] = 0.0
 
     @field_validator("address", "user", "identity_file", "known_hosts")
     @classmethod

@@ -15,6 +15,7 @@ stream has an idle deadline.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -107,6 +108,7 @@ class Endpoint:
     via: Endpoint | None = None  # the jump host this one is reached through (resolved)
     passphrase: Literal["agent", "prompt"] = "agent"
     max_sessions: int = 8  # commands at once on the connection (sshd's MaxSessions)
+    control_persist: float = 0.0  # idle seconds a background process keeps it (persist.py)
 
     @property
     def known_hosts_key(self) -> str:
@@ -122,7 +124,10 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     Raises ConfigError (exit 2) for ssh_config that OpenSSH rejects or a jump chain that loops.
     """
     aliases = [name, host.address] if name != host.address else [host.address]
-    found = sshconfig.lookup(aliases, ssh_config, meanwhile=_load_ssh_stack)
+    # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
+    # whose connection may be persisted, where the next command usually needs none.
+    meanwhile = None if host.control_persist else _load_ssh_stack
+    found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)
     explicit = host.model_fields_set
@@ -141,6 +146,7 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
         command_timeout=host.command_timeout,
         passphrase=host.passphrase,
         max_sessions=host.max_sessions,
+        control_persist=host.control_persist,
     )
     if "jump" in explicit:
         jump, proxy = (None if host.jump == "none" else host.jump), None
@@ -245,6 +251,7 @@ class Connection:
         # One slot per session channel: a fleet of more containers than sshd's MaxSessions
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
+        self._persist_started = False
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -271,7 +278,18 @@ class Connection:
                     raise
                 self._failure = None
                 self._established = True
+                self._start_persisting()
             return self._client
+
+    def _start_persisting(self) -> None:
+        """With control_persist: once, start the background process later commands use."""
+        if self.endpoint.control_persist <= 0 or self._persist_started:
+            return
+        self._persist_started = True
+        from launcher import persist
+
+        with contextlib.suppress(OSError):
+            persist.start(self.endpoint)
 
     def _raise_recent_failure(self) -> None:
         if self._failure is None:
@@ -368,10 +386,16 @@ class Connection:
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
         """Run a shell command string on the host, with a deadline on the whole exchange."""
-        from launcher import sshopen
-
         ep = self.endpoint
         limit = timeout if timeout is not None else ep.command_timeout
+        if ep.control_persist > 0 and self._client is None:
+            from launcher import persist
+
+            persisted = persist.run(ep, command, stdin=stdin, timeout=limit)
+            if persisted is not None:
+                return persisted
+        from launcher import sshopen
+
         started = time.monotonic()
         deadline = started + limit
         out, err = io.BytesIO(), io.BytesIO()

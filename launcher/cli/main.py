@@ -119,6 +119,7 @@ def _register() -> None:
     from launcher.cli.inventory import inventory
     from launcher.cli.operate import (
         attach_command,
+        disconnect_command,
         doctor_command,
         history_command,
         logs_command,
@@ -142,6 +143,7 @@ def _register() -> None:
         history_command,
         rollback_command,
         doctor_command,
+        disconnect_command,
         buckets,
         completion_command,
         watch_command,

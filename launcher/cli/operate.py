@@ -341,3 +341,21 @@ def doctor_command(app: AppContext, as_json: bool) -> None:
     else:
         say_result(outcomes)
     exit_with(outcomes, title="doctor", table=not as_json)
+
+
+@click.command("disconnect")
+def disconnect_command() -> None:
+    """End this user's persisted connections (hosts with `control_persist:`).
+
+    Each ends after its idle time anyway; this ends them now, e.g. after changing
+    ssh_config, which a persisted connection keeps as it was when it connected.
+
+    \b
+    Example:
+      launcher disconnect
+    Exit codes: 0 (also when there was none).
+    """
+    from launcher import persist
+
+    ended = persist.stop_all()
+    click.echo(f"ended {len(ended)} persisted connection(s)")

@@ -6,11 +6,13 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from launcher import persist
 from launcher.sandbox import Sandbox, SandboxInfo
 from tests.e2e.project import Project
 
@@ -40,6 +42,17 @@ def _keep_developer_ssh_out(
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
     for var in ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "LAUNCHER_INVENTORY", "LAUNCHER_SANDBOX_DIR"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Persisted connections and their hints live per test (a short path: sockets need one),
+    and none outlives it."""
+    runtime = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    yield runtime
+    persist.stop_all()
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,401 @@
+"""Persisted connections: a host's SSH connection kept open between commands.
+
+With `control_persist: SECONDS` on a host, the first command that connects to it also starts a
+small background process (`python -m launcher.persist`) that opens a connection of its own and
+runs later commands' remote commands over a Unix socket, until nothing used it for SECONDS.
+A later `launcher status` then skips importing the SSH libraries and the SSH handshake, as
+OpenSSH's ControlPersist lets a later `ssh` skip them.
+
+Why this is safe to trust:
+- The socket is in a directory of the user's own ($XDG_RUNTIME_DIR/launcher, else
+  /tmp/launcher-<uid>): a real directory, owned by the user, mode 0700, checked before every
+  use (anything else and nothing is persisted); the socket is 0600. Both ends check the other's
+  uid (SO_PEERCRED): another user's process can neither serve nor use a persisted connection.
+- The socket's name is a hash of everything that decides where and how to connect (the
+  resolved endpoint: address, port, user, keys, known_hosts, jump chain, ProxyCommand, limits),
+  so a changed inventory or ssh_config gets a connection of its own.
+- The background process connects through the same code as any command: host keys are checked
+  the same way. A key that needs a passphrase typed on the terminal cannot be used by it (it
+  has no terminal): such a host is never persisted.
+- Only plain commands travel this way (polls, logs, history, stop, pushes); streamed ones (a
+  deploy's transaction, `logs -f`) open a connection of their own, as before.
+- A socket that does not answer (its process was killed) only means the command connects by
+  itself and starts a new background process; an answer that breaks off mid-command is a
+  connection error, as when a direct connection drops: the command is not run a second time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import (
+    AuthError,
+    CommandTimeout,
+    ConnectError,
+    HostKeyError,
+    LauncherError,
+    RemoteError,
+)
+
+# launcher.remote (and so the config models and pydantic) is imported only by what needs it:
+# `launcher status` asks a persisted connection before its configuration is loaded
+# (prefetch.py) with nothing but this module and the standard library.
+if TYPE_CHECKING:
+    from launcher.remote import CommandResult, Endpoint
+
+VERSION = 1
+ANSWER_MARGIN = 10.0  # seconds past the command's own deadline before the answer is given up
+MAX_REQUEST = 64 * 1024 * 1024  # a pushed script travels as stdin
+ERRORS: dict[str, type[LauncherError]] = {
+    cls.__name__: cls for cls in (CommandTimeout, ConnectError, HostKeyError, AuthError)
+}
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+# -- where -------------------------------------------------------------------------------------
+
+
+def runtime_dir() -> Path | None:
+    """The user's private directory for sockets, made if missing; None when it is not a real
+    directory owned by the user with mode 0700 (then nothing is persisted)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "launcher" if xdg and os.path.isabs(xdg) else None
+    if base is None or len(str(base)) > 60:  # a socket path must fit in 108 bytes
+        base = Path(f"/tmp/launcher-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError, FileNotFoundError):
+        base.mkdir(mode=0o700)
+    try:
+        info = base.lstat()
+    except OSError:
+        return None
+    private = info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+    return base if os.path.isdir(base) and not base.is_symlink() and private else None
+
+
+def endpoint_doc(endpoint: Endpoint) -> dict[str, Any]:
+    """The endpoint as JSON (the jump chain included), what the background process gets."""
+    doc = dataclasses.asdict(endpoint)
+
+    def paths(d: dict[str, Any]) -> None:
+        d["known_hosts"] = str(d["known_hosts"])
+        d["identity_files"] = list(d["identity_files"])
+        if d.get("via"):
+            paths(d["via"])
+
+    paths(doc)
+    return doc
+
+
+def endpoint_from_doc(doc: dict[str, Any]) -> Endpoint:
+    from launcher.remote import Endpoint
+
+    via = endpoint_from_doc(doc["via"]) if doc.get("via") else None
+    fields = {**doc, "via": via, "known_hosts": Path(doc["known_hosts"])}
+    fields["identity_files"] = tuple(doc["identity_files"])
+    return Endpoint(**fields)
+
+
+def socket_path(endpoint: Endpoint) -> Path | None:
+    directory = runtime_dir()
+    if directory is None:
+        return None
+    key = json.dumps(endpoint_doc(endpoint), sort_keys=True).encode()
+    return directory / f"{hashlib.sha256(key).hexdigest()[:32]}.sock"
+
+
+def persistable(endpoint: Endpoint) -> bool:
+    """A host whose connection a background process can open: none of its hops needs a
+    passphrase typed on the terminal."""
+    hop: Endpoint | None = endpoint
+    while hop is not None:
+        if hop.passphrase == "prompt":
+            return False
+        hop = hop.via
+    return endpoint.control_persist > 0
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    return int(_PEERCRED.unpack(data)[1])
+
+
+def _read_line(sock: socket.socket, limit: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ValueError("message too large")
+    return data
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+# -- the client side ---------------------------------------------------------------------------
+
+
+def _connect(path: Path) -> socket.socket | None:
+    """A connection to a live background process of this user's at `path`, or None."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(2.0)
+        sock.connect(str(path))
+        if _peer_uid(sock) != os.geteuid():
+            raise OSError("the socket is served by another user")
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+class BrokenOff(Exception):
+    """The background process took the command but gave no answer."""
+
+
+def exchange(
+    path: Path, command: str, stdin: bytes | None, timeout: float
+) -> dict[str, Any] | None:
+    """Send one command to the background process at `path` and return its answer as it came;
+    None when nothing answers there (nothing was sent)."""
+    sock = _connect(path) if path.exists() else None
+    if sock is None:
+        return None
+    request = {"v": VERSION, "op": "run", "command": command, "stdin": _b64(stdin)}
+    request["timeout"] = timeout
+    with sock:
+        try:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            sock.settimeout(timeout + ANSWER_MARGIN)
+            answer = json.loads(_read_line(sock, MAX_REQUEST * 2) or b"null")
+        except (OSError, ValueError) as exc:
+            raise BrokenOff(str(exc)) from None
+    if not isinstance(answer, dict):
+        raise BrokenOff("it closed the socket")
+    return answer
+
+
+def run(
+    endpoint: Endpoint, command: str, *, stdin: bytes | None, timeout: float
+) -> CommandResult | None:
+    """Run `command` through the host's persisted connection; None when there is none (the
+    caller then connects by itself). `launcher status` may have sent it already (prefetch)."""
+    from launcher import prefetch
+    from launcher.remote import CommandResult
+
+    path = socket_path(endpoint)
+    if path is None:
+        return None
+    started = time.monotonic()
+    try:
+        answer = prefetch.take(path, command, stdin, timeout) or exchange(
+            path, command, stdin, timeout
+        )
+    except BrokenOff as exc:
+        raise ConnectError(
+            f"{endpoint.name}: the persisted connection broke off during a command: {exc}"
+        ) from None
+    if answer is None:
+        return None
+    prefetch.record(path, command, stdin, timeout)
+    if not answer.get("ok"):
+        error = ERRORS.get(str(answer.get("kind")), RemoteError)
+        raise error(str(answer.get("message")), hint=answer.get("hint"))
+    return CommandResult(
+        command,
+        int(answer["exit"]),
+        base64.b64decode(answer["out"]),
+        base64.b64decode(answer["err"]),
+        time.monotonic() - started,
+    )
+
+
+def start(endpoint: Endpoint) -> bool:
+    """Start the background process for `endpoint` unless one answers already; True when one
+    was started. It connects on its own; the caller goes on with its own connection."""
+    path = socket_path(endpoint) if persistable(endpoint) else None
+    if path is None:
+        return False
+    live = _connect(path) if path.exists() else None
+    if live is not None:
+        live.close()
+        return False
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.persist"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # no terminal: Ctrl-C and a closed terminal do not reach it
+        close_fds=True,
+        cwd="/",
+    )
+    assert proc.stdin is not None
+    with proc.stdin:
+        proc.stdin.write(json.dumps(endpoint_doc(endpoint)).encode())
+    return True
+
+
+def stop_all() -> list[Path]:
+    """Ask every background process of this user's to end; the sockets that were asked."""
+    directory = runtime_dir()
+    asked = []
+    for path in sorted(directory.glob("*.sock")) if directory else []:
+        sock = _connect(path)
+        if sock is None:
+            continue
+        with sock, contextlib.suppress(OSError):
+            sock.sendall(json.dumps({"v": VERSION, "op": "exit"}).encode() + b"\n")
+            _read_line(sock, 4096)
+            asked.append(path)
+    return asked
+
+
+# -- the background process --------------------------------------------------------------------
+
+
+class Server:
+    """Serves one endpoint's commands over its socket until idle for `control_persist` s."""
+
+    def __init__(self, endpoint: Endpoint, path: Path) -> None:
+        from launcher.remote import Connection
+
+        self.endpoint = endpoint
+        # Its own connection never starts another background process.
+        self.conn = Connection(dataclasses.replace(endpoint, control_persist=0.0))
+        self.path = path
+        self.busy = 0
+        self.last_used = time.monotonic()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def serve(self, listener: socket.socket) -> None:
+        listener.settimeout(0.5)
+        while not self.stopping.is_set():
+            with self.lock:
+                idle = self.busy == 0 and (
+                    time.monotonic() - self.last_used >= self.endpoint.control_persist
+                )
+            if idle:
+                break
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            threading.Thread(target=self.handle, args=(client,), daemon=True).start()
+
+    def handle(self, client: socket.socket) -> None:
+        with self.lock:
+            self.busy += 1
+        try:
+            with client:
+                if _peer_uid(client) != os.geteuid():
+                    return
+                client.settimeout(30.0)
+                request = json.loads(_read_line(client, MAX_REQUEST) or b"null")
+                answer = self.answer(request)
+                client.settimeout(30.0)
+                client.sendall(json.dumps(answer).encode() + b"\n")
+        except (OSError, ValueError):
+            pass  # the client went away or sent nonsense: nothing to answer
+        finally:
+            with self.lock:
+                self.busy -= 1
+                self.last_used = time.monotonic()
+
+    def answer(self, request: object) -> dict[str, Any]:
+        if not isinstance(request, dict) or request.get("v") != VERSION:
+            return {"ok": False, "kind": "RemoteError", "message": "unknown request"}
+        if request.get("op") == "exit":
+            self.stopping.set()
+            return {"ok": True}
+        try:
+            stdin = request.get("stdin")
+            result = self.conn.run(
+                str(request["command"]),
+                stdin=None if stdin is None else base64.b64decode(stdin),
+                timeout=float(request["timeout"]),
+            )
+        except LauncherError as error:
+            return {
+                "ok": False,
+                "kind": type(error).__name__,
+                "message": error.message,
+                "hint": error.hint,
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "kind": "RemoteError", "message": f"bad request: {exc}"}
+        return {
+            "ok": True,
+            "exit": result.exit_code,
+            "out": _b64(result.stdout),
+            "err": _b64(result.stderr),
+        }
+
+
+def serve(endpoint: Endpoint) -> int:
+    """The background process: one per endpoint (a lock file decides), connected before it
+    listens, gone when idle, when asked to end (`launcher disconnect`) or on SIGTERM."""
+    path = socket_path(endpoint)
+    if path is None or not persistable(endpoint):
+        return 2
+    lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another one serves this endpoint
+    server = Server(endpoint, path)
+    try:
+        server.conn.run("true", timeout=endpoint.connect_timeout + 30)  # connect before listening
+    except LauncherError:
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # left by a process that was killed: we hold the lock now
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    try:
+        server.serve(listener)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server.conn.close()
+        os.close(lock)
+    return 0
+
+
+def main() -> int:
+    try:
+        endpoint = endpoint_from_doc(json.loads(sys.stdin.read()))
+    except (ValueError, TypeError, KeyError):
+        return 2
+    return serve(endpoint)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

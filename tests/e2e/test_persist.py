@@ -1,0 +1,194 @@
+"""Persisted connections (`control_persist:`) and the status prefetch, against the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+VMID = 201
+NAME = "persisted"
+
+
+def accepted(project: Project) -> int:
+    log = project.sandbox.state_dir / "sshd.log"
+    return log.read_text(errors="replace").count("Accepted publickey")
+
+
+def servers() -> list[int]:
+    """pids of this test's background processes (its own XDG_RUNTIME_DIR)."""
+    runtime = os.environ["XDG_RUNTIME_DIR"]
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"launcher.persist" in cmdline and f"XDG_RUNTIME_DIR={runtime}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def sockets(runtime: Path) -> list[Path]:
+    return sorted((runtime / "launcher").glob("*.sock"))
+
+
+def status(project: Project) -> tuple[int, dict[str, object]]:
+    result = project.launcher("status", "-t", NAME, "--json")
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    return result.returncode, doc
+
+
+@pytest.fixture
+def persisted(project: Project) -> Project:
+    """A running demo trainer on a host with control_persist: 30."""
+    project.write({NAME: (VMID, project.playbook(NAME))}, host=project.host(control_persist=30))
+    deployed = project.launcher("deploy", "-t", NAME, "--restart")
+    assert deployed.returncode == 0, deployed.stderr
+    project.wait_for(lambda: status(project)[0] == 0, timeout=30, what="a healthy run")
+    return project
+
+
+def test_later_commands_use_the_persisted_connection(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    project = persisted
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="the persisted connection")
+    [sock] = sockets(_private_runtime_dir)
+    assert sock.stat().st_mode & 0o777 == 0o600
+    assert (_private_runtime_dir / "launcher").stat().st_mode & 0o777 == 0o700
+
+    before, pct0 = accepted(project), project.sandbox.pct_calls()
+    for _ in range(3):
+        code, doc = status(project)
+        assert code == 0 and doc["verdict"] == "healthy"
+    assert accepted(project) == before  # no new SSH connection: all through the background one
+    assert project.sandbox.pct_calls() - pct0 == 3  # one poll each, the prefetched one too
+
+    # `logs` (a plain command) goes through it too; a streamed deploy connects by itself.
+    assert project.launcher("logs", "-t", NAME, "-n", "5").returncode == 0
+    assert accepted(project) == before
+
+    ended = project.launcher("disconnect")
+    assert ended.returncode == 0 and "ended 1 persisted connection" in ended.stdout
+    project.wait_for(lambda: not servers() and not sockets(_private_runtime_dir), what="the end")
+    code, _ = status(project)  # connects by itself again, and starts a new one
+    assert code == 0
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="a new persisted connection")
+    assert accepted(project) == before + 2  # status's own connection and the new one's
+
+
+def test_killed_background_process_costs_nothing_but_a_connect(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    project = persisted
+    project.wait_for(lambda: servers(), what="the background process")
+    [pid] = servers()
+    os.kill(pid, signal.SIGKILL)
+    project.wait_for(lambda: not servers(), what="the kill")
+    assert sockets(_private_runtime_dir)  # left behind by the killed process
+
+    code, doc = status(project)
+    assert code == 0 and doc["verdict"] == "healthy"
+    project.wait_for(lambda: len(servers()) == 1, what="a new background process")
+
+
+def test_idle_background_process_ends_by_itself(
+    project: Project, _private_runtime_dir: Path
+) -> None:
+    project.write({NAME: (VMID, project.playbook(NAME))}, host=project.host(control_persist=2))
+    assert project.launcher("deploy", "-t", NAME, "--restart").returncode == 0
+    project.wait_for(lambda: servers(), what="the background process")
+    project.wait_for(lambda: not servers(), timeout=30, what="it to end after 2 s idle")
+    assert sockets(_private_runtime_dir) == []
+
+
+def test_another_user_cannot_use_it(persisted: Project, _private_runtime_dir: Path) -> None:
+    project = persisted
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="the persisted connection")
+    [sock] = sockets(_private_runtime_dir)
+    code = (
+        "import os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(sock)], capture_output=True, text=True, timeout=30
+    )
+    assert result.stdout.strip() == "refused", result.stderr
+    # Past the directory, the server still answers only its own user: tests/unit/test_persist.py
+
+
+def test_a_changed_inventory_gets_a_connection_of_its_own(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    project = persisted
+    project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 1, what="one connection")
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["hosts"]["sandbox"]["command_timeout"] = 120
+    project.inventory.write_text(yaml.safe_dump(inventory))
+    code, _ = status(project)
+    assert code == 0
+    project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a second one")
+
+
+def test_status_prefetch_is_used_only_for_the_same_request(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """The hint's command goes out before the config loads; it is used only when it is exactly
+    what status would send, else status sends its own (the early one is dropped)."""
+    project = persisted
+    status(project)  # leaves the hint
+    [hint_path] = (_private_runtime_dir / "launcher").glob("hint-*.json")
+    assert hint_path.stat().st_mode & 0o777 == 0o600
+    hint = json.loads(hint_path.read_text())
+
+    pct0 = project.sandbox.pct_calls()
+    assert status(project)[0] == 0
+    assert project.sandbox.pct_calls() - pct0 == 1  # the early poll was the poll
+
+    # A hint whose command differs (same files, so it is sent): dropped, and status polls.
+    marker = "/tmp/launcher-prefetch-test-marker"
+    Path(marker).unlink(missing_ok=True)
+    hint["command"] = f"touch {marker}"
+    hint_path.write_text(json.dumps(hint))
+    pct0 = project.sandbox.pct_calls()
+    code, doc = status(project)
+    assert code == 0 and doc["verdict"] == "healthy"
+    assert project.sandbox.pct_calls() - pct0 == 1
+    deadline = time.monotonic() + 10
+    while not Path(marker).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert Path(marker).exists()  # the early command did go out, and its answer was dropped
+    Path(marker).unlink()
+
+    # A changed playbook makes the hint stale: nothing is sent early.
+    book = project.root / "playbooks" / f"{NAME}.yaml"
+    doc_book = yaml.safe_load(book.read_text())
+    doc_book["verify"] = {**doc_book.get("verify", {}), "lines": 150}
+    book.write_text(yaml.safe_dump(doc_book))
+    hint = json.loads(hint_path.read_text())
+    hint["command"] = f"touch {marker}"
+    hint_path.write_text(json.dumps(hint))
+    assert status(project)[0] == 0
+    time.sleep(1)
+    assert not Path(marker).exists()

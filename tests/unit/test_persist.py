@@ -1,0 +1,293 @@
+"""Persisted connections and the status prefetch, with a fake connection behind a real socket
+(the sandbox tests in tests/e2e/test_persist.py run the real background process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import persist, prefetch
+from launcher.errors import CommandTimeout, ConnectError
+from launcher.remote import CommandResult, Endpoint
+
+
+def endpoint(**overrides: Any) -> Endpoint:
+    values: dict[str, Any] = {
+        "name": "pve",
+        "hostname": "10.0.0.5",
+        "port": 22,
+        "user": "root",
+        "identity_files": ("/keys/id",),
+        "known_hosts": Path("/kh"),
+        "accept_new": False,
+        "jump": None,
+        "connect_timeout": 5.0,
+        "command_timeout": 60.0,
+        "control_persist": 30.0,
+    }
+    values.update(overrides)
+    return Endpoint(**values)
+
+
+class FakeConnection:
+    """Answers `run` from a script of (command -> result or exception); anything else fails."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, bytes | None, float]] = []
+        self.answers: dict[str, CommandResult | Exception] = {}
+
+    def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+        self.ran.append((command, stdin, timeout))
+        answer = self.answers[command]  # KeyError: an unexpected command
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    short = Path(f"/tmp/lu{os.getpid()}-{tmp_path.name[-8:]}")
+    short.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short))
+    yield short  # type: ignore[misc]
+    for path in sorted(short.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    short.rmdir()
+
+
+@pytest.fixture
+def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
+    """A Server for `endpoint()` on its real socket, its connection a fake."""
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None and path.parent == runtime / "launcher"
+    server = persist.Server(ep, path)
+    fake = FakeConnection()
+    server.conn = fake  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    yield ep, fake
+    server.stopping.set()
+    thread.join(5)
+    listener.close()
+    path.unlink()
+
+
+def ok(out: bytes = b"out", code: int = 0) -> CommandResult:
+    return CommandResult("x", code, out, b"err", 0.1)
+
+
+# --------------------------------------------------------------------------- where
+
+
+def test_runtime_dir_is_private_or_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    base = Path(f"/tmp/lr-unit-{os.getpid()}")
+    base.mkdir(mode=0o700, exist_ok=True)
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+        assert persist.runtime_dir() == base / "launcher"
+        assert (base / "launcher").stat().st_mode & 0o777 == 0o700
+        (base / "launcher").chmod(0o755)  # someone else could list and plant
+        assert persist.runtime_dir() is None
+        (base / "launcher").rmdir()
+        (base / "launcher").symlink_to(tmp_path)
+        assert persist.runtime_dir() is None
+        (base / "launcher").unlink()
+        monkeypatch.setenv("XDG_RUNTIME_DIR", "/" + "x" * 80)  # too long for a socket path
+        assert persist.runtime_dir() == Path(f"/tmp/launcher-{os.geteuid()}")
+    finally:
+        for path in sorted(base.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+        base.rmdir()
+
+
+def test_endpoint_travels_whole_and_any_change_is_another_socket(runtime: Path) -> None:
+    hop = endpoint(name="bastion", hostname="b", passphrase="agent", control_persist=0.0)
+    ep = endpoint(via=hop, proxy_command=None)
+    assert persist.endpoint_from_doc(json.loads(json.dumps(persist.endpoint_doc(ep)))) == ep
+    base = persist.socket_path(ep)
+    for change in ({"port": 2222}, {"user": "ops"}, {"identity_files": ()}, {"via": None}):
+        assert persist.socket_path(dataclasses.replace(ep, **change)) != base
+
+
+def test_a_host_needing_a_typed_passphrase_is_never_persisted() -> None:
+    assert persist.persistable(endpoint())
+    assert not persist.persistable(endpoint(control_persist=0.0))
+    assert not persist.persistable(endpoint(passphrase="prompt"))
+    hop = endpoint(name="bastion", passphrase="prompt")
+    assert not persist.persistable(endpoint(via=hop))
+
+
+# --------------------------------------------------------------------------- client and server
+
+
+def test_run_goes_through_the_server(served: tuple[Endpoint, FakeConnection]) -> None:
+    ep, fake = served
+    fake.answers["pct exec 200 -- true"] = ok(b"\x00\xffbinary", code=3)
+    result = persist.run(ep, "pct exec 200 -- true", stdin=b"\x00in", timeout=7.0)
+    assert result is not None
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"\x00\xffbinary", b"err")
+    assert fake.ran == [("pct exec 200 -- true", b"\x00in", 7.0)]
+
+
+def test_errors_keep_their_kind(served: tuple[Endpoint, FakeConnection]) -> None:
+    ep, fake = served
+    fake.answers["slow"] = CommandTimeout("pve: command did not finish within 1 s")
+    fake.answers["lost"] = ConnectError("pve: connection lost", hint="check the network")
+    with pytest.raises(CommandTimeout, match="within 1 s"):
+        persist.run(ep, "slow", stdin=None, timeout=1.0)
+    with pytest.raises(ConnectError) as caught:
+        persist.run(ep, "lost", stdin=None, timeout=1.0)
+    assert caught.value.hint == "check the network"
+
+
+def test_no_server_means_no_answer(runtime: Path) -> None:
+    assert persist.run(endpoint(), "true", stdin=None, timeout=1.0) is None
+    path = persist.socket_path(endpoint())
+    assert path is not None
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))  # a socket file nobody listens on: a killed server's
+    dead.close()
+    assert persist.run(endpoint(), "true", stdin=None, timeout=1.0) is None
+
+
+def test_server_answers_only_its_own_user() -> None:
+    """The second lock after the 0700 directory: another uid that reaches the socket gets no
+    answer and runs nothing."""
+    ep = endpoint()
+    open_dir = Path(tempfile.mkdtemp(prefix="lu-peer", dir="/tmp"))
+    open_dir.chmod(0o755)  # reachable by anyone, unlike the runtime directory
+    path = open_dir / "s.sock"
+    server = persist.Server(ep, path)
+    fake = FakeConnection()
+    server.conn = fake  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    path.chmod(0o777)
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    code = (
+        "import json, os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        "s.sendall(json.dumps({'v': 1, 'op': 'run', 'command': 'id', 'stdin': None,"
+        " 'timeout': 5}).encode() + b'\\n')\n"
+        "try:\n"
+        "    print(repr(s.recv(100)))\n"
+        "except ConnectionResetError:\n"
+        "    print(repr(b''))\n"
+    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=30
+        )
+        assert result.stdout.strip() == "b''", result.stderr  # closed, no answer
+        assert fake.ran == []
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        shutil.rmtree(open_dir)
+
+
+def test_an_answer_that_breaks_off_is_a_connection_error(runtime: Path) -> None:
+    path = persist.socket_path(endpoint())
+    assert path is not None
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def take_and_hang_up() -> None:
+        client, _ = listener.accept()
+        client.recv(65536)
+        client.close()  # took the command, said nothing
+
+    thread = threading.Thread(target=take_and_hang_up)
+    thread.start()
+    with pytest.raises(ConnectError, match="broke off"):
+        persist.run(endpoint(), "true", stdin=None, timeout=2.0)
+    thread.join(5)
+    listener.close()
+
+
+# --------------------------------------------------------------------------- prefetch
+
+
+@pytest.fixture
+def fresh_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("_key", None), ("_early", None), ("_recorded", None)):
+        monkeypatch.setattr(prefetch, name, value)
+
+
+def test_prefetch_sends_the_hinted_command_once_and_uses_it_only_if_identical(
+    served: tuple[Endpoint, FakeConnection],
+    tmp_path: Path,
+    fresh_prefetch: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ep, fake = served
+    playbook = tmp_path / "book.yaml"
+    playbook.write_text("a: 1\n")
+    fake.answers["poll"] = ok(b"first")
+    monkeypatch.chdir(tmp_path)
+
+    prefetch.begin("status", None, ["t"])  # no hint yet: nothing sent
+    assert persist.run(ep, "poll", stdin=b"req", timeout=9.0) is not None
+    prefetch.finish([playbook])
+    assert len(fake.ran) == 1
+
+    monkeypatch.setattr(prefetch, "_recorded", None)
+    prefetch.begin("status", None, ["t"])  # the hint: sent at once
+    fake.answers["poll"] = ok(b"second")
+    result = persist.run(ep, "poll", stdin=b"req", timeout=9.0)
+    assert result is not None and result.stdout == b"second"
+    assert len(fake.ran) == 2  # the early one was the one
+
+    monkeypatch.setattr(prefetch, "_recorded", None)
+    prefetch.begin("status", None, ["t"])
+    early = prefetch._early
+    fake.answers["poll2"] = ok(b"other")
+    result = persist.run(ep, "poll2", stdin=b"req", timeout=9.0)  # not what was hinted
+    assert result is not None and result.stdout == b"other"
+    assert early is not None and early.wait() is not None  # it went out, and was dropped
+    assert [c for c, _, _ in fake.ran[2:]] in (["poll", "poll2"], ["poll2", "poll"])
+
+    prefetch.finish([playbook])
+    playbook.write_text("a: 2, changed\n")
+    monkeypatch.setattr(prefetch, "_recorded", None)
+    prefetch.begin("status", None, ["t"])  # a changed file: the hint is stale, nothing sent
+    assert prefetch._early is None
+    prefetch.begin("status", None, ["other-target"])  # another key: no hint
+    assert prefetch._early is None
+
+
+def test_a_hint_cannot_point_outside_the_private_directory(
+    runtime: Path, fresh_prefetch: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    prefetch.begin("status", None, [])
+    directory = persist.runtime_dir()
+    assert directory is not None and prefetch._key is not None
+    hint = {"socket": "/tmp/elsewhere.sock", "command": "x", "stdin": None, "timeout": 1}
+    (directory / f"hint-{prefetch._key}.json").write_text(json.dumps({**hint, "files": []}))
+    prefetch.begin("status", None, [])
+    assert prefetch._early is None
