@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 VERSION = 1
 ANSWER_MARGIN = 10.0  # seconds past the command's own deadline before the answer is given up
+ACK = {"taken": True}  # the server's first line: it will run the command
+ACK_TIMEOUT = 5.0
 MAX_REQUEST = 64 * 1024 * 1024  # a pushed script travels as stdin
 ERRORS: dict[str, type[LauncherError]] = {
     cls.__name__: cls for cls in (CommandTimeout, ConnectError, HostKeyError, AuthError)
@@ -134,16 +136,28 @@ def _peer_uid(sock: socket.socket) -> int:
     return int(_PEERCRED.unpack(data)[1])
 
 
+class _Lines:
+    """Newline-ended messages from a socket, one at a time (a read may hold more than one)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def next(self, limit: int) -> bytes:
+        """The next line (b"" if the peer closed first); ValueError past `limit` bytes."""
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise ValueError("message too large")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return b""
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+
 def _read_line(sock: socket.socket, limit: int) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > limit:
-            raise ValueError("message too large")
-    return data
+    return _Lines(sock).next(limit)
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -175,17 +189,25 @@ def exchange(
     path: Path, command: str, stdin: bytes | None, timeout: float
 ) -> dict[str, Any] | None:
     """Send one command to the background process at `path` and return its answer as it came;
-    None when nothing answers there (nothing was sent)."""
+    None when nothing there took it (then it did not run: the server acknowledges a command
+    before it runs it, and runs none whose acknowledgement it could not deliver)."""
     sock = _connect(path) if path.exists() else None
     if sock is None:
         return None
     request = {"v": VERSION, "op": "run", "command": command, "stdin": _b64(stdin)}
     request["timeout"] = timeout
     with sock:
+        lines = _Lines(sock)
         try:
             sock.sendall(json.dumps(request).encode() + b"\n")
+            sock.settimeout(ACK_TIMEOUT)
+            if json.loads(lines.next(4096) or b"null") != ACK:
+                return None
+        except (OSError, ValueError):
+            return None  # an ending server closed it, or never read it: not run
+        try:
             sock.settimeout(timeout + ANSWER_MARGIN)
-            answer = json.loads(_read_line(sock, MAX_REQUEST * 2) or b"null")
+            answer = json.loads(lines.next(MAX_REQUEST * 2) or b"null")
         except (OSError, ValueError) as exc:
             raise BrokenOff(str(exc)) from None
     if not isinstance(answer, dict):
@@ -312,6 +334,9 @@ class Server:
                     return
                 client.settimeout(30.0)
                 request = json.loads(_read_line(client, MAX_REQUEST) or b"null")
+                if self.stopping.is_set():
+                    return  # closed unacknowledged: the client connects by itself
+                client.sendall(json.dumps(ACK).encode() + b"\n")  # raises if it gave up
                 answer = self.answer(request)
                 client.settimeout(30.0)
                 client.sendall(json.dumps(answer).encode() + b"\n")
@@ -336,6 +361,11 @@ class Server:
                 timeout=float(request["timeout"]),
             )
         except LauncherError as error:
+            if not isinstance(error, CommandTimeout):
+                # The connection itself failed (dropped and not back, a key no longer offered):
+                # end, so that the next command connects by itself and says why, instead of
+                # every command failing here while keeping this process from going idle.
+                self.stopping.set()
             return {
                 "ok": False,
                 "kind": type(error).__name__,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,22 @@ def test_errors_keep_their_kind(served: tuple[Endpoint, FakeConnection]) -> None
     assert caught.value.hint == "check the network"
 
 
+def test_a_failed_connection_ends_the_server(
+    served: tuple[Endpoint, FakeConnection],
+) -> None:
+    """Not every later command failing through a broken connection: this one fails as a
+    dropped direct connection would, and the next ones find no server and connect by
+    themselves."""
+    ep, fake = served
+    fake.answers["true"] = ConnectError("pve: connection to 10.0.0.5 was lost")
+    with pytest.raises(ConnectError, match="was lost"):
+        persist.run(ep, "true", stdin=None, timeout=5.0)
+    deadline = time.monotonic() + 5
+    while persist.run(ep, "true", stdin=None, timeout=5.0) is not None:
+        assert time.monotonic() < deadline, "the server kept serving"
+        time.sleep(0.1)
+
+
 def test_no_server_means_no_answer(runtime: Path) -> None:
     assert persist.run(endpoint(), "true", stdin=None, timeout=1.0) is None
     path = persist.socket_path(endpoint())
@@ -209,7 +226,11 @@ def test_server_answers_only_its_own_user() -> None:
         shutil.rmtree(open_dir)
 
 
-def test_an_answer_that_breaks_off_is_a_connection_error(runtime: Path) -> None:
+@pytest.mark.parametrize("acknowledged", [True, False])
+def test_an_answer_that_breaks_off(runtime: Path, acknowledged: bool) -> None:
+    """Taken (acknowledged) and then no answer: a connection error, as a dropped connection
+    mid-command; closed before the acknowledgement: not run, so no answer (the caller then
+    connects by itself)."""
     path = persist.socket_path(endpoint())
     assert path is not None
     listener = socket.socket(socket.AF_UNIX)
@@ -219,12 +240,17 @@ def test_an_answer_that_breaks_off_is_a_connection_error(runtime: Path) -> None:
     def take_and_hang_up() -> None:
         client, _ = listener.accept()
         client.recv(65536)
-        client.close()  # took the command, said nothing
+        if acknowledged:
+            client.sendall(json.dumps(persist.ACK).encode() + b"\n")
+        client.close()
 
     thread = threading.Thread(target=take_and_hang_up)
     thread.start()
-    with pytest.raises(ConnectError, match="broke off"):
-        persist.run(endpoint(), "true", stdin=None, timeout=2.0)
+    if acknowledged:
+        with pytest.raises(ConnectError, match="broke off"):
+            persist.run(endpoint(), "true", stdin=None, timeout=2.0)
+    else:
+        assert persist.run(endpoint(), "true", stdin=None, timeout=2.0) is None
     thread.join(5)
     listener.close()
 
