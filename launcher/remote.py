@@ -382,6 +382,21 @@ class Connection:
         STATS.count("commands")
         return channel
 
+    def _take_session(self, command: str, wait: float | None) -> paramiko.Channel:
+        """A session channel once one of the max_sessions slots is free (within `wait` s; None:
+        no limit); the caller releases the slot when it closes the channel."""
+        ep = self.endpoint
+        if not self._sessions.acquire(timeout=wait):
+            raise CommandTimeout(
+                f"{ep.name}: no free SSH session within {wait:g} s (max_sessions "
+                f"{ep.max_sessions} all busy): {_short(command)}"
+            )
+        try:
+            return self._open_channel()
+        except BaseException:
+            self._sessions.release()
+            raise
+
     def run(
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
@@ -399,16 +414,7 @@ class Connection:
         started = time.monotonic()
         deadline = started + limit
         out, err = io.BytesIO(), io.BytesIO()
-        if not self._sessions.acquire(timeout=limit):
-            raise CommandTimeout(
-                f"{ep.name}: no free SSH session within {limit:g} s (max_sessions "
-                f"{ep.max_sessions} all busy): {_short(command)}"
-            )
-        try:
-            channel = self._open_channel()
-        except BaseException:
-            self._sessions.release()
-            raise
+        channel = self._take_session(command, limit)
         try:
             channel.settimeout(max(0.001, deadline - time.monotonic()))
             channel.exec_command(command)
@@ -456,16 +462,7 @@ class Connection:
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._sessions.acquire(timeout=timeout):
-            raise CommandTimeout(
-                f"{ep.name}: no free SSH session within {timeout:g} s (max_sessions "
-                f"{ep.max_sessions} all busy): {_short(command)}"
-            )
-        try:
-            channel = self._open_channel()
-        except BaseException:
-            self._sessions.release()
-            raise
+        channel = self._take_session(command, timeout)
         try:
             channel.settimeout(ep.connect_timeout)
             channel.exec_command(command)
