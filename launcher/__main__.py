@@ -1,3 +1,3 @@
-from launcher.cli.main import main
+from launcher.console import main
 
 main()

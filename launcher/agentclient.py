@@ -41,18 +41,12 @@ from launcher.errors import (
     UnsafePathError,
     UsageError,
 )
+from launcher.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
 from launcher.remote import CommandResult
 
 if TYPE_CHECKING:
     from launcher.config import Target
 
-# The command line: run the loader that comes first on stdin's one JSON line.
-# The trailing comment names the process in `ps` (and for `pkill -f launcher_agent`).
-BOOT = "import json,sys;m=json.loads(sys.stdin.readline());exec(m['boot'])#launcher_agent"
-# -I: no PYTHON* variables, user site or working directory on sys.path can put code of someone
-# else's in the agent (a json.py in the directory pct exec starts in); -S: no site import, which
-# the stdlib-only agent does not need and which costs start-up time on every call.
-AGENT_ARGV = ["python3", "-I", "-S", "-c", BOOT]
 
 CACHE_DIR = "/run/launcher"
 MISS_EXIT = 75  # EX_TEMPFAIL: the loader found no valid cached bundle and ran nothing

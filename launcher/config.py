@@ -23,6 +23,7 @@ from pydantic import (
 
 from launcher.errors import ConfigError, UsageError
 from launcher.protocol import system_path_problem
+from launcher.sshconfig import JUMP_RE
 from launcher.verify.checks import ChecksSpec, StepSpec
 from launcher.verify.formats import StatusSpec
 from launcher.yamlsource import YamlDocument, load_yaml
@@ -33,10 +34,6 @@ DEFAULT_INVENTORY = "inventory.yaml"
 SESSION_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-# One ProxyJump hop: [user@]host[:port], IPv6 in brackets.
-JUMP_RE = re.compile(
-    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@:\s\[\]]+)(?::(?P<port>.*))?$"
-)
 
 HOUR = 3600.0
 DAY = 24 * HOUR

@@ -120,15 +120,20 @@ def socket_path(endpoint: Endpoint) -> Path | None:
     return directory / f"{hashlib.sha256(key).hexdigest()[:32]}.sock"
 
 
-def persistable(endpoint: Endpoint) -> bool:
-    """A host whose connection a background process can open: none of its hops needs a
-    passphrase typed on the terminal."""
+def unattended(endpoint: Endpoint) -> bool:
+    """A host that can be connected to with nobody at the terminal: none of its hops needs a
+    passphrase typed there."""
     hop: Endpoint | None = endpoint
     while hop is not None:
         if hop.passphrase == "prompt":
             return False
         hop = hop.via
-    return endpoint.control_persist > 0
+    return True
+
+
+def persistable(endpoint: Endpoint) -> bool:
+    """A host whose connection a background process can open (and is asked to keep)."""
+    return unattended(endpoint) and endpoint.control_persist > 0
 
 
 def _peer_uid(sock: socket.socket) -> int:

@@ -1,17 +1,28 @@
-"""`launcher status` sends its one remote command while its configuration is still loading.
+"""A command's first remote work starts while its configuration is still loading.
 
 Loading the inventory and playbook (pydantic and the config models) takes a Python client
-~0.2 s; the poll's round trip takes about as long. When the host's connection is persisted
-(persist.py), the command needs no SSH library, so it can go first: the last `status` with the
-same inventory, target and working directory left a hint (the socket, the exact command and
-its stdin, the deadline) next to the persisted connection's socket; the next one sends that
-command in a thread at once, then loads the configuration as always, and uses the early answer
-only when the command it would send now is byte for byte the one sent early (same socket, so
-the same resolved endpoint; same command and stdin, so the same request). Otherwise the answer
-is dropped and the command sent again, so nothing the configuration says is ever skipped: a
-poll is read-only, and a stale hint costs one extra poll, never a wrong status.
+~0.2 s; connecting and starting the agent in the container take about as long again, and are
+mostly waiting for the other side. The last run of the same command (same inventory option,
+targets and working directory) left a hint next to the persisted connections' sockets; the
+next run acts on it at once, in a thread, and then loads its configuration as always:
 
-stdlib only (and persist.py): importing this must cost nothing.
+- persisted connection (`launcher status` on a `control_persist` host): the hint is the exact
+  command and stdin of the last poll; it is sent through the persisted connection at once, and
+  its answer is used only when the command the configuration then asks for is byte for byte the
+  one sent early (same socket, so the same resolved endpoint; same command and stdin, so the
+  same request). A poll is read-only: a stale hint costs one extra poll, never a wrong status.
+- direct connection (status, deploy, verify, logs, stop, ...): the hint is the resolved endpoint
+  and the agent's command line, never a request. The thread connects (host keys checked as
+  always) and starts the agent, which waits for its request line on stdin before it does
+  anything (agentclient.BOOT). The connection is used only when the endpoint the configuration
+  resolves to now is the one in the hint, and the started agent only when the command is the
+  same; the request, built from the configuration just loaded, is then written to it. Anything
+  else is closed unused: the agent reads end of file and exits having done nothing.
+
+Hints live in the user's private directory (persist.runtime_dir), carry the stamps of the files
+that decide them (inventory, playbook, ssh_config), and are ignored once any of those changed.
+
+stdlib only (and persist.py, launcher.protocol): importing this must cost nothing.
 """
 
 from __future__ import annotations
@@ -20,21 +31,36 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
+import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher import persist
 
-HINT_VERSION = 1
+if TYPE_CHECKING:
+    from launcher.errors import LauncherError
+    from launcher.remote import CommandResult, Connection, Endpoint
+
+HINT_VERSION = 2
+KEY_VARIABLES = ("LAUNCHER_INVENTORY", "LAUNCHER_TARGET")  # what selects the run, besides argv
+IMPORT_WAIT = 2.0  # seconds a command waits for the early thread's imports, at most
+HANDSHAKE_WAIT = 0.3  # and then for its connection and the agent's start, at most
+# Besides the files a command names: what decides a direct hint's endpoint.
+SSH_CONFIG_FILES = (Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config"))
 _lock = threading.Lock()
 _key: str | None = None  # this process's hint name, once begin() was called
 _early: _Early | None = None
+_early_agent: _EarlyAgent | None = None  # until adopt() hands its connection over
+_adopted: _EarlyAgent | None = None  # after: its early request's answer, until taken
+_send_request = False  # keep_request(): the next hint keeps the request too
 _recorded: dict[str, Any] | None = None
 
 
 class _Early:
-    """The command from the hint, sent in a thread."""
+    """The command from a persisted hint, sent in a thread."""
 
     def __init__(self, path: Path, command: str, stdin: bytes | None, timeout: float) -> None:
         self.sent = (str(path), command, stdin, timeout)
@@ -51,6 +77,81 @@ class _Early:
         return self.answer
 
 
+class _EarlyAgent:
+    """A direct connection opened from a hint, the agent's command started on it, and (for a
+    read-only command: status's poll) its request sent too."""
+
+    def __init__(
+        self,
+        endpoint: dict[str, Any],
+        command: str,
+        request: tuple[bytes, float] | None,
+    ) -> None:
+        self.doc = endpoint
+        self.command = command
+        self.request = request  # (stdin, timeout) to send at once, or None
+        self.conn: Connection | None = None
+        self.result: CommandResult | None = None
+        self.error: LauncherError | None = None
+        self.imported = threading.Event()
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._start, daemon=True)
+        self.thread.start()
+        # Python runs one thread at a time: beside the configuration's imports, the SSH
+        # libraries' imports and the handshake (each packet wakes paramiko's thread) would only
+        # interleave with them. So they go first, alone, and the agent starts in the container
+        # (the shell, pct, python3: mostly the host's time) while the configuration loads.
+        # A slow network only shortens the head start: past HANDSHAKE_WAIT both go on at once.
+        self.imported.wait(IMPORT_WAIT)
+        self.switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)
+
+    def _start(self) -> None:
+        try:
+            from launcher import sshopen  # noqa: F401  (the SSH libraries, see __init__)
+            from launcher.errors import LauncherError
+            from launcher.remote import Connection
+        except Exception:
+            return
+        finally:
+            self.imported.set()
+        try:  # a failed connect stays in conn, which then fails fast with it
+            self.conn = Connection(persist.endpoint_from_doc(self.doc))
+            self.conn.prestart(self.command)
+        except Exception:
+            return
+        finally:
+            self.started.set()
+            sys.setswitchinterval(self.switch_interval)
+        if self.request is not None:
+            stdin, timeout = self.request
+            try:
+                self.result = self.conn.run_direct(self.command, stdin=stdin, timeout=timeout)
+            except LauncherError as error:
+                self.error = error
+
+    def answer(self, command: str, stdin: bytes | None, timeout: float) -> CommandResult | None:
+        """The early request's result if it is exactly this one (its error raised as it came,
+        being what this request would get); else None."""
+        if self.request is None or (command, stdin, timeout) != (self.command, *self.request):
+            return None
+        self.thread.join(timeout + persist.ANSWER_MARGIN)
+        if self.error is not None:
+            raise type(self.error)(self.error.message, hint=self.error.hint)
+        return self.result
+
+    def close(self) -> None:
+        """Unused: closed in the background (the agent reads end of file, does nothing)."""
+
+        def close() -> None:
+            self.thread.join(60)
+            if self.conn is not None:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+
+        threading.Thread(target=close, daemon=True).start()
+
+
 def _hint_path(key: str) -> Path | None:
     directory = persist.runtime_dir()
     return None if directory is None else directory / f"hint-{key}.json"
@@ -64,25 +165,67 @@ def _stamp(path: str) -> list[int] | None:
     return [info.st_ino, info.st_size, info.st_mtime_ns]
 
 
-def begin(*key: object) -> None:
-    """Send the hinted command for this invocation (`key`: what selects the run, e.g. the
-    inventory option and the target names), if a hint is there and its files are unchanged."""
-    global _key, _early
-    parts = [HINT_VERSION, os.getcwd(), os.environ.get("LAUNCHER_INVENTORY"), *key]
-    _key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+def is_agent_command(command: str) -> bool:
+    """`pct exec VMID -- <the agent's argv>`: a command that does nothing until its request
+    line arrives on stdin, so it may be started before the request is known."""
+    from launcher.protocol import AGENT_ARGV
+
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return False
+    return (
+        argv[:2] == ["pct", "exec"]
+        and argv[2:3] != []
+        and argv[2].isdigit()
+        and (argv[3:] == ["--", *AGENT_ARGV])
+    )
+
+
+def begin(argv: Sequence[str]) -> None:
+    """Act on the hint the last run of this exact command line left (same arguments, working
+    directory and LAUNCHER_* variables), if there is one and its files are unchanged. Called
+    before anything else is imported: a hint is only ever left by a command that went on to
+    load its configuration and act on one target with it (cli.targets), so a hint's endpoint
+    and command are what this command line last resolved to."""
+    global _key, _early, _early_agent
+    parts = [HINT_VERSION, os.getcwd(), *(os.environ.get(v) for v in KEY_VARIABLES), *argv]
+    _key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
     path = _hint_path(_key)
     try:
         assert path is not None
         hint = json.loads(path.read_text())
         if any(_stamp(name) != stamp for name, stamp in hint["files"]):
             return  # the configuration changed since: let the normal path send
-        stdin = None if hint["stdin"] is None else bytes.fromhex(hint["stdin"])
+        stdin = None if hint.get("stdin") is None else bytes.fromhex(hint["stdin"])
+        if stdin is not None and not _is_poll(stdin):
+            return  # only a poll, which changes nothing, is ever sent before it is asked for
+        if "endpoint" in hint:
+            command = str(hint["command"])
+            request = None if stdin is None else (stdin, float(hint["timeout"]))
+            if is_agent_command(command) and isinstance(hint["endpoint"], dict):
+                _early_agent = _EarlyAgent(hint["endpoint"], command, request)
+            return
         socket_path = Path(hint["socket"])
         if socket_path.parent != path.parent:
             return  # a hint points only at sockets of this private directory
         _early = _Early(socket_path, str(hint["command"]), stdin, float(hint["timeout"]))
-    except (AssertionError, OSError, ValueError, KeyError, TypeError):
+    except (AssertionError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return
+
+
+def keep_request() -> None:
+    """This command's first request is a poll (status): the next hint keeps it, so that the
+    next run can send it before its configuration has said what it is (and use the answer
+    only if it then asks for exactly that)."""
+    global _send_request
+    _send_request = True
+
+
+def _is_poll(stdin: bytes) -> bool:
+    """The agent's stdin line carries a poll request (the only op sent early)."""
+    line = json.loads(stdin.decode())
+    return isinstance(line, dict) and line["request"]["op"] == "poll"
 
 
 def take(path: Path, command: str, stdin: bytes | None, timeout: float) -> dict[str, Any] | None:
@@ -95,25 +238,82 @@ def take(path: Path, command: str, stdin: bytes | None, timeout: float) -> dict[
     return early.wait()
 
 
+def adopt(endpoint: Endpoint) -> Connection | None:
+    """The connection opened early, if it is to exactly this endpoint (then it is handed over
+    once, connected or with the failure that a connect here would repeat); else None."""
+    global _early_agent, _adopted
+    with _lock:
+        early, _early_agent = _early_agent, None
+    if early is None:
+        return None
+    early.started.wait(endpoint.connect_timeout + persist.ANSWER_MARGIN)
+    conn = early.conn
+    if not early.started.is_set() or conn is None or conn.endpoint != endpoint:
+        early.close()
+        return None
+    _adopted = early
+    return conn
+
+
+def take_direct(
+    conn: Connection, command: str, stdin: bytes | None, timeout: float
+) -> CommandResult | None:
+    """The answer to a request sent early on the adopted connection `conn`, if it is exactly
+    this one (then it is used once); else None."""
+    global _adopted
+    with _lock:
+        early = _adopted
+        if early is None or early.conn is not conn:
+            return None
+        _adopted = None
+    return early.answer(command, stdin, timeout)
+
+
 def record(path: Path, command: str, stdin: bytes | None, timeout: float) -> None:
-    """The first command this process sent through a persisted connection: the next hint."""
+    """The first command this process sent through a persisted connection: the next hint,
+    for a command that keeps its request (keep_request: status's poll); for any other, the
+    next run connects to the persisted connection as always."""
+    if not _send_request:
+        return
+    _record(
+        {
+            "socket": str(path),
+            "command": command,
+            "stdin": None if stdin is None else stdin.hex(),
+            "timeout": timeout,
+        }
+    )
+
+
+def record_direct(endpoint: Endpoint, command: str, stdin: bytes | None, timeout: float) -> None:
+    """The first agent command this process started on a direct connection: the next hint
+    (a host whose key needs a passphrase typed on the terminal is never started early). The
+    request itself is kept only for a poll (keep_request)."""
+    if _key is None or _recorded is not None or not is_agent_command(command):
+        return
+    if not persist.unattended(endpoint):
+        return
+    hint: dict[str, Any] = {"endpoint": persist.endpoint_doc(endpoint), "command": command}
+    if _send_request and stdin is not None:
+        hint.update(stdin=stdin.hex(), timeout=timeout)
+    _record(hint)
+
+
+def _record(hint: dict[str, Any]) -> None:
     global _recorded
     with _lock:
         if _key is not None and _recorded is None:
-            _recorded = {
-                "socket": str(path),
-                "command": command,
-                "stdin": None if stdin is None else stdin.hex(),
-                "timeout": timeout,
-            }
+            _recorded = hint
 
 
 def finish(files: list[Path]) -> None:
     """Leave the hint for the next invocation with the same key: what was sent, and the files
-    (inventory, playbook) whose change makes it stale."""
+    (inventory, playbook; ssh_config for a direct one) whose change makes it stale."""
     path = _hint_path(_key) if _key is not None else None
     if path is None or _recorded is None:
         return
+    if "endpoint" in _recorded:
+        files = [*files, *SSH_CONFIG_FILES]
     hint = {**_recorded, "files": [[str(f), _stamp(str(f))] for f in files]}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(OSError):

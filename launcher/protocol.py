@@ -22,6 +22,16 @@ PANE_WIDTH = 250
 PANE_HEIGHT = 50
 HISTORY_LIMIT = 100_000
 
+# How the client starts the agent: `pct exec VMID -- AGENT_ARGV`, where BOOT reads one JSON line
+# from stdin and runs the loader in it (agentclient.LOADER). Until that line arrives it does
+# nothing, which is what lets a client start it before the request is known (prefetch.py).
+# The trailing comment names the process in `ps` (and for `pkill -f launcher_agent`).
+BOOT = "import json,sys;m=json.loads(sys.stdin.readline());exec(m['boot'])#launcher_agent"
+# -I: no PYTHON* variables, user site or working directory on sys.path can put code of someone
+# else's in the agent (a json.py in the directory pct exec starts in); -S: no site import, which
+# the stdlib-only agent does not need and which costs start-up time on every call.
+AGENT_ARGV = ["python3", "-I", "-S", "-c", BOOT]
+
 OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback")
 # Ops whose stdout carries a stream (log bytes): their envelope is the last line on stderr.
 STREAMING_OPS = ("follow",)

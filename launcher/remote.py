@@ -27,13 +27,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from launcher import sshconfig
-from launcher.config import HostSpec
+from launcher import prefetch, sshconfig
 from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
 
 if TYPE_CHECKING:
     import paramiko
 
+    from launcher.config import HostSpec
     from launcher.sshopen import BoundedConnection, Sock
 
 # Attempts at connecting, all within one connect_timeout; the pause between them doubles.
@@ -252,6 +252,7 @@ class Connection:
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
+        self._prestarted: dict[str, paramiko.Channel] = {}  # command -> its channel (prestart)
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -382,6 +383,45 @@ class Connection:
         STATS.count("commands")
         return channel
 
+    def prestart(self, command: str) -> None:
+        """Start `command` now, its stdin left open, for a later run() or stream() of the same
+        command, which then only sends stdin. Only for a command that does nothing before its
+        stdin arrives (the agent's; prefetch.py): it holds a session slot until used or closed."""
+        channel = self._take_session(command, self.endpoint.connect_timeout)
+        try:
+            channel.settimeout(self.endpoint.connect_timeout)
+            channel.exec_command(command)
+        except BaseException:
+            channel.close()
+            self._sessions.release()
+            raise
+        with self._lock:
+            old = self._prestarted.pop(command, None)
+            self._prestarted[command] = channel
+        if old is not None:
+            old.close()
+            self._sessions.release()
+
+    def _started(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
+        """A channel running `command`: the prestarted one if it is still open, else a new one
+        (a session slot within `wait` s, the command started within `exec_timeout` s)."""
+        with self._lock:
+            channel = self._prestarted.pop(command, None)
+        if channel is not None:
+            if not channel.closed and not channel.exit_status_ready():
+                return channel
+            channel.close()  # the agent is gone (container stopped, link lost): start anew
+            self._sessions.release()
+        channel = self._take_session(command, wait)
+        try:
+            channel.settimeout(max(0.001, exec_timeout))
+            channel.exec_command(command)
+        except BaseException:
+            channel.close()
+            self._sessions.release()
+            raise
+        return channel
+
     def _take_session(self, command: str, wait: float | None) -> paramiko.Channel:
         """A session channel once one of the max_sessions slots is free (within `wait` s; None:
         no limit); the caller releases the slot when it closes the channel."""
@@ -409,15 +449,30 @@ class Connection:
             persisted = persist.run(ep, command, stdin=stdin, timeout=limit)
             if persisted is not None:
                 return persisted
+        if ep.control_persist <= 0:  # else the next run's hint is its persisted connection
+            prefetch.record_direct(ep, command, stdin, limit)
+        early = prefetch.take_direct(self, command, stdin, limit)
+        return early or self.run_direct(command, stdin=stdin, timeout=limit)
+
+    def run_direct(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+        """run() over this connection itself: no persisted connection, no early answer."""
         from launcher import sshopen
 
+        ep = self.endpoint
+        limit = timeout
         started = time.monotonic()
         deadline = started + limit
         out, err = io.BytesIO(), io.BytesIO()
-        channel = self._take_session(command, limit)
+        try:
+            channel = self._started(command, limit, deadline - time.monotonic())
+        except TimeoutError:
+            raise CommandTimeout(
+                f"{ep.name}: command did not start within {limit:g} s: {_short(command)}"
+            ) from None
+        except sshopen.CHANNEL_ERRORS as exc:
+            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         try:
             channel.settimeout(max(0.001, deadline - time.monotonic()))
-            channel.exec_command(command)
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
@@ -462,10 +517,15 @@ class Connection:
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        channel = self._take_session(command, timeout)
+        prefetch.record_direct(
+            ep, command, stdin, ep.command_timeout if timeout is None else timeout
+        )
+        try:
+            channel = self._started(command, timeout, ep.connect_timeout)
+        except sshopen.CHANNEL_ERRORS as exc:
+            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         try:
             channel.settimeout(ep.connect_timeout)
-            channel.exec_command(command)
             if stdin:
                 channel.sendall(stdin)
             if close_stdin:
@@ -499,6 +559,10 @@ class Connection:
 
     def close(self) -> None:
         with self._lock:
+            unused, self._prestarted = list(self._prestarted.values()), {}
+            for channel in unused:
+                channel.close()  # its agent reads end of file and does nothing
+                self._sessions.release()
             if self._fab is not None:
                 self._fab.close()  # SFTP sessions Fabric opened, then the client
                 self._fab.client.close()  # also a client whose link had already dropped
@@ -594,7 +658,9 @@ class ConnectionPool:
         with self._lock:
             conn = self._connections.get(name)
             if conn is None:
-                conn = Connection(resolve_endpoint(name, host, self._ssh_config))
+                endpoint = resolve_endpoint(name, host, self._ssh_config)
+                # The connection this command's first step opened while its config loaded.
+                conn = prefetch.adopt(endpoint) or Connection(endpoint)
                 self._connections[name] = conn
             return conn
 

@@ -229,13 +229,13 @@ def main(argv: list[str] | None = None) -> None:
     except (BrokenPipeError, OutputClosed):
         _pipe_closed()
     except SystemExit:
-        _flush_stdout()
+        flush_stdout()
         raise
-    _flush_stdout()
+    flush_stdout()
     sys.exit(int(code or 0))
 
 
-def _flush_stdout() -> None:
+def flush_stdout() -> None:
     """Output still buffered for a reader that has gone fails here, not in the interpreter's
     shutdown (which would print "Exception ignored" and exit 120)."""
     try:

@@ -197,17 +197,12 @@ def status_command(app: AppContext, as_json: bool) -> None:
     """
     from launcher import prefetch
 
-    one = not app.all_targets and len(app.names()) <= 1
-    if one:  # with a persisted connection, the poll goes out while the config loads
-        prefetch.begin("status", app.inventory_option, app.names())
+    prefetch.keep_request()  # the next run sends this poll while its config loads
 
     from launcher.cli.targets import exit_with, run_on_targets
     from launcher.verify.workflows import status_work
 
     outcomes = run_on_targets(app, status_work, quiet=True)
-    if one and len(outcomes) == 1:
-        target = app.target()
-        prefetch.finish([app.inventory().path, target.playbook.path])
     if as_json or len(outcomes) == 1:
         _report(app, outcomes, command="status", as_json=as_json, junit=None)
     exit_with(outcomes, title="status", table=not as_json)
