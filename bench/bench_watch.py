@@ -36,15 +36,21 @@ FAULT_VMID = 314
 # The demo trainer at its plateau with DEMO_INTERVAL 0.5: one step per status line.
 SECONDS_PER_STEP = 0.5
 CHECKPOINT_EVERY = 5
-STALL_AFTER = 6.0  # hang detection: the step unchanged this long
+STALL_AFTER = 6.0  # a stall: the step unchanged this long (while the trainer may print)
+# A hang: the step unchanged and nothing printed or checkpointed this long. The demo trainer
+# prints a line every 0.5 s and writes its checkpoints at once: 2 s is four lines missed.
+HANG_AFTER = 2.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _playbook(env: BenchEnv, name: str, vmid: int, stall_after: float, **demo: str) -> str:
+def _playbook(
+    env: BenchEnv, name: str, vmid: int, stall_after: float, hang_after: float | None, **demo: str
+) -> str:
     rel = env.playbook(name, session=name, **demo)
     path = env.project / rel
     book = yaml.safe_load(path.read_text())
-    book["verify"].update({"wait": 3, "interval": 1, "step": {"stall_after": stall_after}})
+    step = {"stall_after": stall_after, "hang_after": hang_after}
+    book["verify"].update({"wait": 3, "interval": 1, "step": step})
     path.write_text(yaml.safe_dump(book, sort_keys=False))
     return rel
 
@@ -87,7 +93,7 @@ class Watcher:
 
 
 def resources(env: BenchEnv, duration: float, log: Callable[[str], None]) -> list[Row]:
-    targets = {f"w{v}": (v, _playbook(env, f"w{v}", v, 120)) for v in WATCH_VMIDS}
+    targets = {f"w{v}": (v, _playbook(env, f"w{v}", v, 120, None)) for v in WATCH_VMIDS}
     inventory = env.inventory("watch-resources", targets)
     for name in targets:
         check(env.launcher(inventory, "-t", name, "deploy", "--restart"), f"deploy {name}")
@@ -140,7 +146,7 @@ def faults(
     name = f"f{mode}"
     after = {"crash": "DEMO_CRASH_AFTER", "hang": "DEMO_HANG_AFTER"}[mode]
     book = _playbook(
-        env, name, FAULT_VMID, STALL_AFTER, DEMO_MODE=mode, DEMO_RESUME="1",
+        env, name, FAULT_VMID, STALL_AFTER, HANG_AFTER, DEMO_MODE=mode, DEMO_RESUME="1",
         DEMO_CHECKPOINT_EVERY=str(CHECKPOINT_EVERY), **{after: f"{period:g}"},
     )  # fmt: skip
     inventory = env.inventory(f"watch-{mode}", {name: (FAULT_VMID, book)})

@@ -1759,6 +1759,7 @@ def op_poll(request, warnings):
         "now": time.time(),
         "record": read_json(os.path.join(state_dir(workdir), "current.json")),
         "log_age": file_age(log_path(workdir, session)),
+        "checkpoint_age": tree_age(param(request, "checkpoints", str)),
         # A deploy in progress: verify then waits for the new run instead of calling it dead.
         "lock": lock_state(param(request, "lock_path", str, default=LOCK_PATH)),
     }
@@ -1791,6 +1792,42 @@ def file_age(path):
         return max(0.0, time.time() - os.stat(path).st_mtime)
     except OSError:
         return None
+
+
+CHECKPOINT_SCAN = 2000  # entries looked at, at most, for one poll's checkpoint_age
+
+
+def tree_age(path, limit=CHECKPOINT_SCAN):
+    """Seconds since anything at `path` or up to two levels below it was written (a file
+    grows as a save writes it; a directory changes as entries come and go); None when there
+    is no such directory. A tree of more than `limit` entries counts as being written (0):
+    an age it did not finish looking for must not make a saving run look silent."""
+    if not path:
+        return None
+    try:
+        newest = os.stat(path).st_mtime
+    except OSError:
+        return None
+    seen, pending = 0, [(path, 0)]
+    while pending:
+        directory, depth = pending.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > limit:
+                    return 0.0
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                newest = max(newest, info.st_mtime)
+                if depth < 1 and entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, depth + 1))
+    return max(0.0, time.time() - newest)
 
 
 def clean_line(line):

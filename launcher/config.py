@@ -19,6 +19,7 @@ from pydantic import (
     StrictInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from launcher.errors import ConfigError, UsageError
@@ -160,6 +161,16 @@ class _Step(StepSpec):
     """A stall is noticed within the longest probe window."""
 
     stall_after: Annotated[float, Field(strict=True, gt=0, le=WEEK)] = 120.0
+    hang_after: Annotated[float | None, Field(strict=True, gt=0, le=WEEK)] = None
+
+    @model_validator(mode="after")
+    def _hang_within_stall(self) -> _Step:
+        if self.hang_after is not None and self.hang_after > self.stall_after:
+            raise ValueError(
+                f"hang_after ({self.hang_after:g} s) must be at most stall_after "
+                f"({self.stall_after:g} s): a step unchanged for stall_after is a stall anyway"
+            )
+        return self
 
 
 class VerifySpec(ChecksSpec):

@@ -2,9 +2,10 @@
 
 Loading the inventory and playbook (pydantic and the config models) takes a Python client
 ~0.2 s; connecting and starting the agent in the container take about as long again, and are
-mostly waiting for the other side. The last run of the same command (same inventory option,
-targets and working directory) left a hint next to the persisted connections' sockets; the
-next run acts on it at once, in a thread, and then loads its configuration as always:
+mostly waiting for the other side. The last run of the same command line (the same arguments,
+working directory, LAUNCHER_INVENTORY and LAUNCHER_TARGET) on one target left a hint next to the
+persisted connections' sockets; the next run acts on it at once (launcher.console, before click
+or pydantic are imported), in a thread, and then loads its configuration as always:
 
 - persisted connection (`launcher status` on a `control_persist` host): the hint is the exact
   command and stdin of the last poll; it is sent through the persisted connection at once, and
@@ -12,17 +13,19 @@ next run acts on it at once, in a thread, and then loads its configuration as al
   one sent early (same socket, so the same resolved endpoint; same command and stdin, so the
   same request). A poll is read-only: a stale hint costs one extra poll, never a wrong status.
 - direct connection (status, deploy, verify, logs, stop, ...): the hint is the resolved endpoint
-  and the agent's command line, never a request. The thread connects (host keys checked as
-  always) and starts the agent, which waits for its request line on stdin before it does
-  anything (agentclient.BOOT). The connection is used only when the endpoint the configuration
-  resolves to now is the one in the hint, and the started agent only when the command is the
-  same; the request, built from the configuration just loaded, is then written to it. Anything
-  else is closed unused: the agent reads end of file and exits having done nothing.
+  and the agent's command line. The thread connects (host keys checked as always) and starts
+  the agent, which waits for its request line on stdin before it does anything
+  (protocol.BOOT). The connection is used only when the endpoint the configuration resolves to
+  now is the one in the hint, and the started agent only when the command is the same; the
+  request, built from the configuration just loaded, is then written to it. Anything else is
+  closed unused: the agent reads end of file and exits having done nothing. For status only
+  (keep_request) the hint also holds the poll, sent as soon as the agent is started and used
+  under the same rule as above.
 
 Hints live in the user's private directory (persist.runtime_dir), carry the stamps of the files
 that decide them (inventory, playbook, ssh_config), and are ignored once any of those changed.
 
-stdlib only (and persist.py, launcher.protocol): importing this must cost nothing.
+stdlib only (persist.py; launcher.protocol and the SSH layer only when a hint is there).
 """
 
 from __future__ import annotations

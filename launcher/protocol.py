@@ -196,6 +196,7 @@ class PollRequest(TypedDict, total=False):
     session: str
     lines: int
     lock_path: str
+    checkpoints: str  # answer checkpoint_age for this directory
 
 
 class LogsRequest(TypedDict):
@@ -269,6 +270,9 @@ class PollAnswer(Envelope):
     now: float
     record: dict[str, Any] | None
     log_age: float | None
+    # Seconds since anything below `checkpoints` was written (0 for a tree too large to look
+    # through: taken as being written); None: no such directory, or not asked.
+    checkpoint_age: float | None
     lock: LockState | None  # a deploy in progress (its run is about to replace this one)
 
 

@@ -9,6 +9,8 @@ Environment:
   DEMO_INTERVAL          seconds between status lines (default 1.0)
   DEMO_RAMP              seconds for queues and throughput to reach the plateau (default 8)
   DEMO_CHECKPOINT_EVERY  write checkpoints/step_<N>.pt every N steps (default 5; 0 = never)
+  DEMO_SAVE_SECONDS      each checkpoint save takes this long, printing nothing and writing
+                         the file a piece at a time, as a large state dict's does (default 0)
   DEMO_GPUS              how many fake GPU files to hold open (default: all of them)
   DEMO_CRASH_AFTER       crash: seconds before a RuntimeError traceback, exit 1 (default 5)
   DEMO_STALL_AFTER       stall: seconds before queues drain and steps stop (default 5)
@@ -192,6 +194,12 @@ class Trainer:
         path = os.path.join("checkpoints", "step_%d.pt" % n)
         with open(path + ".tmp", "wb") as f:
             f.write(b"demo checkpoint step=%d\n" % n)
+            # A large save: nothing printed, the file written a piece at a time.
+            end = time.time() + env_float("DEMO_SAVE_SECONDS", 0)
+            while time.time() < end:
+                f.write(b"\0" * 4096)
+                f.flush()
+                time.sleep(0.2)
         os.replace(path + ".tmp", path)
         self.last_checkpoint = n
 

@@ -105,6 +105,9 @@ class PaneState:
     deploy_lock: str | None = None  # who holds the container's deploy lock, when someone does
     # The pane's width: rows of a capture are re-joined only where they were wrapped at it.
     pane_width: int | None = None
+    # Seconds the run has printed nothing (its log unwritten) and written nothing below its
+    # checkpoints directory, as the container's clock has it; None: not known (no log).
+    quiet_for: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False):
 
 class StepSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     stall_after: float = Field(default=120.0, gt=0)  # seconds
+    # Hung sooner: the step unchanged, nothing printed and nothing written below the checkpoints
+    # directory for this long (seconds). A checkpoint save that writes as it goes, however long,
+    # is not silent; one that prints nothing and writes nothing is. None: no such check.
+    hang_after: float | None = Field(default=None, gt=0)
 
 
 class LossSpec(BaseModel, extra="forbid", allow_inf_nan=False):
@@ -817,6 +824,8 @@ class Judge:
     def _step_result(self) -> CheckResult:
         spec = self.spec.step
         expected = f"step advancing (changes within {_fmt(spec.stall_after)} s)"
+        if spec.hang_after is not None:
+            expected += f"; not silent for {_fmt(spec.hang_after)} s"
         if self._step is None:
             return CheckResult("step", Verdict.FAIL, "no step reported", expected, Failure.PENDING)
         unchanged = self._now - self._step_first_at
@@ -827,6 +836,15 @@ class Judge:
         if unchanged >= spec.stall_after:
             observed = f"step {self._step} unchanged for {unchanged:.0f} s"
             return CheckResult("step", Verdict.FAIL, observed, expected, Failure.IMMEDIATE)
+        quiet = self._latest.state.quiet_for if self._latest is not None else None
+        if spec.hang_after is not None and quiet is not None:
+            hung = min(unchanged, quiet)
+            if hung >= spec.hang_after:
+                observed = (
+                    f"step {self._step} unchanged, nothing printed and no checkpoint written "
+                    f"for {_fmt(round(float(hung), 1))} s (hang_after {_fmt(spec.hang_after)} s)"
+                )
+                return CheckResult("step", Verdict.FAIL, observed, expected, Failure.IMMEDIATE)
         return CheckResult(
             "step", Verdict.PASS, f"step {self._step}, last changed {unchanged:.0f} s ago", expected
         )

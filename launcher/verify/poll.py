@@ -18,6 +18,7 @@ def poll_request(target: Target, lines: int) -> p.PollRequest:
         "session": spec.session,
         "lines": lines,
         "lock_path": p.LOCK_PATH,
+        "checkpoints": target.playbook.checkpoints_path,
     }
 
 
@@ -48,7 +49,23 @@ def pane_state(answer: p.PollAnswer) -> PaneState:
         run=session.get("run") or None,
         deploy_lock=lock_holder(answer.get("lock")),
         pane_width=_int(session.get("width")),
+        quiet_for=quiet_for(answer),
     )
+
+
+def quiet_for(answer: p.PollAnswer) -> float | None:
+    """How long the run has been silent: nothing printed (its log's age) and, when it has a
+    checkpoints directory, nothing written there either. None without a log to tell."""
+    log_age = _number(answer.get("log_age"))
+    if log_age is None:
+        return None
+    checkpoint_age = _number(answer.get("checkpoint_age"))
+    return log_age if checkpoint_age is None else min(log_age, checkpoint_age)
+
+
+def _number(value: object) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None  # type: ignore[arg-type]
 
 
 def lock_holder(lock: p.LockState | None) -> str | None:

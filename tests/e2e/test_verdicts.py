@@ -120,6 +120,41 @@ def test_one_resume_from_a_checkpoint_at_the_start_is_healthy(project: Project) 
     project.kill_session(VMID, "resume")
 
 
+def test_a_silent_hang_fails_at_hang_after_not_stall_after(project: Project) -> None:
+    """A hung collective (pane alive, nothing printed, nothing written) is called at
+    step.hang_after, long before the step's stall_after would."""
+    step = {"stall_after": 60, "hang_after": 2}
+    deploy(
+        project, "hang", env={"DEMO_MODE": "hang", "DEMO_HANG_AFTER": "4"}, verify={"step": step}
+    )
+    code, report, _ = verify(project)
+    assert code == 1, report
+    result = checks(report)["step"]
+    assert (result["verdict"], result["failure"]) == ("fail", "immediate"), result
+    assert re.fullmatch(
+        r"step \d+ unchanged, nothing printed and no checkpoint written for [\d.]+ s "
+        r"\(hang_after 2 s\)",
+        result["observed"],
+    ), result["observed"]
+    # hang at 4 s, called 2 s later at the next poll: the 60 s of stall_after play no part.
+    assert report["timings"]["duration"] < 4 + 2 + INTERVAL + SLACK, report["timings"]
+    project.kill_session(VMID, "hang")
+
+
+def test_a_long_silent_checkpoint_save_is_not_a_hang(project: Project) -> None:
+    """A save that prints nothing for 5 s but writes its file as it goes keeps the run alive
+    for hang_after 2: judged through the whole save (8 passing polls in a row), it passes."""
+    env = {"DEMO_CHECKPOINT_EVERY": "6", "DEMO_SAVE_SECONDS": "5"}
+    step = {"stall_after": 60, "hang_after": 2}
+    deploy(project, "save", env=env, verify={"step": step, "successes": 8})
+    code, report, _ = verify(project)
+    assert code == 0, report["reason"]
+    # Eight polls after the warmup: the save (from step 6, ~3 s in, for 5 s) lies inside.
+    assert report["timings"]["duration"] > WAIT + 7
+    assert "step_6.pt" in project.ct_text(VMID, "ls", "/root/save/checkpoints")
+    project.kill_session(VMID, "save")
+
+
 def test_run_replaced_while_verify_polls(project: Project) -> None:
     deploy(project, "replaced")
     argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "verify", "--json"]

@@ -919,3 +919,36 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
     pid = int(starts[-1].split()[2])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> None:
+    """poll's checkpoint_age: the newest write at or below the directory (a DCP save writes
+    files inside a step directory); none for a missing one; a tree too large to look through
+    counts as being written."""
+    assert agent.tree_age(str(tmp_path / "missing")) is None
+    assert agent.tree_age(None) is None
+    root = tmp_path / "checkpoints"
+    (root / "step_100").mkdir(parents=True)
+    shard = root / "step_100" / "__0_0.distcp"
+    shard.write_bytes(b"x")
+    old = time.time() - 600
+    for path in (shard, root / "step_100", root):
+        os.utime(path, (old, old))
+    age = agent.tree_age(str(root))
+    assert age is not None and 590 < age < 700
+    shard.write_bytes(b"xy")  # the save goes on
+    age = agent.tree_age(str(root))
+    assert age is not None and age < 5
+    os.utime(shard, (old, old))
+    deep = root / "step_100" / "more" / "deeper.bin"  # three levels down: not looked at
+    deep.parent.mkdir()
+    deep.write_bytes(b"z")
+    os.utime(deep.parent, (old, old))
+    os.utime(root / "step_100", (old, old))
+    age = agent.tree_age(str(root))
+    assert age is not None and age > 590
+    for i in range(5):
+        (root / f"f{i}").write_bytes(b"")
+        os.utime(root / f"f{i}", (old, old))
+    os.utime(root, (old, old))
+    assert agent.tree_age(str(root), limit=3) == 0.0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from launcher.verify.checks import (
     LossSpec,
     PaneState,
     Poll,
+    StepSpec,
     ThroughputSpec,
     Verdict,
     evaluate,
@@ -286,6 +288,48 @@ def test_step_stall_visible_in_one_capture_through_elapsed_minutes() -> None:
     result = check("step", polls)
     assert result.verdict is Verdict.FAIL
     assert result.observed == "step 7 unchanged for 180 s"
+
+
+def quiet_poll(at: float, quiet: float | None, *lines: str) -> Poll:
+    """A poll whose run has printed nothing and written no checkpoint for `quiet` s."""
+    base = poll(at, *lines)
+    return Poll(at, dataclasses.replace(base.state, quiet_for=quiet), base.samples)
+
+
+HANG = ChecksSpec(step=StepSpec(stall_after=120, hang_after=20))
+
+
+def test_a_silent_run_is_hung_after_hang_after_not_stall_after() -> None:
+    polls = [
+        quiet_poll(0, 0.0, line(0, step=40)),
+        quiet_poll(10, 0.0, line(0, step=40), line(0, step=42)),
+        quiet_poll(32, 22.0, line(0, step=40), line(0, step=42)),
+    ]
+    result = check("step", polls, HANG)
+    assert (result.verdict, result.failure) == (Verdict.FAIL, Failure.IMMEDIATE)
+    assert result.observed == (
+        "step 42 unchanged, nothing printed and no checkpoint written for 22 s (hang_after 20 s)"
+    )
+    assert check("step", polls).verdict is Verdict.PASS  # without hang_after: not yet
+
+
+@pytest.mark.parametrize(
+    ("quiet", "verdict"),
+    [
+        (5.0, Verdict.PASS),  # printing (or writing a checkpoint) a moment ago: a long save
+        (None, Verdict.PASS),  # no log to tell: only stall_after can call it
+        (25.0, Verdict.FAIL),
+    ],
+)
+def test_hang_needs_both_the_step_and_the_run_silent(quiet: float | None, verdict: Verdict) -> None:
+    polls = [
+        quiet_poll(0, 0.0, line(0, step=42)),
+        quiet_poll(30, quiet, line(0, step=42)),
+    ]
+    assert check("step", polls, HANG).verdict is verdict
+    # The step advancing is progress whatever the log says (a trainer that logs elsewhere).
+    moving = [quiet_poll(0, 0.0, line(0, step=42)), quiet_poll(30, 25.0, line(0, step=43))]
+    assert check("step", moving, HANG).verdict is Verdict.PASS
 
 
 def test_step_never_reported_fails() -> None:

@@ -204,6 +204,12 @@ def test_inventory_numbers_are_finite_and_in_range(
         ),
         (
             "verify: {wait: 180, interval: 10}",
+            "verify: {wait: 180, interval: 10, step: {stall_after: 10, hang_after: 30}}",
+            "dflash.yaml:12: verify.step: hang_after (30 s) must be at most stall_after (10 s): "
+            "a step unchanged for stall_after is a stall anyway",
+        ),
+        (
+            "verify: {wait: 180, interval: 10}",
             "verify: {wait: 180, interval: 10, throughput: {min: .nan}}",
             "dflash.yaml:12: verify.throughput.min: Input should be a finite number (got .nan)",
         ),
