@@ -124,9 +124,9 @@ def test_a_silent_hang_fails_at_hang_after_not_stall_after(project: Project) -> 
     """A hung collective (pane alive, nothing printed, nothing written) is called at
     step.hang_after, long before the step's stall_after would."""
     step = {"stall_after": 60, "hang_after": 2}
-    deploy(
-        project, "hang", env={"DEMO_MODE": "hang", "DEMO_HANG_AFTER": "4"}, verify={"step": step}
-    )
+    env = {"DEMO_MODE": "hang", "DEMO_HANG_AFTER": "4"}
+    # 8 passing polls to be healthy: more than the run has before it hangs.
+    deploy(project, "hang", env=env, verify={"step": step, "successes": 8})
     code, report, _ = verify(project)
     assert code == 1, report
     result = checks(report)["step"]
