@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 HINT_VERSION = 2
 KEY_VARIABLES = ("LAUNCHER_INVENTORY", "LAUNCHER_TARGET")  # what selects the run, besides argv
 IMPORT_WAIT = 2.0  # seconds a command waits for the early thread's imports, at most
-HANDSHAKE_WAIT = 0.3  # and then for its connection and the agent's start, at most
+# While the early thread connects: how soon a thread woken by the network gets the interpreter
+# lock from one that computes (Python's default is 0.005 s).
+SWITCH_INTERVAL = 0.0005
 # Besides the files a command names: what decides a direct hint's endpoint.
 SSH_CONFIG_FILES = (Path("~/.ssh/config").expanduser(), Path("/etc/ssh/ssh_config"))
 _lock = threading.Lock()
@@ -97,33 +99,32 @@ class _EarlyAgent:
         self.result: CommandResult | None = None
         self.error: LauncherError | None = None
         self.imported = threading.Event()
-        self.started = threading.Event()
+        self.started = threading.Event()  # connected and the agent started, or failed
+        # Python runs one thread at a time. The SSH libraries' imports would only interleave
+        # with the configuration's, so they go first, alone (the command waits for them). The
+        # handshake and the agent's start are mostly the host's time (sshd, the shell, pct,
+        # python3): the configuration loads meanwhile, and each packet that wakes paramiko's
+        # thread gets the lock within SWITCH_INTERVAL instead of a 5 ms slice.
+        self.switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.thread = threading.Thread(target=self._start, daemon=True)
         self.thread.start()
-        # Python runs one thread at a time: beside the configuration's imports, the SSH
-        # libraries' imports and the handshake (each packet wakes paramiko's thread) would only
-        # interleave with them. So they go first, alone, and the agent starts in the container
-        # (the shell, pct, python3: mostly the host's time) while the configuration loads.
-        # A slow network only shortens the head start: past HANDSHAKE_WAIT both go on at once.
         self.imported.wait(IMPORT_WAIT)
-        self.switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(0.0005)
 
     def _start(self) -> None:
         try:
             from launcher import sshopen  # noqa: F401  (the SSH libraries, see __init__)
             from launcher.errors import LauncherError
             from launcher.remote import Connection
-        except Exception:
-            return
-        finally:
+
             self.imported.set()
-        try:  # a failed connect stays in conn, which then fails fast with it
+            # A failed connect stays in conn, which then fails fast with the same error.
             self.conn = Connection(persist.endpoint_from_doc(self.doc))
             self.conn.prestart(self.command)
         except Exception:
             return
         finally:
+            self.imported.set()
             self.started.set()
             sys.setswitchinterval(self.switch_interval)
         if self.request is not None:

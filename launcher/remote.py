@@ -387,14 +387,8 @@ class Connection:
         """Start `command` now, its stdin left open, for a later run() or stream() of the same
         command, which then only sends stdin. Only for a command that does nothing before its
         stdin arrives (the agent's; prefetch.py): it holds a session slot until used or closed."""
-        channel = self._take_session(command, self.endpoint.connect_timeout)
-        try:
-            channel.settimeout(self.endpoint.connect_timeout)
-            channel.exec_command(command)
-        except BaseException:
-            channel.close()
-            self._sessions.release()
-            raise
+        limit = self.endpoint.connect_timeout
+        channel = self._exec(command, limit, limit)
         with self._lock:
             old = self._prestarted.pop(command, None)
             self._prestarted[command] = channel
@@ -412,6 +406,10 @@ class Connection:
                 return channel
             channel.close()  # the agent is gone (container stopped, link lost): start anew
             self._sessions.release()
+        return self._exec(command, wait, exec_timeout)
+
+    def _exec(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
+        """A new channel with `command` started on it (its slot released if that fails)."""
         channel = self._take_session(command, wait)
         try:
             channel.settimeout(max(0.001, exec_timeout))
@@ -459,19 +457,12 @@ class Connection:
         from launcher import sshopen
 
         ep = self.endpoint
-        limit = timeout
         started = time.monotonic()
-        deadline = started + limit
+        deadline = started + timeout
         out, err = io.BytesIO(), io.BytesIO()
+        channel: paramiko.Channel | None = None
         try:
-            channel = self._started(command, limit, deadline - time.monotonic())
-        except TimeoutError:
-            raise CommandTimeout(
-                f"{ep.name}: command did not start within {limit:g} s: {_short(command)}"
-            ) from None
-        except sshopen.CHANNEL_ERRORS as exc:
-            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
-        try:
+            channel = self._started(command, timeout, timeout)
             channel.settimeout(max(0.001, deadline - time.monotonic()))
             if stdin:
                 channel.sendall(stdin)
@@ -483,13 +474,14 @@ class Connection:
             code = channel.recv_exit_status()
         except TimeoutError:
             raise CommandTimeout(
-                f"{ep.name}: command did not finish within {limit:g} s: {_short(command)}"
+                f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
             ) from None
         except sshopen.CHANNEL_ERRORS as exc:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
-            channel.close()
-            self._sessions.release()
+            if channel is not None:
+                channel.close()
+                self._sessions.release()
         duration = time.monotonic() - started
         return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
 
@@ -520,11 +512,9 @@ class Connection:
         prefetch.record_direct(
             ep, command, stdin, ep.command_timeout if timeout is None else timeout
         )
+        channel: paramiko.Channel | None = None
         try:
             channel = self._started(command, timeout, ep.connect_timeout)
-        except sshopen.CHANNEL_ERRORS as exc:
-            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
-        try:
             channel.settimeout(ep.connect_timeout)
             if stdin:
                 channel.sendall(stdin)
@@ -554,8 +544,9 @@ class Connection:
         except sshopen.CHANNEL_ERRORS as exc:
             raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
         finally:
-            channel.close()
-            self._sessions.release()
+            if channel is not None:
+                channel.close()
+                self._sessions.release()
 
     def close(self) -> None:
         with self._lock:
