@@ -178,12 +178,7 @@ def is_agent_command(command: str) -> bool:
         argv = shlex.split(command)
     except ValueError:
         return False
-    return (
-        argv[:2] == ["pct", "exec"]
-        and argv[2:3] != []
-        and argv[2].isdigit()
-        and (argv[3:] == ["--", *AGENT_ARGV])
-    )
+    return argv[:2] == ["pct", "exec"] and argv[3:] == ["--", *AGENT_ARGV] and argv[2].isdigit()
 
 
 def begin(argv: Sequence[str]) -> None:

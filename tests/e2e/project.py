@@ -124,6 +124,17 @@ class Project:
                 found.append(args)
         return found
 
+    def deploy_healthy(self, name: str, vmid: int, host: dict[str, Any] | None = None) -> None:
+        """Target `name` (its own playbook) on `vmid`, deployed and polled until healthy."""
+        self.write({name: (vmid, self.playbook(name))}, host=host)
+        deployed = self.launcher("deploy", "-t", name, "--restart")
+        assert deployed.returncode == 0, deployed.stderr
+        self.wait_for(
+            lambda: self.launcher("status", "-t", name).returncode == 0,
+            timeout=30,
+            what="a healthy run",
+        )
+
     def kill_session(self, vmid: int, session: str) -> None:
         self.ct(vmid, "tmux", "kill-session", "-t", f"={session}")
 

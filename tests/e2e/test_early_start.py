@@ -52,10 +52,7 @@ def history_count(project: Project) -> int:
 
 @pytest.fixture
 def running(project: Project) -> Project:
-    project.write({NAME: (VMID, project.playbook(NAME))})
-    deployed = project.launcher("deploy", "-t", NAME, "--restart")
-    assert deployed.returncode == 0, deployed.stderr
-    project.wait_for(lambda: status(project)[0] == 0, timeout=30, what="a healthy run")
+    project.deploy_healthy(NAME, VMID)
     return project
 
 

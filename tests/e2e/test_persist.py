@@ -57,10 +57,7 @@ def status(project: Project) -> tuple[int, dict[str, object]]:
 @pytest.fixture
 def persisted(project: Project) -> Project:
     """A running demo trainer on a host with control_persist: 30."""
-    project.write({NAME: (VMID, project.playbook(NAME))}, host=project.host(control_persist=30))
-    deployed = project.launcher("deploy", "-t", NAME, "--restart")
-    assert deployed.returncode == 0, deployed.stderr
-    project.wait_for(lambda: status(project)[0] == 0, timeout=30, what="a healthy run")
+    project.deploy_healthy(NAME, VMID, host=project.host(control_persist=30))
     return project
 
 
