@@ -125,12 +125,14 @@ class Project:
         return found
 
     def deploy_healthy(self, name: str, vmid: int, host: dict[str, Any] | None = None) -> None:
-        """Target `name` (its own playbook) on `vmid`, deployed and polled until healthy."""
+        """Target `name` (its own playbook) on `vmid`, deployed and polled until healthy (with
+        `status -t NAME --json`, the command line the tests' own status calls use, so that it
+        leaves no hint of another command line)."""
         self.write({name: (vmid, self.playbook(name))}, host=host)
         deployed = self.launcher("deploy", "-t", name, "--restart")
         assert deployed.returncode == 0, deployed.stderr
         self.wait_for(
-            lambda: self.launcher("status", "-t", name).returncode == 0,
+            lambda: self.launcher("status", "-t", name, "--json").returncode == 0,
             timeout=30,
             what="a healthy run",
         )
