@@ -239,15 +239,18 @@ def take(path: Path, command: str, stdin: bytes | None, timeout: float) -> dict[
 
 def adopt(endpoint: Endpoint) -> Connection | None:
     """The connection opened early, if it is to exactly this endpoint (then it is handed over
-    once, connected or with the failure that a connect here would repeat); else None."""
+    once, connected or with the failure that a connect here would repeat); else None, and it
+    is kept for another host this command connects to (a cluster target asks its entry node
+    first, then the node that runs the container)."""
     global _early_agent, _adopted
     with _lock:
-        early, _early_agent = _early_agent, None
-    if early is None:
-        return None
+        early = _early_agent
+        if early is None or persist.endpoint_from_doc(early.doc) != endpoint:
+            return None
+        _early_agent = None
     early.started.wait(endpoint.connect_timeout + persist.ANSWER_MARGIN)
     conn = early.conn
-    if not early.started.is_set() or conn is None or conn.endpoint != endpoint:
+    if not early.started.is_set() or conn is None:
         early.close()
         return None
     _adopted = early

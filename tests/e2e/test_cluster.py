@@ -56,6 +56,13 @@ def test_cluster_target_follows_a_migrated_container(project: Project, pve: Clus
     assert sessions(second) == before  # pve1 answered pvesh and runs the container
 
     sandbox_cluster.migrate(project.sandbox, VMID, "pve2")
+    # The migrated container's run starts over: past its first status lines (a queue may
+    # still be empty at step 1), then the logins of one status are counted.
+    project.wait_for(
+        lambda: project.launcher("status", "-t", "prod").returncode == 0,
+        timeout=30,
+        what="the migrated run healthy",
+    )
     before_first, before_second = sessions(first), sessions(second)
     status = project.launcher("status", "-t", "prod")
     assert status.returncode == 0, status.stdout + status.stderr
