@@ -38,9 +38,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from typing import Any
 
+# Only mypy reads the annotations (postponed by the __future__ import): the agent's start, on
+# every call, need not import typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 if __name__ != "launcher_agent":
     # Imported as part of the package (the client, tests). In the container protocol.py's
     # source has already run in this namespace (see the module docstring).
@@ -62,8 +65,9 @@ PLACEHOLDER_WINDOW = "launcher-placeholder"
 RUN_WINDOW = "run"
 # `pct exec` gives a minimal PATH; look in the usual places too.
 EXTRA_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SESSION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Patterns are compiled on first use (re keeps them): each call starts a new interpreter.
+SESSION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 PANE_PREFIX = "LAUNCHER-PANE"
 PANE_FORMAT = "\t".join(
     [
@@ -130,6 +134,12 @@ def utc_iso():
     return utc_now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def random_hex(digits):
+    """`digits` random hex digits, for unique temp names and run ids (the uuid module would
+    import platform: ~7 ms of every call's start)."""
+    return os.urandom((digits + 1) // 2).hex()[:digits]
+
+
 def sha256_file(path):
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -149,11 +159,12 @@ def which(name):
     return shutil.which(name, path=os.environ.get("PATH", "") + ":" + EXTRA_PATH)
 
 
-def _default_signals():
-    # apply ignores SIGHUP/SIGPIPE, and ignored signals survive exec: give children defaults so
-    # a tmux server started from here (and the trainer under it) behaves normally.
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+def ignore_hangup(signum, frame):
+    """SIGHUP's handler while the agent must outlive its client. A handler, not SIG_IGN: an
+    ignored signal stays ignored across exec, a caught one is reset to the default, so the
+    children (a tmux server started from here, the trainer under it) get the default without a
+    preexec_fn, which would make every spawn a full fork (~4 ms each instead of ~1 ms).
+    SIGPIPE, which Python ignores, subprocess restores in the child itself."""
 
 
 def run(argv, timeout=30.0, input=None):
@@ -166,7 +177,6 @@ def run(argv, timeout=30.0, input=None):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             timeout=timeout,
-            preexec_fn=_default_signals,
         )
     except FileNotFoundError as exc:
         return 127, "", str(exc)
@@ -191,7 +201,6 @@ class Started:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                preexec_fn=_default_signals,
             )
         except OSError as exc:
             self.missing = str(exc)
@@ -262,10 +271,8 @@ def param(request, key, kind, default=None, required=False):
 def session_param(request):
     session = param(request, "session", str, required=True)
     # tmux rewrites '.' and ':' in names and targets would misparse; the name is also a file name.
-    if not SESSION_NAME.match(session):
-        raise AgentError(
-            "invalid", "session name %r must match %s" % (session, SESSION_NAME.pattern)
-        )
+    if not re.match(SESSION_NAME, session):
+        raise AgentError("invalid", "session name %r must match %s" % (session, SESSION_NAME))
     return session
 
 
@@ -291,7 +298,7 @@ def workdir_param(request):
 def env_param(request):
     env = param(request, "env", dict, default={})
     for key, value in env.items():
-        if not ENV_NAME.match(key) or key in (MARKER_VAR, COMMAND_VAR):
+        if not re.match(ENV_NAME, key) or key in (MARKER_VAR, COMMAND_VAR):
             raise AgentError("invalid", "bad environment variable name %r" % key)
         if not isinstance(value, str) or "\0" in value:
             raise AgentError(
@@ -427,13 +434,24 @@ def tmp_path(workdir, tmp):
 # --------------------------------------------------------------------------- tmux
 
 
-def tmux_version():
-    """'tmux 3.3a' or None when tmux is not installed."""
+TMUX_VERSIONS: dict[str, str | None] = {}  # tmux binary -> its `-V`, asked once per call
+
+
+def start_tmux_version():
+    """`tmux -V` started now, for tmux_version to read when its check comes (None: no tmux)."""
+    binary = which("tmux")
+    return Started([binary, "-V"], timeout=10) if binary else None
+
+
+def tmux_version(started=None):
+    """'tmux 3.3a' or None when tmux is not installed (from its `started` run, if given)."""
     binary = which("tmux")
     if not binary:
         return None
-    _, out, err = run([binary, "-V"], timeout=10)
-    return out.strip() or err.strip() or None
+    if binary not in TMUX_VERSIONS:
+        _, out, err = started.result() if started else run([binary, "-V"], timeout=10)
+        TMUX_VERSIONS[binary] = out.strip() or err.strip() or None
+    return TMUX_VERSIONS[binary]
 
 
 def tmux_version_tuple(text):
@@ -608,7 +626,9 @@ def signal_pids(pids, signum):
             os.kill(pid, signum)
 
 
-def wait_for(predicate, timeout, interval=0.05, on_tick=None):
+def wait_for(predicate, timeout, interval=0.05, on_tick=None, pids=None):
+    """True once predicate() is, False when `timeout` s passed first; asked every `interval` s,
+    and at once when one of `pids()` (the processes whose exit it waits for) exits."""
     deadline = time.monotonic() + max(timeout, 0.0)
     while True:
         if predicate():
@@ -617,7 +637,41 @@ def wait_for(predicate, timeout, interval=0.05, on_tick=None):
             return False
         if on_tick is not None:
             on_tick(deadline - time.monotonic())
-        time.sleep(interval)
+        if pids is None:
+            time.sleep(interval)
+        else:
+            wait_exit(pids(), interval)
+
+
+# A wait for processes that have all exited already lasts this long: what the predicate still
+# waits for (tmux marking the pane dead) follows their exit within milliseconds.
+SETTLE = 0.005
+
+
+def wait_exit(pids, timeout):
+    """Return when one of `pids` exits, or after `timeout` s; with no pids, after SETTLE s.
+
+    Polls pidfds (Linux 5.3+, Python 3.9+): a process that exits wakes the wait at once,
+    where a plain sleep would add up to `timeout` to every stop. Elsewhere: a plain sleep."""
+    if not pids:
+        time.sleep(min(timeout, SETTLE))
+        return
+    fds = []
+    try:
+        poller = select.poll()
+        for pid in pids:
+            fds.append(os.pidfd_open(pid))
+            poller.register(fds[-1], select.POLLIN)
+    except ProcessLookupError:
+        return  # gone already
+    except (AttributeError, OSError):  # no pidfds here (old kernel or Python, seccomp)
+        time.sleep(timeout)
+        return
+    else:
+        poller.poll(max(timeout, 0.0) * 1000)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def grace_countdown(grace, progress, every=1.0):
@@ -866,19 +920,32 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
                 return not alive(seen - {shell})
             return not pane_active(session_state(session)) and not alive(seen)
 
+        def waited_for():
+            return alive(seen) - {shell}
+
         # forced: asking was not enough within the grace period.
-        report["forced"] = not wait_for(finished, grace, on_tick=grace_countdown(grace, progress))
+        report["forced"] = not wait_for(
+            finished, grace, on_tick=grace_countdown(grace, progress), pids=waited_for
+        )
+    # The run has exited: nvidia-smi can start on its confirmation while the session goes.
+    holders = start_gpu_queries(False, gpus > 0) if not report["forced"] else {}
     if state["exists"]:
         tmux(["kill-session", "-t", "=%s" % session])
     seen.update(run_pids(pane_pid, session))
     # Killing the session sends SIGHUP: give what it ends a moment to exit before calling
     # anything left "forced" (an interactive shell, the pane's own process).
-    wait_for(lambda: not alive(seen), 1.0)
+    wait_for(lambda: not alive(seen), 1.0, pids=lambda: alive(seen))
     report["pids"] = sorted(seen)
     report["forced"] = report["forced"] or bool(alive(seen))
     report["leftover"] = sorted(terminate(seen, grace))
+    if report["leftover"] or report["forced"]:
+        for query in holders.values():
+            query.cancel()  # it saw processes that have been killed since
+        holders = {}
     if gpus > 0:
-        report["gpu_holders"], report["gpu_others"] = gpu_leftovers(seen, warnings)
+        report["gpu_holders"], report["gpu_others"] = gpu_leftovers(
+            seen, warnings, started=holders.get("holders")
+        )
     return report
 
 
@@ -900,18 +967,20 @@ def terminate(pids, grace):
     if not targets:
         return set()
     signal_pids(targets, signal.SIGTERM)
-    wait_for(lambda: not alive(targets), min(max(grace, 1.0), 10.0))
+    wait_for(lambda: not alive(targets), min(max(grace, 1.0), 10.0), pids=lambda: alive(targets))
     signal_pids(alive(targets), signal.SIGKILL)
-    wait_for(lambda: not alive(targets), 5.0)
+    wait_for(lambda: not alive(targets), 5.0, pids=lambda: alive(targets))
     return alive(targets)
 
 
-def gpu_leftovers(pids, warnings, timeout=10.0):
-    """Holders from the old run nvidia-smi still lists; the driver can lag the process exit."""
+def gpu_leftovers(pids, warnings, timeout=10.0, started=None):
+    """Holders from the old run nvidia-smi still lists; the driver can lag the process exit.
+    The first look may be a query `started` once the run had exited; later ones are new."""
     found: dict[str, Any] = {"ours": [], "others": [], "error": None}
+    first = [started]
 
     def released():
-        holders, found["error"] = gpu_holders()
+        holders, found["error"] = gpu_holders(first.pop() if first else None)
         found["ours"] = [h for h in holders if h["pid"] in pids]
         found["others"] = [h for h in holders if h["pid"] not in pids]
         return found["error"] is not None or not found["ours"]
@@ -1027,7 +1096,7 @@ class Deploy:
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
-        self.gpu_queries: dict[str, Started] = {}
+        self.queries: dict[str, Started | None] = {}
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
@@ -1102,26 +1171,30 @@ class Deploy:
         checks = [("paths", self.check_paths)]
         if self.content_b64 is not None:
             checks.append(("receive", self.receive))
-        checks += [("lock", self.take_lock), ("tmux", self.check_tmux)]
-        if self.check_resources:
-            checks.append(("resources", self.check_disk_and_gpus))
-        checks.append(("active_check", self.check_active))
-        if self.gpus > 0:
-            checks.append(("gpus", self.check_gpu_holders))
         checks += [
+            ("lock", self.take_lock),
+            ("tmux", self.check_tmux),
+            ("active_check", self.check_active),
             ("verify", self.verify_sha),
             ("compile", self.compile_check),
             ("checkpoint_guard", self.guard_checkpoints),
             ("launch_check", self.check_launch),
         ]
+        # Last, so that the nvidia-smi queries (started with the transaction; slow on a real
+        # 8-GPU host) answer while the checks above run.
+        if self.check_resources:
+            checks.append(("resources", self.check_disk_and_gpus))
+        if self.gpus > 0:
+            checks.append(("gpus", self.check_gpu_holders))
         return checks
 
     def run(self):
         try:
             checks = self.checks()
             names = [name for name, _ in checks]
-            # nvidia-smi answers while the checks before its own run (it only reads).
-            self.gpu_queries = start_gpu_queries("resources" in names, "gpus" in names)
+            # nvidia-smi and tmux -V answer while the checks before their own run (they read).
+            self.queries = start_gpu_queries("resources" in names, "gpus" in names)
+            self.queries["tmux"] = start_tmux_version()
             for name, check in checks:
                 try:
                     self.step(name, check)
@@ -1203,8 +1276,9 @@ class Deploy:
             emit_event({"event": "step", "step": self.steps[-1]})
 
     def cleanup(self):
-        for query in self.gpu_queries.values():  # a check failed before reading it
-            query.cancel()
+        for query in self.queries.values():  # a check failed before reading it
+            if query is not None:
+                query.cancel()
         # The pushed temp file never outlives the transaction; only removed once proven ours.
         if self.tmp_ok:
             remove_quietly(self.tmp)
@@ -1231,7 +1305,7 @@ class Deploy:
             self.content = data
             return "ok", "%d bytes received (plan: kept in memory)" % len(data)
         os.makedirs(state_dir(self.workdir), exist_ok=True)
-        name = ".%s.launcher-%s.tmp" % (os.path.basename(self.dest_rel), uuid.uuid4().hex[:12])
+        name = ".%s.launcher-%s.tmp" % (os.path.basename(self.dest_rel), random_hex(12))
         path = os.path.join(self.workdir, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.tmp, self.tmp_ok = path, True  # ours from here on: removed on any failure
@@ -1291,7 +1365,7 @@ class Deploy:
         return "ok", self.lock.path
 
     def check_tmux(self):
-        version = tmux_version()
+        version = tmux_version(self.queries.get("tmux"))
         if not version:
             raise AgentError("missing", "tmux is not installed in the container")
         return "ok", version
@@ -1299,7 +1373,7 @@ class Deploy:
     def check_disk_and_gpus(self):
         free = free_bytes(self.workdir)
         # Who holds the GPUs is judged once the old run's processes are known (check_gpu_holders).
-        gpus = gpu_report(self.gpus, holders=False, started=self.gpu_queries.get("names"))
+        gpus = gpu_report(self.gpus, holders=False, started=self.queries.get("names"))
         self.result["preflight"] = {
             "python": PYTHON_VERSION,
             "free_bytes": free,
@@ -1321,7 +1395,7 @@ class Deploy:
     def check_gpu_holders(self):
         """Refuse to launch onto GPUs held by processes that are not the old run's (a child
         that double-forked out of the run, another job): stopping the run would not free them."""
-        holders, error = gpu_holders(self.gpu_queries.get("holders"))
+        holders, error = gpu_holders(self.queries.get("holders"))
         if error:
             raise AgentError("missing", "cannot tell who holds the GPUs: %s" % error)
         ours = [h for h in holders if h["pid"] in self.old_pids]
@@ -1652,7 +1726,7 @@ def syntax_message(dest, source, line, column, message):
 
 
 def new_run_id():
-    return "%s-%s" % (utc_now().strftime("%Y%m%dT%H%M%SZ"), uuid.uuid4().hex[:8])
+    return "%s-%s" % (utc_now().strftime("%Y%m%dT%H%M%SZ"), random_hex(8))
 
 
 def archive_name(path):
@@ -1702,7 +1776,10 @@ def append_record(workdir, record):
 def op_apply(request, warnings):
     deploy = Deploy(request, warnings)
     # A client that disconnects mid-way must not leave half a deploy behind: finish regardless.
-    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGPIPE)}
+    saved = {
+        signal.SIGHUP: signal.signal(signal.SIGHUP, ignore_hangup),
+        signal.SIGPIPE: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
+    }
     try:
         error, result = deploy.run()
     finally:
@@ -2038,7 +2115,7 @@ def op_rollback(request, warnings):
         )
     sha = sha256_file(previous)
     directory, name = os.path.split(dest)
-    tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, uuid.uuid4().hex[:12]))
+    tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, random_hex(12)))
     shutil.copy2(previous, tmp)
     record = dict(param(request, "record", dict, default={}))
     record.update({"rollback": True, "rolled_back_from": sha256_or_none(dest)})
@@ -2090,6 +2167,10 @@ def run_local(request):
 
 
 def main(request):
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        # Ignored by whoever started the agent: it stays ignored here, but as a caught signal,
+        # so that what the agent starts gets the default (see ignore_hangup).
+        signal.signal(signal.SIGHUP, ignore_hangup)
     result = run_local(request)
     streaming = isinstance(request, dict) and request.get("op") in STREAMING_OPS
     out = sys.stderr if streaming else sys.stdout
@@ -2107,9 +2188,9 @@ def main(request):
 # or full /run, a directory that is not ours) only means the bundle travels again. The loader
 # hashes the bytes it reads before running them, so nothing stored here is trusted as it lies.
 
-BUNDLE_FILE = re.compile(r"^agent-[0-9a-f]{64}\.bundle$")
-CODE_FILE = re.compile(r"^agent-([0-9a-f]{64})\.[\w.-]+\.code$")  # <sha256>.<cache_tag>.code
-BUNDLE_TMP = re.compile(r"^\.agent-[0-9a-f]{64}\.(?:bundle|[\w.-]+\.code)\.[0-9a-f]{12}\.tmp$")
+BUNDLE_FILE = r"^agent-[0-9a-f]{64}\.bundle$"
+CODE_FILE = r"^agent-([0-9a-f]{64})\.[\w.-]+\.code$"  # <sha256>.<cache_tag>.code
+BUNDLE_TMP = r"^\.agent-[0-9a-f]{64}\.(?:bundle|[\w.-]+\.code)\.[0-9a-f]{12}\.tmp$"
 BUNDLES_KEPT = 3  # two launcher versions used side by side do not evict each other
 BUNDLE_TMP_STALE = 60.0  # a temp file this old was left by a writer that died
 
@@ -2170,7 +2251,7 @@ def write_whole(path, data):
     """`data` to `path` through a new 0600 temp file beside it: readers see the whole file or
     the old one, and a failed write (a full disk) leaves nothing behind."""
     tmp = os.path.join(
-        os.path.dirname(path), ".%s.%s.tmp" % (os.path.basename(path), uuid.uuid4().hex[:12])
+        os.path.dirname(path), ".%s.%s.tmp" % (os.path.basename(path), random_hex(12))
     )
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o600)
@@ -2191,11 +2272,11 @@ def prune_bundles(directory, current):
     for name in os.listdir(directory):
         path = os.path.join(directory, name)
         with contextlib.suppress(OSError):
-            if BUNDLE_FILE.match(name) and path != current:
+            if re.match(BUNDLE_FILE, name) and path != current:
                 bundles.append((os.lstat(path).st_mtime, path))
-            elif CODE_FILE.match(name):
+            elif re.match(CODE_FILE, name):
                 codes.append((name[6:70], path))
-            elif BUNDLE_TMP.match(name) and now - os.lstat(path).st_mtime > BUNDLE_TMP_STALE:
+            elif re.match(BUNDLE_TMP, name) and now - os.lstat(path).st_mtime > BUNDLE_TMP_STALE:
                 os.unlink(path)
     bundles.sort(reverse=True)
     dropped = bundles[BUNDLES_KEPT - 1 :]

@@ -599,6 +599,64 @@ def test_signals_restored_after_apply(target: Target) -> None:
     assert signal.getsignal(signal.SIGHUP) == before
 
 
+# Writes the signals it was started with ignored (a hex mask, from /proc) to sigign.txt.
+SIGNAL_REPORTER = (
+    "import time\n"
+    "mask = [l.split()[1] for l in open('/proc/self/status') if l.startswith('SigIgn:')][0]\n"
+    "open('sigign.txt', 'w').write(mask)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("hangup", ["default", "ignored"])
+def test_the_run_starts_with_sighup_at_its_default(target: Target, hangup: str) -> None:
+    """The transaction outlives a vanished client by catching SIGHUP, not ignoring it: an
+    ignored signal would stay ignored in the tmux server and the trainer it starts, so killing
+    the session would no longer end the run. Also when the agent itself was started with
+    SIGHUP ignored (nohup-like)."""
+
+    def start() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if hangup == "ignored" else signal.SIG_DFL)
+
+    python = shutil.which("python3") or sys.executable
+    proc = subprocess.run(
+        [python, "-c", BOOT],
+        input=payload(target.apply_request(SIGNAL_REPORTER)),
+        capture_output=True,
+        timeout=30,
+        preexec_fn=start,
+    )
+    assert json.loads(proc.stdout.decode().splitlines()[-1])["ok"] is True
+    report = target.workdir / "sigign.txt"
+    assert agent.wait_for(report.exists, 10.0)
+    ignored = int(report.read_text(), 16)
+    assert not ignored & (1 << (signal.SIGHUP - 1)), hex(ignored)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), hex(ignored)
+
+
+def test_wait_exit_returns_when_a_process_exits_not_at_the_timeout() -> None:
+    quick = subprocess.Popen(["sleep", "0.2"])
+    slow = subprocess.Popen(["sleep", "30"])
+    try:
+        started = time.monotonic()
+        agent.wait_exit({quick.pid, slow.pid}, 20.0)
+        assert time.monotonic() - started < 10.0  # woken by `quick`, long before 20 s
+        assert quick.wait(1) == 0
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+
+
+def test_wait_exit_of_nothing_or_of_the_gone_returns_at_once() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    started = time.monotonic()
+    agent.wait_exit(set(), 20.0)
+    agent.wait_exit({gone.pid}, 20.0)
+    assert time.monotonic() - started < 10.0
+
+
 # --------------------------------------------------------------------------- failures, GPUs
 
 
