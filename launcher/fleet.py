@@ -96,7 +96,7 @@ def run_fleet(
                 if cancel.is_set():
                     return
                 first = host_targets[0]
-                conn = pool.get(first.host_name, first.host)
+                conn = pool.get(first.host_name, first.host, targets=len(host_targets))
                 with ThreadPoolExecutor(max_workers=len(host_targets)) as inner:
                     for target, outcome in zip(
                         host_targets,

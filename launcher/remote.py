@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import paramiko
 
     from launcher.config import HostSpec
+    from launcher.relay import Relay
     from launcher.sshopen import BoundedConnection, Sock
 
 # Attempts at connecting, all within one connect_timeout; the pause between them doubles.
@@ -79,7 +80,8 @@ class CommandResult:
 @dataclass
 class ConnectionStats:
     connects: int = 0
-    commands: int = 0
+    commands: int = 0  # channels opened
+    relayed: int = 0  # commands carried by a relay (relay.py) instead
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -253,6 +255,7 @@ class Connection:
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
         self._prestarted: dict[str, paramiko.Channel] = {}  # command -> its channel (prestart)
+        self._relay: Relay | None = None  # use_relay(): one channel carries every command
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -261,6 +264,10 @@ class Connection:
         self._connected()
         assert self._fab is not None
         return self._fab
+
+    def connect(self) -> None:
+        """Connect now rather than on first use (the same errors as a first use would raise)."""
+        self._connected()
 
     def _connected(self, deadline: float | None = None) -> paramiko.SSHClient:
         with self._lock:
@@ -368,6 +375,52 @@ class Connection:
         return channel
 
     # -- commands -------------------------------------------------------------------------
+    def use_relay(self) -> None:
+        """Carry this connection's commands on one channel, through a relay on the host (the
+        command has several targets there: see relay.py). Not for a persisted connection,
+        whose commands go through its own process already."""
+        if self._relay is None and self.endpoint.control_persist <= 0:
+            from launcher.relay import Relay
+
+            self._relay = Relay(self)
+
+    def open_command(self, command: str, timeout: float) -> paramiko.Channel:
+        """A channel running `command`, its session slot held until close_command()."""
+        return self._exec(command, timeout, timeout)
+
+    def close_command(self, channel: paramiko.Channel) -> None:
+        channel.close()
+        self._sessions.release()
+
+    def _relayed(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        timeout: float | None,
+        idle_timeout: float | None = None,
+    ) -> int | None:
+        """`command` through the relay, its exit code; None when there is no relay to use."""
+        from launcher import relay
+
+        if self._relay is None or self._relay.unavailable:
+            return None
+        try:
+            code = self._relay.stream(
+                command,
+                on_stdout,
+                on_stderr,
+                stdin=stdin,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+            )
+        except relay.Unavailable:
+            return None  # nothing ran: the command gets a channel of its own
+        STATS.count("relayed")
+        return code
+
     def _open_channel(self) -> paramiko.Channel:
         """A new session channel on this host's one connection (opened on first use)."""
         from launcher import sshopen
@@ -450,7 +503,15 @@ class Connection:
         if ep.control_persist <= 0:  # else the next run's hint is its persisted connection
             prefetch.record_direct(ep, command, stdin, limit)
         early = prefetch.take_direct(self, command, stdin, limit)
-        return early or self.run_direct(command, stdin=stdin, timeout=limit)
+        if early is not None:
+            return early
+        started = time.monotonic()
+        out, err = io.BytesIO(), io.BytesIO()
+        code = self._relayed(command, _sink(out), _sink(err), stdin=stdin, timeout=limit)
+        if code is not None:
+            duration = time.monotonic() - started
+            return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
+        return self.run_direct(command, stdin=stdin, timeout=limit)
 
     def run_direct(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
         """run() over this connection itself: no persisted connection, no early answer."""
@@ -512,6 +573,17 @@ class Connection:
         prefetch.record_direct(
             ep, command, stdin, ep.command_timeout if timeout is None else timeout
         )
+        if close_stdin:  # what the relay runs gets all its stdin at once
+            code = self._relayed(
+                command,
+                on_stdout,
+                on_stderr or (lambda data: None),
+                stdin=stdin,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+            )
+            if code is not None:
+                return code
         channel: paramiko.Channel | None = None
         try:
             channel = self._started(command, timeout, ep.connect_timeout)
@@ -549,6 +621,8 @@ class Connection:
                 self._sessions.release()
 
     def close(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
         with self._lock:
             unused, self._prestarted = list(self._prestarted.values()), {}
             for channel in unused:
@@ -645,7 +719,9 @@ class ConnectionPool:
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str, host: HostSpec) -> Connection:
+    def get(self, name: str, host: HostSpec, *, targets: int = 1) -> Connection:
+        """The connection to host `name`; `targets`: how many of this command's targets it
+        serves (more than one: their commands share one channel, see Connection.use_relay)."""
         with self._lock:
             conn = self._connections.get(name)
             if conn is None:
@@ -653,7 +729,9 @@ class ConnectionPool:
                 # The connection this command's first step opened while its config loaded.
                 conn = prefetch.adopt(endpoint) or Connection(endpoint)
                 self._connections[name] = conn
-            return conn
+        if targets > 1:
+            conn.use_relay()
+        return conn
 
     def close(self) -> None:
         with self._lock:

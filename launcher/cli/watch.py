@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -172,7 +173,13 @@ def watch_command(
     say = _printer(as_json)
     pool = ConnectionPool()
     hub = Hub(state, notifier, metrics, say)
-    watcher = Watcher(targets, settings, hub, lambda t: pool.get(t.host_name, t.host))
+    per_host = Counter(t.host_name for t in targets)  # several on one host: one relay channel
+    watcher = Watcher(
+        targets,
+        settings,
+        hub,
+        lambda t: pool.get(t.host_name, t.host, targets=per_host[t.host_name]),
+    )
     terminated = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,337 @@
+"""One SSH channel carries the commands of every target a command has on one host.
+
+A command on a channel of its own costs the host an sshd session and a login shell, whose
+startup files run each time (root's ~/.bashrc: measured here at ~0.2 s of CPU); `verify --all`
+on 16 containers polls each one every interval, so the host paid that 16 times a round. When a
+command has several targets on one host (fleet.run_fleet, watch), their connection starts the
+relay once: a small stdlib-only Python program that the login shell starts on the host, which
+runs each command line it is sent with `/bin/sh -c` (the same one parse as the login shell's:
+every line is built by container.py with one shlex.join), concurrently, and sends back its
+output as it comes and its exit code. `pct exec` still runs once per call; only the session and
+the shell around it are paid once.
+
+The protocol, one JSON object a line each way (bytes travel base64):
+  client -> relay: {"id": n, "command": str, "stdin": b64, "timeout": s}, or {"cancel": n}
+  relay -> client: {"hello": VERSION} once; then for each command {"id": n, "fd": 1 | 2,
+                   "data": b64} as output arrives, and {"id": n, "exit": code} at its end.
+The relay kills a command's process group at its timeout (the client's own deadline comes
+first and sends a cancel), and everything still running when its stdin closes. A host without
+python3 (or one that ends the relay before its hello) is not relayed: its commands get channels
+of their own, as before. A relay that breaks fails the calls it carried (as a dropped channel
+would); the next call starts a new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import CommandTimeout, ConnectError
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from launcher.remote import Connection
+
+VERSION = 1
+# The relay's own deadline on a command is the client's plus this: the client normally cancels
+# first; this ends a command whose client has gone away without closing the channel.
+BACKSTOP = 30.0
+NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle timeout instead)
+
+# Runs on the host under `python3 -I -S` (Python 3.5+, standard library only).
+SOURCE = r"""
+import base64, json, os, selectors, signal, subprocess, sys, threading, time
+out = sys.stdout.buffer
+lock = threading.Lock()
+running = {}
+def send(doc):
+    data = (json.dumps(doc) + "\n").encode()
+    with lock:
+        try:
+            out.write(data)
+            out.flush()
+        except OSError:
+            pass
+def kill(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+def feed(proc, data):
+    try:
+        proc.stdin.write(data)
+    except OSError:
+        pass
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+def run(req):
+    rid = req["id"]
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", req["command"]], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as exc:
+        send({"id": rid, "fd": 2, "data": base64.b64encode(str(exc).encode()).decode()})
+        send({"id": rid, "exit": 127})
+        return
+    running[rid] = proc
+    threading.Thread(target=feed, args=(proc, base64.b64decode(req["stdin"])), daemon=True).start()
+    deadline = time.monotonic() + float(req["timeout"])
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, 1)
+    sel.register(proc.stderr, selectors.EVENT_READ, 2)
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            kill(proc)
+            break
+        for key, _ in sel.select(left):
+            chunk = os.read(key.fd, 65536)
+            if chunk:
+                send({"id": rid, "fd": key.data, "data": base64.b64encode(chunk).decode()})
+            else:
+                sel.unregister(key.fileobj)
+    sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
+    code = proc.wait()
+    running.pop(rid, None)
+    send({"id": rid, "exit": code})
+def main():
+    send({"hello": VERSION})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if "cancel" in req:
+            proc = running.get(req["cancel"])
+            if proc is not None:
+                kill(proc)
+        else:
+            threading.Thread(target=run, args=(req,), daemon=True).start()
+    for proc in list(running.values()):
+        kill(proc)
+try:
+    main()
+except (OSError, ValueError):
+    pass
+for proc in list(running.values()):
+    kill(proc)
+os._exit(0)
+""".replace("VERSION", str(VERSION), 1)
+# The command line: a short loader that takes the source from the first stdin line (so `ps`
+# shows a short line, as for the agent). The trailing comment names the process.
+COMMAND = shlex.join(
+    [
+        "python3",
+        "-I",
+        "-S",
+        "-c",
+        "import json,sys;exec(json.loads(sys.stdin.readline()))#launcher_relay",
+    ]
+)
+
+Sink = Callable[[bytes], None]
+Item = tuple[str, Any]  # ("data", (fd, bytes)) | ("exit", code) | ("broken", ConnectError)
+
+
+class Unavailable(Exception):
+    """The host cannot run the relay (no python3, or it ended before its hello)."""
+
+
+class _Call:
+    def __init__(self) -> None:
+        self.items: queue.Queue[Item] = queue.Queue()
+
+
+class Relay:
+    """The relay on one host, over one channel of `conn`, started on the first call."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()  # starting, stopping, the pending calls
+        self._send_lock = threading.Lock()
+        self._channel: paramiko.Channel | None = None
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        self.unavailable = False
+        # As many commands at once as the host would take channels (see Endpoint.max_sessions).
+        self._slots = threading.BoundedSemaphore(conn.endpoint.max_sessions)
+
+    # -- the channel ------------------------------------------------------------------------
+    def _started(self) -> paramiko.Channel:
+        with self._lock:
+            if self._channel is not None:
+                return self._channel
+            if self.unavailable:
+                raise Unavailable()
+            ep = self.conn.endpoint
+            channel = self.conn.open_command(COMMAND, ep.connect_timeout)
+            try:
+                channel.sendall((json.dumps(SOURCE) + "\n").encode())
+                hello = _read_line(channel, time.monotonic() + ep.connect_timeout)
+                if json.loads(hello or b"{}").get("hello") != VERSION:
+                    raise ValueError(hello)
+            except (OSError, ValueError, EOFError, TimeoutError):
+                self.unavailable = True
+                self.conn.close_command(channel)
+                raise Unavailable() from None
+            self._channel = channel
+            threading.Thread(target=self._read, args=(channel,), daemon=True).start()
+            return channel
+
+    def _read(self, channel: paramiko.Channel) -> None:
+        """Hands each frame to its call, until the channel ends; then fails what is pending."""
+        pending = b""
+        try:
+            while True:
+                data = channel.recv(65536)
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._dispatch(json.loads(line))
+        except Exception as exc:  # a broken link or a garbled frame: the relay is done for
+            reason = f"{exc}"
+        else:
+            reason = "the relay ended"
+        self._broken(channel, reason)
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        call = self._calls.get(frame.get("id", -1))
+        if call is None:
+            return  # a call that was given up (timed out, cancelled)
+        if "exit" in frame:
+            call.items.put(("exit", int(frame["exit"])))
+        else:
+            call.items.put(("data", (frame["fd"], base64.b64decode(frame["data"]))))
+
+    def _broken(self, channel: paramiko.Channel, reason: str) -> None:
+        with self._lock:
+            ours = self._channel is channel  # else close() took it (and closes it)
+            if ours:
+                self._channel = None
+            calls, self._calls = self._calls, {}
+        error = ConnectError(
+            f"{self.conn.endpoint.name}: connection failed during a command: {reason}"
+        )
+        for call in calls.values():
+            call.items.put(("broken", error))
+        if ours:
+            self.conn.close_command(channel)
+
+    def _send(self, channel: paramiko.Channel, doc: dict[str, Any]) -> None:
+        with self._send_lock:
+            channel.sendall((json.dumps(doc) + "\n").encode())
+
+    # -- commands ---------------------------------------------------------------------------
+    def stream(
+        self,
+        command: str,
+        on_stdout: Sink,
+        on_stderr: Sink,
+        *,
+        stdin: bytes | None,
+        timeout: float | None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Run `command` on the host; its output goes to the sinks as it arrives (in this
+        thread); its exit code is returned. Raises Unavailable when the host cannot relay
+        (nothing ran), CommandTimeout, ConnectError, or what a sink raised."""
+        channel = self._started()
+        ep = self.conn.endpoint
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        if not self._slots.acquire(timeout=timeout):
+            raise CommandTimeout(
+                f"{ep.name}: no free SSH session within {timeout:g} s (max_sessions "
+                f"{ep.max_sessions} all busy): {command[:120]}"
+            )
+        rid = next(self._ids)
+        call = _Call()
+        with self._lock:
+            self._calls[rid] = call
+        finished = False
+        try:
+            request = {
+                "id": rid,
+                "command": command,
+                "stdin": base64.b64encode(stdin or b"").decode(),
+                "timeout": (NO_TIMEOUT if timeout is None else timeout) + BACKSTOP,
+            }
+            try:
+                self._send(channel, request)
+            except OSError as exc:
+                finished = True  # nothing reached the relay
+                raise ConnectError(
+                    f"{ep.name}: connection failed during a command: {exc}"
+                ) from None
+            quiet_since = time.monotonic()
+            while True:
+                waits = [NO_TIMEOUT]
+                if deadline is not None:
+                    waits.append(deadline - time.monotonic())
+                if idle_timeout is not None:
+                    waits.append(quiet_since + idle_timeout - time.monotonic())
+                try:
+                    kind, value = call.items.get(timeout=max(0.0, min(waits)))
+                except queue.Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise CommandTimeout(
+                            f"{ep.name}: command did not finish within {timeout:g} s: "
+                            f"{command[:120]}"
+                        ) from None
+                    raise CommandTimeout(
+                        f"{ep.name}: no output for {idle_timeout:g} s: {command[:120]}"
+                    ) from None
+                if kind != "data":
+                    finished = True
+                    if kind == "broken":
+                        raise value
+                    return int(value)
+                fd, data = value
+                quiet_since = time.monotonic()
+                (on_stdout if fd == 1 else on_stderr)(data)
+        finally:
+            with self._lock:
+                self._calls.pop(rid, None)
+            if not finished:  # given up here (deadline, a sink's error, Ctrl-C): end it there
+                with contextlib.suppress(OSError):
+                    self._send(channel, {"cancel": rid})
+            self._slots.release()
+
+    def close(self) -> None:
+        """Closes the channel: the relay ends whatever still runs and exits."""
+        with self._lock:
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            self.conn.close_command(channel)
+
+
+def _read_line(channel: paramiko.Channel, deadline: float) -> bytes:
+    """The first line the relay sends (its hello), within `deadline`."""
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError()
+        channel.settimeout(left)
+        chunk = channel.recv(4096)
+        if not chunk:
+            raise EOFError()
+        data += chunk
+    channel.settimeout(None)
+    line, _, rest = data.partition(b"\n")
+    if rest:
+        raise ValueError("a frame before any command was sent")
+    return line

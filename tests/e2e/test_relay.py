@@ -1,0 +1,161 @@
+"""The relay (one channel for every command of a fleet on one host) against the sandbox's sshd.
+
+What a relayed command returns must be exactly what the same command returns on a channel of
+its own; deadlines, cancellation, a relay killed on the host and a host that cannot run it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from launcher import relay
+from launcher.container import Container
+from launcher.errors import CommandTimeout, ConnectError
+from launcher.remote import STATS, Connection
+from launcher.sandbox import Sandbox, SandboxInfo
+from tests.e2e.project import Project
+from tests.e2e.test_remote import connect
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE = ["it's", 'say "hi"', "$(touch /tmp/pwned)", "a;b", "`id`", "new\nline", " ", "*", "\\"]
+
+
+@pytest.fixture
+def relayed(sandbox: tuple[Sandbox, SandboxInfo]) -> Iterator[Connection]:
+    conn = connect(sandbox[1])
+    conn.use_relay()
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def direct(sandbox: tuple[Sandbox, SandboxInfo]) -> Iterator[Connection]:
+    conn = connect(sandbox[1])
+    yield conn
+    conn.close()
+
+
+def outcome(conn: Connection, argv: list[str], stdin: bytes | None = None) -> tuple[Any, ...]:
+    result = Container(conn, 200, label="sandbox").exec(argv, stdin=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_relayed_commands_return_what_direct_ones_do(
+    relayed: Connection, direct: Connection
+) -> None:
+    binary = bytes(range(256)) * 64
+    cases: list[tuple[list[str], bytes | None]] = [
+        (["sh", "-c", "echo out; echo err >&2; exit 7"], None),
+        (["printf", r"%s\0", *HOSTILE], None),
+        (["cat"], binary),  # stdin and stdout byte for byte
+        (["sh", "-c", "cat >&2"], binary),
+        (["sh", "-c", "head -c 2000000 /dev/zero"], None),
+        (["true"], b""),
+        (["false"], None),
+    ]
+    before = (STATS.commands, STATS.relayed)
+    for argv, stdin in cases:
+        assert outcome(relayed, argv, stdin) == outcome(direct, argv, stdin), argv
+    # The relayed ones shared one channel (the relay's); the direct ones had one each.
+    assert STATS.relayed - before[1] == len(cases)
+    assert STATS.commands - before[0] == len(cases) + 1
+    assert not relayed._relay.unavailable  # type: ignore[union-attr]
+
+
+def test_concurrent_commands_each_get_their_own_output(relayed: Connection) -> None:
+    results: dict[int, tuple[Any, ...]] = {}
+
+    def one(n: int) -> None:
+        script = f"printf 'out-{n}-%s' $(seq 1 {n}); sleep 0.{n % 5}; echo err-{n} >&2; exit {n}"
+        results[n] = outcome(relayed, ["sh", "-c", script])
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(1, 17)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for n in range(1, 17):
+        expected = "".join(f"out-{n}-{i}" for i in range(1, n + 1)).encode()
+        assert results[n] == (n, expected, f"err-{n}\n".encode())
+
+
+def test_a_deadline_ends_the_command_on_the_host_too(relayed: Connection, project: Project) -> None:
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+        relayed.run("sleep 47.5", timeout=1)
+    assert time.monotonic() - started < 5
+    # Cancelled there, not left to run out its 47 s (nor the relay's own backstop).
+    project.wait_for(
+        lambda: "sleep 47.5" not in host_processes(relayed), timeout=10, what="sleep ended"
+    )
+    assert relayed.run("echo still here", timeout=10).out == "still here\n"
+
+
+def test_idle_timeout_and_output_as_it_comes(relayed: Connection) -> None:
+    seen: list[tuple[float, bytes]] = []
+    started = time.monotonic()
+    code = relayed.stream(
+        "echo first; sleep 1.5; echo second",
+        lambda data: seen.append((time.monotonic() - started, data)),
+        timeout=20,
+    )
+    assert code == 0 and b"".join(d for _, d in seen) == b"first\nsecond\n"
+    assert seen[0][0] < seen[-1][0] - 1.0  # the first line came before the command ended
+    with pytest.raises(CommandTimeout, match="no output for 1 s"):
+        relayed.stream("echo a; sleep 30", lambda data: None, timeout=20, idle_timeout=1)
+
+
+def test_a_sink_that_fails_cancels_the_command(relayed: Connection) -> None:
+    class Stop(Exception):
+        pass
+
+    def sink(data: bytes) -> None:
+        raise Stop()
+
+    with pytest.raises(Stop):
+        relayed.stream("echo go; sleep 48.5", sink, timeout=60)
+    deadline = time.monotonic() + 10
+    while "sleep 48.5" in host_processes(relayed) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "sleep 48.5" not in host_processes(relayed)
+
+
+def test_a_relay_killed_on_the_host_fails_its_calls_and_the_next_starts_anew(
+    relayed: Connection, direct: Connection
+) -> None:
+    assert relayed.run("echo up", timeout=10).out == "up\n"
+    failures: list[BaseException] = []
+
+    def long() -> None:
+        try:
+            relayed.run("sleep 49.5", timeout=60)
+        except BaseException as exc:  # what it raised is the assertion
+            failures.append(exc)
+
+    thread = threading.Thread(target=long)
+    thread.start()
+    time.sleep(1.0)
+    direct.run("pkill -KILL -f '[l]auncher_relay'", timeout=10)
+    thread.join(15)
+    assert not thread.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], ConnectError), failures
+    assert relayed.run("echo again", timeout=10).out == "again\n"
+
+
+def test_a_host_that_cannot_run_the_relay_gets_channels_of_its_own(
+    relayed: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay, "COMMAND", "echo no python3 here >&2; exit 127")
+    before = STATS.relayed
+    assert outcome(relayed, ["sh", "-c", "echo fine; exit 3"]) == (3, b"fine\n", b"")
+    assert outcome(relayed, ["true"]) == (0, b"", b"")
+    assert relayed._relay.unavailable and STATS.relayed == before  # type: ignore[union-attr]
+
+
+def host_processes(conn: Connection) -> str:
+    return conn.run("ps -eo args", timeout=10).out
