@@ -46,6 +46,25 @@ def timed(owner: Any, attr: str, label: Callable[..., str]) -> None:
     setattr(owner, attr, wrapper)
 
 
+def time_transaction() -> None:
+    """The transaction's round trip, and before it (nested) each of its steps as the agent
+    timed it in the container."""
+    owner = launcher.agentclient.AgentClient
+    original = owner.transaction
+
+    def transaction(client: Any, request: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        answer = original(client, request, **kwargs)
+        elapsed = time.perf_counter() - start
+        for step in answer.get("steps") or []:
+            if step.get("seconds") is not None:
+                phases.append((f"{NESTED}agent step {step['name']}", float(step["seconds"])))
+        phases.append((f"agent {request.get('op')} transaction (one pct exec, streamed)", elapsed))
+        return answer
+
+    owner.transaction = transaction  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-i", "--inventory", required=True)
@@ -64,6 +83,7 @@ def main() -> None:
         "call",
         lambda client, request, **k: f"agent {request.get('op')} (one pct exec)",
     )
+    time_transaction()
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # launcher's own report; JSON is ours

@@ -14,8 +14,11 @@ The protocol, one JSON object a line each way (bytes travel base64):
   client -> relay: {"id": n, "command": str, "stdin": b64, "timeout": s}, or {"cancel": n}
   relay -> client: {"hello": VERSION} once; then for each command {"id": n, "fd": 1 | 2,
                    "data": b64} as output arrives, and {"id": n, "exit": code} at its end.
-The relay kills a command's process group at its timeout (the client's own deadline comes
-first and sends a cancel), and everything still running when its stdin closes. A host without
+A command the client gives up on (its deadline, idle timeout, Ctrl-C, a sink that failed: a
+cancel), or every command when the client goes away (the relay's stdin closes), is cut off as
+a dropped channel would cut it: its pipes are closed (EOF on stdin, EPIPE on output) and it is
+not killed, so a deploy transaction, which outlives its client on purpose, still completes. The
+relay also gives up on a command BACKSTOP seconds after the client's deadline. A host without
 python3 (or one that ends the relay before its hello) is not relayed: its commands get channels
 of their own, as before. A relay that breaks fails the calls it carried (as a dropped channel
 would); the next call starts a new one.
@@ -49,10 +52,10 @@ NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle tim
 
 # Runs on the host under `python3 -I -S` (Python 3.5+, standard library only).
 SOURCE = r"""
-import base64, json, os, selectors, signal, subprocess, sys, threading, time
+import base64, json, os, selectors, subprocess, sys, threading, time
 out = sys.stdout.buffer
 lock = threading.Lock()
-running = {}
+running, cancelled = set(), set()
 def send(doc):
     data = (json.dumps(doc) + "\n").encode()
     with lock:
@@ -61,20 +64,14 @@ def send(doc):
             out.flush()
         except OSError:
             pass
-def kill(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
 def feed(proc, data):
     try:
         proc.stdin.write(data)
-    except OSError:
-        pass
-    try:
         proc.stdin.close()
-    except OSError:
+    except (OSError, ValueError):
         pass
+def given_up(rid, deadline):
+    return rid in cancelled or time.monotonic() >= deadline
 def run(req):
     rid = req["id"]
     try:
@@ -82,52 +79,52 @@ def run(req):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
+        running.discard(rid)
         send({"id": rid, "fd": 2, "data": base64.b64encode(str(exc).encode()).decode()})
         send({"id": rid, "exit": 127})
         return
-    running[rid] = proc
     threading.Thread(target=feed, args=(proc, base64.b64decode(req["stdin"])), daemon=True).start()
     deadline = time.monotonic() + float(req["timeout"])
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, 1)
     sel.register(proc.stderr, selectors.EVENT_READ, 2)
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            kill(proc)
-            break
-        for key, _ in sel.select(left):
-            chunk = os.read(key.fd, 65536)
-            if chunk:
-                send({"id": rid, "fd": key.data, "data": base64.b64encode(chunk).decode()})
-            else:
-                sel.unregister(key.fileobj)
-    sel.close()
-    proc.stdout.close()
-    proc.stderr.close()
-    code = proc.wait()
-    running.pop(rid, None)
-    send({"id": rid, "exit": code})
-def main():
-    send({"hello": VERSION})
-    for line in sys.stdin:
-        req = json.loads(line)
-        if "cancel" in req:
-            proc = running.get(req["cancel"])
-            if proc is not None:
-                kill(proc)
-        else:
-            threading.Thread(target=run, args=(req,), daemon=True).start()
-    for proc in list(running.values()):
-        kill(proc)
-try:
-    main()
-except (OSError, ValueError):
-    pass
-for proc in list(running.values()):
-    kill(proc)
+    try:
+        while sel.get_map():
+            if given_up(rid, deadline):
+                return
+            for key, _ in sel.select(0.2):
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    send({"id": rid, "fd": key.data, "data": base64.b64encode(chunk).decode()})
+                else:
+                    sel.unregister(key.fileobj)
+        while True:
+            try:
+                code = proc.wait(0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if given_up(rid, deadline):
+                    return
+        send({"id": rid, "exit": code})
+    finally:
+        sel.close()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                pipe.close()
+            except (OSError, ValueError):
+                pass
+        running.discard(rid)
+        cancelled.discard(rid)
+send({"hello": @VERSION@})
+for line in sys.stdin:
+    req = json.loads(line)
+    if "cancel" not in req:
+        running.add(req["id"])
+        threading.Thread(target=run, args=(req,), daemon=True).start()
+    elif req["cancel"] in running:
+        cancelled.add(req["cancel"])
 os._exit(0)
-""".replace("VERSION", str(VERSION), 1)
+""".replace("@VERSION@", str(VERSION))
 # The command line: a short loader that takes the source from the first stdin line (so `ps`
 # shows a short line, as for the agent). The trailing comment names the process.
 COMMAND = shlex.join(

@@ -84,14 +84,24 @@ def test_concurrent_commands_each_get_their_own_output(relayed: Connection) -> N
         assert results[n] == (n, expected, f"err-{n}\n".encode())
 
 
-def test_a_deadline_ends_the_command_on_the_host_too(relayed: Connection, project: Project) -> None:
+def test_a_command_given_up_is_cut_off_as_a_dropped_channel_would_cut_it(
+    relayed: Connection, direct: Connection, project: Project
+) -> None:
+    """Its output pipe closes (a writer dies of SIGPIPE, as under sshd), it is not killed: a
+    command that outlives its client on purpose (a deploy transaction) still completes."""
+    marker = "/tmp/relay-outlived-its-client"
+    direct.run(f"rm -f {marker}", timeout=10)
     started = time.monotonic()
     with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
-        relayed.run("sleep 47.5", timeout=1)
-    assert time.monotonic() - started < 5
-    # Cancelled there, not left to run out its 47 s (nor the relay's own backstop).
+        relayed.run("while :; do echo tick 47.5; sleep 0.2; done", timeout=1)
+    with pytest.raises(CommandTimeout):
+        relayed.run(f"trap '' PIPE HUP; echo go; sleep 2.5; touch {marker}; echo done", timeout=1)
+    assert time.monotonic() - started < 8
     project.wait_for(
-        lambda: "sleep 47.5" not in host_processes(relayed), timeout=10, what="sleep ended"
+        lambda: "tick 47.5" not in host_processes(direct), timeout=10, what="the writer ended"
+    )
+    project.wait_for(
+        lambda: direct.run(f"test -e {marker}", timeout=10).ok, timeout=10, what="the marker"
     )
     assert relayed.run("echo still here", timeout=10).out == "still here\n"
 
@@ -110,7 +120,7 @@ def test_idle_timeout_and_output_as_it_comes(relayed: Connection) -> None:
         relayed.stream("echo a; sleep 30", lambda data: None, timeout=20, idle_timeout=1)
 
 
-def test_a_sink_that_fails_cancels_the_command(relayed: Connection) -> None:
+def test_a_sink_that_fails_cuts_the_command_off(relayed: Connection, direct: Connection) -> None:
     class Stop(Exception):
         pass
 
@@ -118,11 +128,11 @@ def test_a_sink_that_fails_cancels_the_command(relayed: Connection) -> None:
         raise Stop()
 
     with pytest.raises(Stop):
-        relayed.stream("echo go; sleep 48.5", sink, timeout=60)
+        relayed.stream("while :; do echo tick 48.5; sleep 0.2; done", sink, timeout=60)
     deadline = time.monotonic() + 10
-    while "sleep 48.5" in host_processes(relayed) and time.monotonic() < deadline:
+    while "tick 48.5" in host_processes(direct) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert "sleep 48.5" not in host_processes(relayed)
+    assert "tick 48.5" not in host_processes(direct)
 
 
 def test_a_relay_killed_on_the_host_fails_its_calls_and_the_next_starts_anew(

@@ -599,39 +599,48 @@ def test_signals_restored_after_apply(target: Target) -> None:
     assert signal.getsignal(signal.SIGHUP) == before
 
 
-# Writes the signals it was started with ignored (a hex mask, from /proc) to sigign.txt.
-SIGNAL_REPORTER = (
-    "import time\n"
-    "mask = [l.split()[1] for l in open('/proc/self/status') if l.startswith('SigIgn:')][0]\n"
-    "open('sigign.txt', 'w').write(mask)\n"
-    "time.sleep(60)\n"
-)
+def ignored_signals(status_line: str) -> set[int]:
+    """The signals a `SigIgn:` line of /proc/PID/status names."""
+    mask = int(status_line.split()[1], 16)
+    return {number for number in range(1, 65) if mask & (1 << (number - 1))}
 
 
-@pytest.mark.parametrize("hangup", ["default", "ignored"])
-def test_the_run_starts_with_sighup_at_its_default(target: Target, hangup: str) -> None:
-    """The transaction outlives a vanished client by catching SIGHUP, not ignoring it: an
-    ignored signal would stay ignored in the tmux server and the trainer it starts, so killing
-    the session would no longer end the run. Also when the agent itself was started with
-    SIGHUP ignored (nohup-like)."""
+def test_what_a_transaction_starts_gets_sighup_and_sigpipe_at_their_default(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction outlives its client by catching SIGHUP (and ignoring SIGPIPE), yet what
+    it starts (tmux, nvidia-smi, the compile check) begins with both at their default: an
+    ignored SIGHUP would be inherited, a caught one is reset by exec."""
+    seen: list[str] = []
+    check_launch = agent.Deploy.check_launch
 
-    def start() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN if hangup == "ignored" else signal.SIG_DFL)
+    def spy(self: agent.Deploy) -> Any:
+        assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL  # the client may go
+        seen.append(agent.run(["grep", "SigIgn:", "/proc/self/status"])[1])
+        return check_launch(self)
 
-    python = shutil.which("python3") or sys.executable
-    proc = subprocess.run(
-        [python, "-c", BOOT],
-        input=payload(target.apply_request(SIGNAL_REPORTER)),
-        capture_output=True,
-        timeout=30,
-        preexec_fn=start,
+    monkeypatch.setattr(agent.Deploy, "check_launch", spy)
+    result = target.apply()
+    assert result["ok"] is True, result["error"]
+    assert not ignored_signals(seen[0]) & {signal.SIGHUP, signal.SIGPIPE}, seen[0]
+
+
+def test_an_agent_started_with_sighup_ignored_still_ignores_it_but_as_a_handler() -> None:
+    code = (
+        "import signal\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "from launcher import agent\n"
+        "agent.main({'op': 'nope'})\n"
+        "print(signal.getsignal(signal.SIGHUP) is agent.ignore_hangup)\n"
+        "print(agent.run(['grep', 'SigIgn:', '/proc/self/status'])[1])\n"
     )
-    assert json.loads(proc.stdout.decode().splitlines()[-1])["ok"] is True
-    report = target.workdir / "sigign.txt"
-    assert agent.wait_for(report.exists, 10.0)
-    ignored = int(report.read_text(), 16)
-    assert not ignored & (1 << (signal.SIGHUP - 1)), hex(ignored)
-    assert not ignored & (1 << (signal.SIGPIPE - 1)), hex(ignored)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
+    )
+    envelope, handled, status = result.stdout.splitlines()[:3]
+    assert json.loads(envelope)["error"]["kind"] == "invalid"
+    assert handled == "True"
+    assert signal.SIGHUP not in ignored_signals(status)
 
 
 def test_wait_exit_returns_when_a_process_exits_not_at_the_timeout() -> None:

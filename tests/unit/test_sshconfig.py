@@ -294,3 +294,21 @@ def test_connecting_loads_no_second_yaml_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.split("\n")[:2] == ["True []", "True"], result.stdout
+
+
+def test_connecting_imports_no_unittest_mock_and_invoke_mocks_still_work() -> None:
+    """invoke.context imports unittest.mock (and asyncio with it, ~50 ms) for MockContext only;
+    the SSH libraries load without it, later imports of unittest.mock get the real module, and
+    invoke's Mock still makes real mocks."""
+    code = (
+        "import sys\n"
+        "import launcher.sshopen, invoke.context\n"
+        "print(sorted(m for m in ('unittest', 'unittest.mock', 'asyncio') if m in sys.modules))\n"
+        "made = invoke.context.Mock(wraps=len)\n"
+        "from unittest import mock\n"
+        "print(isinstance(made, mock.Mock), made('abc'), made.call_count)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split("\n")[:2] == ["[]", "True 3 1"], result.stdout
