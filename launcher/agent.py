@@ -908,6 +908,16 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
     report = stop_report(pane_active(state) or bool(seen), state["exists"], seen)
     if not state["exists"] and not seen:
         return report
+    holders: dict[str, Started] = {}
+    confirming: list[bool] = []  # once
+
+    def confirm():
+        """The run's processes have exited: nvidia-smi can start on the confirmation that
+        they left the GPUs while the pane's end is noticed and the session goes."""
+        if not confirming:
+            confirming.append(True)
+            holders.update(start_gpu_queries(False, gpus > 0))
+
     if pane_active(state):
         tmux(["send-keys", "-t", "=%s:" % session, "C-c"])
         # A session someone started by hand runs the trainer under an interactive shell, which
@@ -916,9 +926,10 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
 
         def finished():
             seen.update(run_pids(pane_pid, session))
-            if shell is not None:
-                return not alive(seen - {shell})
-            return not pane_active(session_state(session)) and not alive(seen)
+            if alive(seen - {shell}):
+                return False
+            confirm()
+            return shell is not None or not pane_active(session_state(session))
 
         def waited_for():
             return alive(seen) - {shell}
@@ -927,8 +938,8 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
         report["forced"] = not wait_for(
             finished, grace, on_tick=grace_countdown(grace, progress), pids=waited_for
         )
-    # The run has exited: nvidia-smi can start on its confirmation while the session goes.
-    holders = start_gpu_queries(False, gpus > 0) if not report["forced"] else {}
+    if not report["forced"]:
+        confirm()
     if state["exists"]:
         tmux(["kill-session", "-t", "=%s" % session])
     seen.update(run_pids(pane_pid, session))
@@ -941,7 +952,7 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
     if report["leftover"] or report["forced"]:
         for query in holders.values():
             query.cancel()  # it saw processes that have been killed since
-        holders = {}
+        holders.clear()
     if gpus > 0:
         report["gpu_holders"], report["gpu_others"] = gpu_leftovers(
             seen, warnings, started=holders.get("holders")
