@@ -379,10 +379,13 @@ class Connection:
         """Carry this connection's commands on one channel, through a relay on the host (the
         command has several targets there: see relay.py). Not for a persisted connection,
         whose commands go through its own process already."""
-        if self._relay is None and self.endpoint.control_persist <= 0:
-            from launcher.relay import Relay
+        if self.endpoint.control_persist > 0:
+            return
+        from launcher.relay import Relay
 
-            self._relay = Relay(self)
+        with self._lock:  # targets may ask from several threads (watch)
+            if self._relay is None:
+                self._relay = Relay(self)
 
     def open_command(self, command: str, timeout: float) -> paramiko.Channel:
         """A channel running `command`, its session slot held until close_command()."""
