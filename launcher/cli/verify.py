@@ -232,18 +232,19 @@ def _report(
             if not as_json and deploy is None and outcome.error is None:
                 click.echo(f"{outcome.target}: {outcome.summary}")
             continue
-        document = to_json(outcome.target, probe, queues)
-        if "record" in outcome.data:
-            document["deployed"] = outcome.data.get("record")
-            document["log_age"] = outcome.data.get("log_age")
-        if deploy is not None:
-            document = {
-                "target": outcome.target,
-                "exit_code": int(outcome.exit_code),
-                "deploy": deploy,
-                "verify": document,
-            }
-        documents.append(document)
+        if as_json:  # a summary of every sample: only for the JSON document
+            document = to_json(outcome.target, probe, queues)
+            if "record" in outcome.data:
+                document["deployed"] = outcome.data.get("record")
+                document["log_age"] = outcome.data.get("log_age")
+            if deploy is not None:
+                document = {
+                    "target": outcome.target,
+                    "exit_code": int(outcome.exit_code),
+                    "deploy": deploy,
+                    "verify": document,
+                }
+            documents.append(document)
         runs.append((outcome.target, probe, deploy))
         if not as_json and (len(outcomes) == 1 or outcome.exit_code):
             if "record" in outcome.data:
