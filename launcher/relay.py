@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import CommandTimeout, ConnectError
+from launcher import remote
 
 if TYPE_CHECKING:
     import paramiko
@@ -219,9 +219,7 @@ class Relay:
             if ours:
                 self._channel = None
             calls, self._calls = self._calls, {}
-        error = ConnectError(
-            f"{self.conn.endpoint.name}: connection failed during a command: {reason}"
-        )
+        error = remote.link_error(self.conn.endpoint, reason)
         for call in calls.values():
             call.items.put(("broken", error))
         if ours:
@@ -250,10 +248,7 @@ class Relay:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         if not self._slots.acquire(timeout=timeout):
-            raise CommandTimeout(
-                f"{ep.name}: no free SSH session within {timeout:g} s (max_sessions "
-                f"{ep.max_sessions} all busy): {command[:120]}"
-            )
+            raise remote.busy_error(ep, timeout, command)
         rid = next(self._ids)
         call = _Call()
         with self._lock:
@@ -270,9 +265,7 @@ class Relay:
                 self._send(channel, request)
             except OSError as exc:
                 finished = True  # nothing reached the relay
-                raise ConnectError(
-                    f"{ep.name}: connection failed during a command: {exc}"
-                ) from None
+                raise remote.link_error(ep, exc) from None
             quiet_since = time.monotonic()
             while True:
                 waits = [NO_TIMEOUT]
@@ -284,13 +277,8 @@ class Relay:
                     kind, value = call.items.get(timeout=max(0.0, min(waits)))
                 except queue.Empty:
                     if deadline is not None and time.monotonic() >= deadline:
-                        raise CommandTimeout(
-                            f"{ep.name}: command did not finish within {timeout:g} s: "
-                            f"{command[:120]}"
-                        ) from None
-                    raise CommandTimeout(
-                        f"{ep.name}: no output for {idle_timeout:g} s: {command[:120]}"
-                    ) from None
+                        raise remote.deadline_error(ep, timeout, command) from None
+                    raise remote.idle_error(ep, idle_timeout, command) from None
                 if kind != "data":
                     finished = True
                     if kind == "broken":

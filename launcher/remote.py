@@ -481,10 +481,7 @@ class Connection:
         no limit); the caller releases the slot when it closes the channel."""
         ep = self.endpoint
         if not self._sessions.acquire(timeout=wait):
-            raise CommandTimeout(
-                f"{ep.name}: no free SSH session within {wait:g} s (max_sessions "
-                f"{ep.max_sessions} all busy): {_short(command)}"
-            )
+            raise busy_error(ep, wait, command)
         try:
             return self._open_channel()
         except BaseException:
@@ -537,11 +534,9 @@ class Connection:
                 raise TimeoutError()
             code = channel.recv_exit_status()
         except TimeoutError:
-            raise CommandTimeout(
-                f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
-            ) from None
+            raise deadline_error(ep, timeout, command) from None
         except sshopen.CHANNEL_ERRORS as exc:
-            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
+            raise link_error(ep, exc) from None
         finally:
             if channel is not None:
                 channel.close()
@@ -603,13 +598,9 @@ class Connection:
                 idle_timeout=idle_timeout,
             )
             if expired == "deadline":
-                raise CommandTimeout(
-                    f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
-                )
+                raise deadline_error(ep, timeout, command)
             if expired == "idle":
-                raise CommandTimeout(
-                    f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}"
-                )
+                raise idle_error(ep, idle_timeout, command)
             if not channel.status_event.wait(ep.connect_timeout):
                 raise CommandTimeout(f"{ep.name}: no exit status after EOF: {_short(command)}")
             return channel.recv_exit_status()
@@ -617,7 +608,7 @@ class Connection:
             # Not the connection's fault (e.g. stdout's reader went away): the caller's error.
             raise failed.error from None
         except sshopen.CHANNEL_ERRORS as exc:
-            raise ConnectError(f"{ep.name}: connection failed during a command: {exc}") from None
+            raise link_error(ep, exc) from None
         finally:
             if channel is not None:
                 channel.close()
@@ -708,6 +699,28 @@ def _sink(buffer: io.BytesIO) -> Callable[[bytes], None]:
 def _alive(client: paramiko.SSHClient) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
+
+
+# What a command that failed on the way raises, on a channel of its own or through a relay.
+def busy_error(ep: Endpoint, wait: float | None, command: str) -> CommandTimeout:
+    return CommandTimeout(
+        f"{ep.name}: no free SSH session within {wait:g} s (max_sessions "
+        f"{ep.max_sessions} all busy): {_short(command)}"
+    )
+
+
+def deadline_error(ep: Endpoint, timeout: float | None, command: str) -> CommandTimeout:
+    return CommandTimeout(
+        f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
+    )
+
+
+def idle_error(ep: Endpoint, idle_timeout: float | None, command: str) -> CommandTimeout:
+    return CommandTimeout(f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}")
+
+
+def link_error(ep: Endpoint, reason: object) -> ConnectError:
+    return ConnectError(f"{ep.name}: connection failed during a command: {reason}")
 
 
 def _short(command: str, limit: int = 120) -> str:
