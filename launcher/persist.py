@@ -226,7 +226,6 @@ def run(
     """Run `command` through the host's persisted connection; None when there is none (the
     caller then connects by itself). `launcher status` may have sent it already (prefetch)."""
     from launcher import prefetch
-    from launcher.remote import CommandResult
 
     path = socket_path(endpoint)
     if path is None:
@@ -243,16 +242,34 @@ def run(
     if answer is None:
         return None
     prefetch.record(path, command, stdin, timeout)
+    return answer_result(answer, command, time.monotonic() - started)
+
+
+def result_answer(result: CommandResult) -> dict[str, Any]:
+    """A command's result as another process hands it over (JSON)."""
+    return {
+        "ok": True,
+        "exit": result.exit_code,
+        "out": _b64(result.stdout),
+        "err": _b64(result.stderr),
+    }
+
+
+def error_answer(error: LauncherError) -> dict[str, Any]:
+    """A command's failure as another process hands it over (JSON)."""
+    return {"ok": False, "kind": type(error).__name__, "message": error.message, "hint": error.hint}
+
+
+def answer_result(answer: dict[str, Any], command: str, duration: float) -> CommandResult:
+    """The result another process handed over (result_answer), or its failure raised (the
+    same kind of error, with its message and hint: error_answer)."""
+    from launcher.remote import CommandResult
+
     if not answer.get("ok"):
         error = ERRORS.get(str(answer.get("kind")), RemoteError)
         raise error(str(answer.get("message")), hint=answer.get("hint"))
-    return CommandResult(
-        command,
-        int(answer["exit"]),
-        base64.b64decode(answer["out"]),
-        base64.b64decode(answer["err"]),
-        time.monotonic() - started,
-    )
+    out, err = base64.b64decode(answer["out"]), base64.b64decode(answer["err"])
+    return CommandResult(command, int(answer["exit"]), out, err, duration)
 
 
 def start(endpoint: Endpoint) -> bool:
@@ -371,20 +388,10 @@ class Server:
                 # end, so that the next command connects by itself and says why, instead of
                 # every command failing here while keeping this process from going idle.
                 self.stopping.set()
-            return {
-                "ok": False,
-                "kind": type(error).__name__,
-                "message": error.message,
-                "hint": error.hint,
-            }
+            return error_answer(error)
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "kind": "RemoteError", "message": f"bad request: {exc}"}
-        return {
-            "ok": True,
-            "exit": result.exit_code,
-            "out": _b64(result.stdout),
-            "err": _b64(result.stderr),
-        }
+        return result_answer(result)
 
 
 def serve(endpoint: Endpoint) -> int:

@@ -18,9 +18,12 @@ or pydantic are imported), in a thread, and then loads its configuration as alwa
   (protocol.BOOT). The connection is used only when the endpoint the configuration resolves to
   now is the one in the hint, and the started agent only when the command is the same; the
   request, built from the configuration just loaded, is then written to it. Anything else is
-  closed unused: the agent reads end of file and exits having done nothing. For status only
-  (keep_request) the hint also holds the poll, sent as soon as the agent is started and used
-  under the same rule as above.
+  closed unused: the agent reads end of file and exits having done nothing.
+- direct connection, status (keep_request): the hint also holds the poll. A child process
+  (forked first thing, _EarlyPoll) connects, sends it and hands the answer back on a pipe,
+  on a core of its own while this one loads the configuration; the answer is used under the
+  same rule as above (the same endpoint, the same command and request), else the command
+  polls by itself.
 
 Hints live in the user's private directory (persist.runtime_dir), carry the stamps of the files
 that decide them (inventory, playbook, ssh_config), and are ignored once any of those changed.
@@ -34,12 +37,15 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shlex
+import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from launcher import persist
 
@@ -60,6 +66,7 @@ _lock = threading.Lock()
 _key: str | None = None  # this process's hint name, once begin() was called
 _early: _Early | None = None
 _early_agent: _EarlyAgent | None = None  # until adopt() hands its connection over
+_early_poll: _EarlyPoll | None = None  # until take_direct() is asked for its request
 _adopted: _EarlyAgent | None = None  # after: its early request's answer, until taken
 _send_request = False  # keep_request(): the next hint keeps the request too
 _recorded: dict[str, Any] | None = None
@@ -165,6 +172,85 @@ class _EarlyAgent:
         threading.Thread(target=close, daemon=True).start()
 
 
+class _EarlyPoll:
+    """status's poll from a direct hint, sent by a child process of this one (forked before
+    anything else is imported, so with no thread to inherit): its SSH imports, handshake and
+    wait for the host's answer run on their own core while this process loads its
+    configuration, instead of taking turns with it for the interpreter lock. The child hands
+    the answer (or the connection's failure) back on a pipe and exits; this process never
+    connects for it. Unused, its pipe is closed: the child's write fails and it ends."""
+
+    def __init__(self, doc: dict[str, Any], command: str, stdin: bytes, timeout: float) -> None:
+        self.doc = doc
+        self.sent = (command, stdin, timeout)
+        self.started = time.monotonic()
+        read_end, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(read_end)
+            _poll_for_parent(write_end, doc, command, stdin, timeout)
+        os.close(write_end)
+        self.read_end = read_end
+
+    def answer(
+        self, endpoint: Endpoint, sent: tuple[str, bytes | None, float]
+    ) -> dict[str, Any] | None:
+        """The child's answer (persist.result_answer/error_answer) if it polled exactly this
+        endpoint with exactly this request; else None, and the caller polls by itself."""
+        if sent != self.sent or persist.endpoint_from_doc(self.doc) != endpoint:
+            self.close()
+            return None
+        deadline = time.monotonic() + endpoint.connect_timeout + sent[2] + persist.ANSWER_MARGIN
+        data = bytearray()
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if not select.select([self.read_end], [], [], left)[0]:
+                    break
+                chunk = os.read(self.read_end, 1 << 16)
+                if not chunk:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(self.pid, 0)  # it exits as soon as its end is closed
+                    answer = json.loads(data)
+                    return answer if isinstance(answer, dict) and "ok" in answer else None
+                data += chunk
+            os.kill(self.pid, signal.SIGKILL)  # past every deadline of its own: stuck
+            os.waitpid(self.pid, 0)
+            return None
+        except (OSError, ValueError):
+            return None  # it died before it answered: the caller polls by itself
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.read_end)
+
+
+def _poll_for_parent(
+    write_end: int, doc: dict[str, Any], command: str, stdin: bytes, timeout: float
+) -> NoReturn:
+    """The child of _EarlyPoll: connect, poll, write the answer, exit (never returns)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it with its parent
+        # Nothing of the parent's: a reader of the parent's output waits for no child of it.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        from launcher.errors import LauncherError
+        from launcher.remote import Connection
+
+        conn = Connection(persist.endpoint_from_doc(doc))
+        try:
+            conn.connect()
+            answer = persist.result_answer(conn.run_direct(command, stdin=stdin, timeout=timeout))
+        except LauncherError as error:
+            answer = persist.error_answer(error)
+        with open(write_end, "wb") as pipe:
+            pipe.write(json.dumps(answer).encode())
+    finally:
+        os._exit(0)
+
+
 def _hint_path(key: str) -> Path | None:
     directory = persist.runtime_dir()
     return None if directory is None else directory / f"hint-{key}.json"
@@ -196,7 +282,7 @@ def begin(argv: Sequence[str]) -> None:
     before anything else is imported: a hint is only ever left by a command that went on to
     load its configuration and act on one target with it (cli.targets), so a hint's endpoint
     and command are what this command line last resolved to."""
-    global _key, _early, _early_agent
+    global _key, _early, _early_agent, _early_poll
     parts = [HINT_VERSION, os.getcwd(), *(os.environ.get(v) for v in KEY_VARIABLES), *argv]
     _key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
     path = _hint_path(_key)
@@ -211,7 +297,11 @@ def begin(argv: Sequence[str]) -> None:
         if "endpoint" in hint:
             command = str(hint["command"])
             request = None if stdin is None else (stdin, float(hint["timeout"]))
-            if is_agent_command(command) and isinstance(hint["endpoint"], dict):
+            if not is_agent_command(command) or not isinstance(hint["endpoint"], dict):
+                return
+            if request is not None and hasattr(os, "fork"):
+                _early_poll = _EarlyPoll(hint["endpoint"], command, *request)
+            else:
                 _early_agent = _EarlyAgent(hint["endpoint"], command, request)
             return
         socket_path = Path(hint["socket"])
@@ -266,12 +356,27 @@ def adopt(endpoint: Endpoint) -> Connection | None:
     return conn
 
 
+def polling() -> bool:
+    """A child process is polling for this command (_EarlyPoll), its answer not yet taken."""
+    return _early_poll is not None
+
+
 def take_direct(
     conn: Connection, command: str, stdin: bytes | None, timeout: float
 ) -> CommandResult | None:
-    """The answer to a request sent early on the adopted connection `conn`, if it is exactly
-    this one (then it is used once); else None."""
-    global _adopted
+    """The answer to a request sent early, if it is exactly this one to exactly this
+    connection's endpoint (then it is used once): by a child process (_EarlyPoll), or on the
+    adopted connection `conn`; else None."""
+    global _adopted, _early_poll
+    with _lock:
+        poll = _early_poll
+        if poll is not None and poll.sent == (command, stdin, timeout):
+            _early_poll = None
+    if poll is not None and poll.sent == (command, stdin, timeout):
+        answer = poll.answer(conn.endpoint, (command, stdin, timeout))
+        if answer is not None:
+            duration = time.monotonic() - poll.started
+            return persist.answer_result(answer, command, duration)
     with _lock:
         early = _adopted
         if early is None or early.conn is not conn:

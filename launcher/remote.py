@@ -127,8 +127,9 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     """
     aliases = [name, host.address] if name != host.address else [host.address]
     # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
-    # whose connection may be persisted, where the next command usually needs none.
-    meanwhile = None if host.control_persist else _load_ssh_stack
+    # whose connection may be persisted, nor while a child process polls for this command
+    # (prefetch), where the command usually needs none.
+    meanwhile = None if host.control_persist or prefetch.polling() else _load_ssh_stack
     found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)

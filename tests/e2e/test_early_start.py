@@ -9,6 +9,7 @@ another place. Each test has its own runtime directory (conftest), so hints do n
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,36 @@ def test_a_changed_playbook_changes_the_request(
     code, report = status(project)
     assert (code, report["verdict"]) == (0, "healthy")
     assert project.sandbox.pct_calls() - calls == 1  # stale hint: nothing started early
+
+
+def test_a_child_still_polling_holds_none_of_the_commands_output(
+    running: Project, _private_runtime_dir: Path
+) -> None:
+    """status's early poll runs in a child process. Here the hint's host has gone silent (it
+    accepts and never says a word): the child hangs in its handshake, the command (whose
+    configuration resolves elsewhere) polls by itself, and whoever reads its output sees the
+    end of it as the command ends, while the child is still waiting: it holds none of the
+    command's descriptors."""
+    project = running
+    status(project)
+    [(path, hint)] = [(p, h) for p, h in hints(_private_runtime_dir) if "stdin" in h]
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        hint["endpoint"] = {
+            **hint["endpoint"],
+            "port": silent.getsockname()[1],
+            "connect_timeout": 60.0,
+        }
+        path.write_text(json.dumps(hint))
+        calls, seen = project.sandbox.pct_calls(), logins(project)
+        code, doc = status(project)  # captured: returns at the end of its output
+        assert (code, doc["verdict"]) == (0, "healthy"), doc
+        assert project.sandbox.pct_calls() - calls == 1 and logins(project) - seen == 1
+        silent.settimeout(10)
+        child, _ = silent.accept()
+        with child:
+            child.settimeout(10)
+            assert child.recv(8) == b"SSH-2.0-"  # the early child, still in its handshake
+            assert child.recv(4096).endswith(b"\r\n")  # the rest of its banner line
+            child.setblocking(False)
+            with pytest.raises(BlockingIOError):  # and no end of file: it is still there
+                child.recv(4096)

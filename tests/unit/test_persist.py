@@ -264,6 +264,7 @@ def fresh_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
         ("_key", None),
         ("_early", None),
         ("_early_agent", None),
+        ("_early_poll", None),
         ("_adopted", None),
         ("_send_request", False),
         ("_recorded", None),

@@ -284,18 +284,37 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
     assert fresh_python(code)[:1] == ["[]"]
 
 
-def test_connecting_loads_no_second_yaml_library() -> None:
+def test_connecting_loads_no_yaml_library_and_invoke_still_reads_yaml() -> None:
     """invoke's vendored pure-Python PyYAML is not imported (it only reads config files launcher
-    does not use); invoke gets the PyYAML launcher already loaded, and works with it."""
+    does not use), nor is the installed one just to connect; invoke's yaml.safe_load still
+    works, with the installed PyYAML, loaded when it is called."""
     code = (
-        "import sys, yaml\n"
+        "import sys\n"
         "import launcher.sshopen, invoke.util\n"
-        "from invoke.config import Config\n"
-        "print(invoke.util.yaml is yaml, sorted(m for m in sys.modules"
-        " if m.startswith('invoke.vendor.yaml.')))\n"
-        "print(isinstance(Config(), Config))\n"
+        "yamls = [m for m in sys.modules if m == 'yaml' or m.startswith('invoke.vendor.yaml.')]\n"
+        "print(sorted(yamls))\n"
+        "print(invoke.util.yaml.safe_load('a: [1, 2]'))\n"
+        "import yaml\n"
+        "print(invoke.util.yaml.safe_load is not None, 'yaml' in sys.modules)\n"
     )
-    assert fresh_python(code)[:2] == ["True []", "True"]
+    assert fresh_python(code)[:3] == ["[]", "{'a': [1, 2]}", "True True"]
+
+
+def test_connecting_imports_no_importlib_metadata_and_paramiko_knows_its_version() -> None:
+    """paramiko's __init__ asks importlib.metadata (email, zipfile, csv, ... with it) for its
+    own version alone: it gets it from its .dist-info folder's name, the same string, and
+    later imports of importlib.metadata get the real module."""
+    code = (
+        "import sys\n"
+        "import launcher.sshopen, paramiko\n"
+        "print('importlib.metadata' in sys.modules, 'email' in sys.modules)\n"
+        "from importlib import metadata\n"
+        "real = hasattr(metadata, 'entry_points')\n"
+        "print(paramiko.__version__ == metadata.version('paramiko'), real)\n"
+        "from paramiko.transport import Transport\n"
+        "print(Transport._CLIENT_ID == 'paramiko_' + metadata.version('paramiko'))\n"
+    )
+    assert fresh_python(code)[:3] == ["False False", "True True", "True"]
 
 
 def test_connecting_imports_no_unittest_mock_and_invoke_mocks_still_work() -> None:

@@ -1,0 +1,135 @@
+"""status's early poll from a child process (prefetch._EarlyPoll), with the child's work
+replaced: what it hands back is used only for exactly its request and endpoint, its failure is
+raised as it came, and a child that dies, answers nonsense or hangs costs nothing but the
+poll the command then sends itself. The real child, against the sandbox, is in
+tests/e2e/test_early_start.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from launcher import persist, prefetch
+from launcher.errors import AuthError
+from launcher.remote import CommandResult, Endpoint
+from tests.unit.test_persist import endpoint, poll_line
+
+COMMAND = "pct exec 200 -- agent"
+REQUEST = poll_line(session="s")
+
+
+@pytest.fixture(autouse=True)
+def fresh_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefetch, "_early_poll", None)
+    monkeypatch.setattr(prefetch, "_adopted", None)
+
+
+class Conn:
+    """What take_direct asks of a connection: its endpoint, nothing else."""
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.endpoint = ep
+
+
+def start(monkeypatch: pytest.MonkeyPatch, child: Callable[[int], None]) -> prefetch._EarlyPoll:
+    """An early poll whose child runs `child(write_end)` and then ends, whatever happens."""
+
+    def in_child(write_end: int, *args: Any) -> None:
+        try:
+            child(write_end)
+        finally:
+            os._exit(0)
+
+    monkeypatch.setattr(prefetch, "_poll_for_parent", in_child)
+    poll = prefetch._EarlyPoll(persist.endpoint_doc(endpoint()), COMMAND, REQUEST, 9.0)
+    monkeypatch.setattr(prefetch, "_early_poll", poll)
+    return poll
+
+
+def writes(answer: dict[str, Any] | bytes) -> Callable[[int], None]:
+    data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+
+    def child(write_end: int) -> None:
+        with open(write_end, "wb") as pipe:
+            pipe.write(data)
+
+    return child
+
+
+def reaped(pid: int) -> bool:
+    """The child was waited for (no zombie left behind)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_the_answer_is_used_once_for_exactly_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    big = os.urandom(3 * 1024 * 1024)  # more than a pipe holds: read while it writes
+    result = CommandResult(COMMAND, 1, big, b"warn", 0.2)
+    poll = start(monkeypatch, writes(persist.result_answer(result)))
+    conn = Conn(endpoint())
+    assert prefetch.polling()
+    # Another command, or another request, on this connection: not its answer; still pending.
+    assert prefetch.take_direct(conn, "pct exec 200 -- other", REQUEST, 9.0) is None
+    assert prefetch.take_direct(conn, COMMAND, poll_line(session="t"), 9.0) is None
+    assert prefetch.polling()
+    got = prefetch.take_direct(conn, COMMAND, REQUEST, 9.0)
+    assert got is not None
+    assert (got.exit_code, got.stdout, got.stderr, got.command) == (1, big, b"warn", COMMAND)
+    assert not prefetch.polling()
+    assert prefetch.take_direct(conn, COMMAND, REQUEST, 9.0) is None
+    assert reaped(poll.pid)
+
+
+def test_another_endpoint_never_gets_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    poll = start(monkeypatch, writes(persist.result_answer(CommandResult("x", 0, b"a", b"", 0))))
+    other = Conn(dataclasses.replace(endpoint(), port=2222))
+    assert prefetch.take_direct(other, COMMAND, REQUEST, 9.0) is None
+    assert not prefetch.polling()  # dropped: its pipe closed, the child's write fails
+    with pytest.raises(OSError):
+        os.fstat(poll.read_end)
+
+
+def test_a_failure_is_raised_as_it_came(monkeypatch: pytest.MonkeyPatch) -> None:
+    error = AuthError("pve: the key /keys/id was refused", hint="add it to authorized_keys")
+    start(monkeypatch, writes(persist.error_answer(error)))
+    with pytest.raises(AuthError) as raised:
+        prefetch.take_direct(Conn(endpoint()), COMMAND, REQUEST, 9.0)
+    assert (raised.value.message, raised.value.hint) == (error.message, error.hint)
+
+
+@pytest.mark.parametrize(
+    "child",
+    [
+        writes(b""),  # died before it answered (kill -9, say)
+        writes(b'{"ok": true, "exit": 0, "out": "tr'),  # died while it answered
+        writes(b"[1, 2]"),  # not an answer
+        writes(b"\xff\xfe garbage"),
+    ],
+)
+def test_a_child_without_an_answer_leaves_the_poll_to_the_command(
+    monkeypatch: pytest.MonkeyPatch, child: Callable[[int], None]
+) -> None:
+    poll = start(monkeypatch, child)
+    assert prefetch.take_direct(Conn(endpoint()), COMMAND, REQUEST, 9.0) is None
+    assert reaped(poll.pid)
+
+
+def test_a_child_that_hangs_is_killed_past_every_deadline_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(persist, "ANSWER_MARGIN", 0.0)
+    ep = dataclasses.replace(endpoint(), connect_timeout=0.2)
+    poll = start(monkeypatch, lambda _: time.sleep(60))
+    monkeypatch.setattr(poll, "doc", persist.endpoint_doc(ep))
+    monkeypatch.setattr(poll, "sent", (COMMAND, REQUEST, 0.1))
+    assert prefetch.take_direct(Conn(ep), COMMAND, REQUEST, 0.1) is None
+    assert reaped(poll.pid)
