@@ -18,10 +18,13 @@ import sys
 from typing import NoReturn
 
 HELP = frozenset(("-h", "--help", "--version"))
+VERSION = (["--version"], ["-V"])  # what click's version option prints, without click
 
 
 def main() -> NoReturn:
     argv = sys.argv[1:]
+    if argv in VERSION:
+        _version()
     if argv and not HELP.intersection(argv):  # help and version never act on a target
         from launcher import prefetch
 
@@ -41,3 +44,16 @@ def main() -> NoReturn:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
     os._exit(code or 0)
+
+
+def _version() -> NoReturn:
+    """`launcher --version` alone: the line click's version option prints (cli/main.py), with
+    nothing but the standard library imported (click alone takes longer than Python's start)."""
+    from launcher import __version__
+
+    try:
+        sys.stdout.write(f"launcher, version {__version__}\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os._exit(141)  # the reader went away: the shell's SIGPIPE code, as cli/main.py gives
+    os._exit(0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -266,10 +268,21 @@ def test_every_command_has_help_with_an_example() -> None:
 
 
 def test_version() -> None:
+    """click's version option, and the console script's own answer to `--version` or `-V`
+    alone: the same line, the latter without importing click."""
     from launcher import __version__
 
     result = CliRunner().invoke(cli, ["--version"])
     assert result.output == f"launcher, version {__version__}\n"
+    for flag in ("--version", "-V"):
+        fast = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "launcher", flag],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (fast.returncode, fast.stdout) == (0, result.output)
+        assert "| click" not in fast.stderr and "| launcher.cli" not in fast.stderr
 
 
 def test_repository_inventory_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
