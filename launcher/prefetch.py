@@ -40,6 +40,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -126,6 +127,7 @@ class _EarlyAgent:
 
     def _start(self) -> None:
         try:
+            sock = early_socket(self.doc)
             from launcher import sshopen  # noqa: F401  (the SSH libraries, see __init__)
             from launcher.errors import LauncherError
             from launcher.remote import Connection
@@ -133,6 +135,8 @@ class _EarlyAgent:
             self.imported.set()
             # A failed connect stays in conn, which then fails fast with the same error.
             self.conn = Connection(persist.endpoint_from_doc(self.doc))
+            if sock is not None:
+                self.conn.give_socket(sock)
             self.conn.connect()
             self.connected.set()
             self.conn.prestart(self.command)
@@ -236,10 +240,13 @@ def _poll_for_parent(
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
+        sock = early_socket(doc)
         from launcher.errors import LauncherError
         from launcher.remote import Connection
 
         conn = Connection(persist.endpoint_from_doc(doc))
+        if sock is not None:
+            conn.give_socket(sock)
         try:
             conn.connect()
             answer = persist.result_answer(conn.run_direct(command, stdin=stdin, timeout=timeout))
@@ -249,6 +256,20 @@ def _poll_for_parent(
             pipe.write(json.dumps(answer).encode())
     finally:
         os._exit(0)
+
+
+def early_socket(doc: dict[str, Any]) -> socket.socket | None:
+    """A TCP connection to a hint's endpoint (a direct one: no jump host, no ProxyCommand),
+    opened before the SSH libraries load: the TCP handshake's round trip and the server's
+    start (sshd execs a process per connection before its banner) overlap the imports. Any
+    failure: None, and the connect that follows finds it and says why, within its budget."""
+    if doc.get("via") or doc.get("proxy_command"):
+        return None
+    try:
+        address = (str(doc["hostname"]), int(doc["port"]))
+        return socket.create_connection(address, timeout=float(doc["connect_timeout"]))
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _hint_path(key: str) -> Path | None:

@@ -20,6 +20,7 @@ import io
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -257,6 +258,7 @@ class Connection:
         self._persist_started = False
         self._prestarted: dict[str, paramiko.Channel] = {}  # command -> its channel (prestart)
         self._relay: Relay | None = None  # use_relay(): one channel carries every command
+        self._early_socket: socket.socket | None = None  # give_socket()
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -355,6 +357,14 @@ class Connection:
             or "check the address and port in the inventory, and that sshd is running",
         )
 
+    def give_socket(self, sock: socket.socket) -> None:
+        """A TCP connection to this endpoint, opened before the SSH libraries were loaded
+        (prefetch): the first attempt runs over it, the server's banner already waiting."""
+        if self._jump is None and not self.endpoint.proxy_command:
+            self._early_socket = sock
+        else:
+            sock.close()
+
     def _socket(self, deadline: float) -> Sock:
         """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""
         from launcher import sshopen
@@ -363,7 +373,8 @@ class Connection:
             return self._jump.tunnel(self.endpoint, deadline)
         if self.endpoint.proxy_command:
             return sshopen.proxy_socket(self.endpoint)
-        return sshopen.open_socket(self.endpoint, deadline)
+        early, self._early_socket = self._early_socket, None
+        return early or sshopen.open_socket(self.endpoint, deadline)
 
     def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
         """A direct-tcpip channel through this host (ProxyJump), within the caller's deadline."""

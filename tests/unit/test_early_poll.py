@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -133,3 +134,38 @@ def test_a_child_that_hangs_is_killed_past_every_deadline_of_its_own(
     monkeypatch.setattr(poll, "sent", (COMMAND, REQUEST, 0.1))
     assert prefetch.take_direct(Conn(ep), COMMAND, REQUEST, 0.1) is None
     assert reaped(poll.pid)
+
+
+def test_an_early_socket_carries_the_first_attempt_of_a_direct_endpoint_only() -> None:
+    """prefetch opens the TCP connection before the SSH libraries load; the connection's first
+    attempt runs over it, a later one (a retry) opens its own, and an endpoint reached through
+    a jump host or a ProxyCommand never takes it (it is closed)."""
+    from launcher.remote import Connection
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        doc = persist.endpoint_doc(dataclasses.replace(endpoint(), hostname="127.0.0.1", port=port))
+        sock = prefetch.early_socket(doc)
+        assert sock is not None and sock.getpeername() == ("127.0.0.1", port)
+        conn = Connection(persist.endpoint_from_doc(doc))
+        conn.give_socket(sock)
+        deadline = time.monotonic() + 5
+        assert conn._socket(deadline) is sock
+        retry = conn._socket(deadline)
+        assert retry is not sock and retry.getpeername() == ("127.0.0.1", port)
+        retry.close()
+        sock.close()
+
+        for other in (
+            {**doc, "proxy_command": "nc %h %p"},
+            {**doc, "via": persist.endpoint_doc(endpoint(name="jump"))},
+        ):
+            assert prefetch.early_socket(other) is None
+            indirect = Connection(persist.endpoint_from_doc(other))
+            given = socket.create_connection(("127.0.0.1", port))
+            indirect.give_socket(given)
+            assert given.fileno() == -1  # closed, not kept
+            assert indirect._early_socket is None
+
+    # Nothing listening: no socket, and the connect that follows says why.
+    assert prefetch.early_socket({**doc, "connect_timeout": 1.0}) is None
