@@ -34,6 +34,7 @@ stdlib only (persist.py; launcher.protocol and the SSH layer only when a hint is
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -260,15 +261,27 @@ def _poll_for_parent(
 
 def early_socket(doc: dict[str, Any]) -> socket.socket | None:
     """A TCP connection to a hint's endpoint (a direct one: no jump host, no ProxyCommand),
-    opened before the SSH libraries load: the TCP handshake's round trip and the server's
-    start (sshd execs a process per connection before its banner) overlap the imports. Any
-    failure: None, and the connect that follows finds it and says why, within its budget."""
+    started before the SSH libraries load and left to complete meanwhile (non-blocking): the
+    TCP handshake's round trip and the server's start (sshd execs a process per connection
+    before its banner) overlap the imports. The connection's first attempt waits for it within
+    its own connect budget (remote.Connection.give_socket), so a host gone dark costs no more
+    than before. Any failure here: None, and that attempt connects as always."""
     if doc.get("via") or doc.get("proxy_command"):
         return None
+    sock = None
     try:
-        address = (str(doc["hostname"]), int(doc["port"]))
-        return socket.create_connection(address, timeout=float(doc["connect_timeout"]))
-    except (OSError, KeyError, TypeError, ValueError):
+        address = socket.getaddrinfo(
+            str(doc["hostname"]), int(doc["port"]), type=socket.SOCK_STREAM
+        )
+        family, kind, proto, _, where = address[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        if sock.connect_ex(where) not in (0, errno.EINPROGRESS):
+            raise ConnectionError("refused at once")
+        return sock
+    except (OSError, KeyError, TypeError, ValueError, IndexError):
+        if sock is not None:
+            sock.close()
         return None
 
 

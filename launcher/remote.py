@@ -358,8 +358,9 @@ class Connection:
         )
 
     def give_socket(self, sock: socket.socket) -> None:
-        """A TCP connection to this endpoint, opened before the SSH libraries were loaded
-        (prefetch): the first attempt runs over it, the server's banner already waiting."""
+        """A TCP connection to this endpoint, started before the SSH libraries were loaded
+        (prefetch, non-blocking): the first attempt waits for it within its budget and runs
+        over it, the server's banner already waiting; if it failed, the attempt opens its own."""
         if self._jump is None and not self.endpoint.proxy_command:
             self._early_socket = sock
         else:
@@ -374,7 +375,9 @@ class Connection:
         if self.endpoint.proxy_command:
             return sshopen.proxy_socket(self.endpoint)
         early, self._early_socket = self._early_socket, None
-        return early or sshopen.open_socket(self.endpoint, deadline)
+        if early is not None and sshopen.finish_connect(early, self.endpoint, deadline):
+            return early
+        return sshopen.open_socket(self.endpoint, deadline)
 
     def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
         """A direct-tcpip channel through this host (ProxyJump), within the caller's deadline."""

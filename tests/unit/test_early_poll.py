@@ -137,20 +137,21 @@ def test_a_child_that_hangs_is_killed_past_every_deadline_of_its_own(
 
 
 def test_an_early_socket_carries_the_first_attempt_of_a_direct_endpoint_only() -> None:
-    """prefetch opens the TCP connection before the SSH libraries load; the connection's first
-    attempt runs over it, a later one (a retry) opens its own, and an endpoint reached through
-    a jump host or a ProxyCommand never takes it (it is closed)."""
+    """prefetch starts the TCP connection before the SSH libraries load; the connection's first
+    attempt runs over it once it completes, a later one (a retry) opens its own, and an
+    endpoint reached through a jump host or a ProxyCommand never takes it (it is closed)."""
     from launcher.remote import Connection
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         doc = persist.endpoint_doc(dataclasses.replace(endpoint(), hostname="127.0.0.1", port=port))
         sock = prefetch.early_socket(doc)
-        assert sock is not None and sock.getpeername() == ("127.0.0.1", port)
+        assert sock is not None
         conn = Connection(persist.endpoint_from_doc(doc))
         conn.give_socket(sock)
         deadline = time.monotonic() + 5
         assert conn._socket(deadline) is sock
+        assert sock.getblocking() and sock.getpeername() == ("127.0.0.1", port)
         retry = conn._socket(deadline)
         assert retry is not sock and retry.getpeername() == ("127.0.0.1", port)
         retry.close()
@@ -167,5 +168,50 @@ def test_an_early_socket_carries_the_first_attempt_of_a_direct_endpoint_only() -
             assert given.fileno() == -1  # closed, not kept
             assert indirect._early_socket is None
 
-    # Nothing listening: no socket, and the connect that follows says why.
-    assert prefetch.early_socket({**doc, "connect_timeout": 1.0}) is None
+
+def test_an_early_socket_that_failed_leaves_the_attempt_its_own_error() -> None:
+    """Nothing listens any more: the early connect was refused, so the attempt connects by
+    itself and fails as it always has (a retryable refusal, then the connect error)."""
+    from launcher.remote import Connection
+    from launcher.sshopen import RetryableConnect
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    doc = persist.endpoint_doc(dataclasses.replace(endpoint(), hostname="127.0.0.1", port=port))
+    conn = Connection(persist.endpoint_from_doc(doc))
+    sock = prefetch.early_socket(doc)
+    if sock is not None:  # refused after the call returned, not during it
+        conn.give_socket(sock)
+    with pytest.raises(RetryableConnect, match="refused"):
+        conn._socket(time.monotonic() + 5)
+    assert sock is None or sock.fileno() == -1
+
+
+def test_an_early_socket_to_a_host_gone_dark_costs_only_the_attempts_budget() -> None:
+    """A host that answers no SYN (its accept queue full: the kernel drops them): the early
+    connect never completes, and the first attempt waits for it only until its own deadline,
+    then times out as a TCP connect does; the budget is not spent twice."""
+    from launcher.remote import Connection
+    from launcher.sshopen import RetryableConnect
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        queued = []
+        for _ in range(4):  # fill the accept queue (its length is the backlog, plus one)
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            queued.append(filler)
+        time.sleep(0.2)
+        ep = dataclasses.replace(endpoint(), hostname="127.0.0.1", port=port, connect_timeout=0.5)
+        sock = prefetch.early_socket(persist.endpoint_doc(ep))
+        assert sock is not None
+        conn = Connection(ep)
+        conn.give_socket(sock)
+        with pytest.raises(RetryableConnect, match="no TCP connection within connect_timeout"):
+            conn._socket(time.monotonic() + 0.5)
+        assert sock.fileno() == -1
+        for filler in queued:
+            filler.close()
