@@ -18,12 +18,15 @@ import sys
 from typing import NoReturn
 
 HELP = frozenset(("-h", "--help", "--version"))
-VERSION = (["--version"], ["-V"])  # what click's version option prints, without click
+VERSION = (["--version"], ["-V"])
+# The group's global options (cli/main.py), which may come before --version.
+GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target"))
+GLOBAL_FLAGS = frozenset(("--debug", "-q", "--quiet"))
 
 
 def main() -> NoReturn:
     argv = sys.argv[1:]
-    if argv in VERSION:
+    if _asks_version_only(argv):
         _version()
     if argv and not HELP.intersection(argv):  # help and version never act on a target
         from launcher import prefetch
@@ -44,6 +47,21 @@ def main() -> NoReturn:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
     os._exit(code or 0)
+
+
+def _asks_version_only(argv: list[str]) -> bool:
+    """`--version` (or `-V`) and nothing but the global options: what click would answer with
+    the version line alone (its version option is eager) before anything else is read."""
+    rest, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word in GLOBAL_WITH_VALUE and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            i += 2
+            continue
+        if word not in GLOBAL_FLAGS and not word.startswith(("--inventory=", "--target=")):
+            rest.append(word)
+        i += 1
+    return rest in VERSION
 
 
 def _version() -> NoReturn:

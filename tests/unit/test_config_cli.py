@@ -267,6 +267,11 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "launcher " in result.output.split("Usage:", 1)[1], path
 
 
+def imported(importtime: str) -> set[str]:
+    """The modules a `python -X importtime` run's stderr lists."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime.splitlines() if "|" in line}
+
+
 def test_version() -> None:
     """click's version option, and the console script's own answer to `--version` or `-V`
     alone: the same line, the latter without importing click."""
@@ -274,15 +279,28 @@ def test_version() -> None:
 
     result = CliRunner().invoke(cli, ["--version"])
     assert result.output == f"launcher, version {__version__}\n"
-    for flag in ("--version", "-V"):
+    fast_forms = (["--version"], ["-V"], ["-i", "x.yaml", "-q", "--version"])
+    fast_forms += (["--inventory=x.yaml", "--debug", "-t", "a", "-V"],)
+    for argv in fast_forms:
         fast = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "launcher", flag],
+            [sys.executable, "-X", "importtime", "-m", "launcher", *argv],
             capture_output=True,
             text=True,
             check=False,
         )
-        assert (fast.returncode, fast.stdout) == (0, result.output)
-        assert "| click" not in fast.stderr and "| launcher.cli" not in fast.stderr
+        assert (fast.returncode, fast.stdout) == (0, result.output), argv
+        assert not {"click", "launcher.cli.main"} & imported(fast.stderr), argv
+    # Anything else goes to click, which answers as it always has.
+    for argv, code in ((["-ix.yaml", "--version"], 0), (["-t", "--version"], 2)):
+        slow = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "launcher", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert "click" in imported(slow.stderr), argv
+        assert slow.returncode == code, (argv, slow.stdout, slow.stderr[-500:])
+        assert (slow.stdout == result.output) == (code == 0), argv
 
 
 def test_repository_inventory_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
