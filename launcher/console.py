@@ -73,5 +73,7 @@ def _version() -> NoReturn:
         sys.stdout.write(f"launcher, version {__version__}\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        os._exit(141)  # the reader went away: the shell's SIGPIPE code, as cli/main.py gives
+        from launcher.errors import ExitCode
+
+        os._exit(int(ExitCode.PIPE_CLOSED))  # the reader went away, as in cli/main.py
     os._exit(0)

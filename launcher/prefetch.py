@@ -128,16 +128,11 @@ class _EarlyAgent:
 
     def _start(self) -> None:
         try:
-            sock = early_socket(self.doc)
-            from launcher import sshopen  # noqa: F401  (the SSH libraries, see __init__)
+            self.conn = _connection(self.doc)  # the SSH libraries' imports, see __init__
             from launcher.errors import LauncherError
-            from launcher.remote import Connection
 
             self.imported.set()
             # A failed connect stays in conn, which then fails fast with the same error.
-            self.conn = Connection(persist.endpoint_from_doc(self.doc))
-            if sock is not None:
-                self.conn.give_socket(sock)
             self.conn.connect()
             self.connected.set()
             self.conn.prestart(self.command)
@@ -197,15 +192,15 @@ class _EarlyPoll:
         os.close(write_end)
         self.read_end = read_end
 
-    def answer(
-        self, endpoint: Endpoint, sent: tuple[str, bytes | None, float]
-    ) -> dict[str, Any] | None:
+    def answer(self, endpoint: Endpoint) -> dict[str, Any] | None:
         """The child's answer (persist.result_answer/error_answer) if it polled exactly this
-        endpoint with exactly this request; else None, and the caller polls by itself."""
-        if sent != self.sent or persist.endpoint_from_doc(self.doc) != endpoint:
+        endpoint (the caller has matched the request); else None, and the caller polls by
+        itself."""
+        if persist.endpoint_from_doc(self.doc) != endpoint:
             self.close()
             return None
-        deadline = time.monotonic() + endpoint.connect_timeout + sent[2] + persist.ANSWER_MARGIN
+        timeout = self.sent[2]
+        deadline = time.monotonic() + endpoint.connect_timeout + timeout + persist.ANSWER_MARGIN
         data = bytearray()
         try:
             while (left := deadline - time.monotonic()) > 0:
@@ -241,13 +236,9 @@ def _poll_for_parent(
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        sock = early_socket(doc)
+        conn = _connection(doc)
         from launcher.errors import LauncherError
-        from launcher.remote import Connection
 
-        conn = Connection(persist.endpoint_from_doc(doc))
-        if sock is not None:
-            conn.give_socket(sock)
         try:
             conn.connect()
             answer = persist.result_answer(conn.run_direct(command, stdin=stdin, timeout=timeout))
@@ -257,6 +248,19 @@ def _poll_for_parent(
             pipe.write(json.dumps(answer).encode())
     finally:
         os._exit(0)
+
+
+def _connection(doc: dict[str, Any]) -> Connection:
+    """The (not yet connected) Connection to a hint's endpoint, its TCP connection started
+    before the SSH libraries are imported (early_socket)."""
+    sock = early_socket(doc)
+    from launcher import sshopen  # noqa: F401  (the SSH libraries)
+    from launcher.remote import Connection
+
+    conn = Connection(persist.endpoint_from_doc(doc))
+    if sock is not None:
+        conn.give_socket(sock)
+    return conn
 
 
 def early_socket(doc: dict[str, Any]) -> socket.socket | None:
@@ -404,10 +408,12 @@ def take_direct(
     global _adopted, _early_poll
     with _lock:
         poll = _early_poll
-        if poll is not None and poll.sent == (command, stdin, timeout):
+        if poll is not None and poll.sent != (command, stdin, timeout):
+            poll = None  # another request: kept for the one it was sent for
+        if poll is not None:
             _early_poll = None
-    if poll is not None and poll.sent == (command, stdin, timeout):
-        answer = poll.answer(conn.endpoint, (command, stdin, timeout))
+    if poll is not None:
+        answer = poll.answer(conn.endpoint)
         if answer is not None:
             duration = time.monotonic() - poll.started
             return persist.answer_result(answer, command, duration)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,14 +25,20 @@ def _deferred(name: str, attributes: dict[str, Any]) -> types.ModuleType:
     def __getattr__(attribute: str) -> Any:
         if attribute.startswith("__"):  # the import system's questions (__path__, ...)
             raise AttributeError(attribute)
-        if sys.modules.get(name) is stand_in:
-            del sys.modules[name]
-        import importlib
-
-        return getattr(importlib.import_module(name), attribute)
+        return getattr(_real_module(name, stand_in), attribute)
 
     stand_in.__getattr__ = __getattr__  # type: ignore[method-assign]
     return stand_in
+
+
+def _real_module(name: str, stand_in: types.ModuleType) -> types.ModuleType:
+    """Module `name` itself, imported now if need be, `stand_in` first dropped from
+    sys.modules if it is there."""
+    if sys.modules.get(name) is stand_in:
+        del sys.modules[name]
+    import importlib
+
+    return importlib.import_module(name)
 
 
 @contextmanager
@@ -45,15 +51,6 @@ def _standing_in(name: str, stand_in: types.ModuleType) -> Iterator[None]:
     finally:
         if placed and sys.modules.get(name) is stand_in:
             del sys.modules[name]
-
-
-def _real(name: str, attribute: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        import importlib
-
-        return getattr(importlib.import_module(name), attribute)(*args, **kwargs)
-
-    return call
 
 
 class _DeferredMock:
@@ -82,21 +79,16 @@ def installed_version(distribution: str) -> str:
         for name in names:
             if name.endswith(".dist-info") and name.lower().startswith(prefix):
                 return name[len(prefix) : -len(".dist-info")]
-    if getattr(sys.modules.get("importlib.metadata"), "version", None) is installed_version:
-        del sys.modules["importlib.metadata"]  # this function's stand-in: the real one now
-    from importlib import metadata
-
-    return metadata.version(distribution)
+    real: Any = _real_module("importlib.metadata", _metadata)  # not this function's stand-in
+    return str(real.version(distribution))
 
 
 # invoke imports its vendored pure-Python PyYAML 5.4 (~50 ms) only to read invoke/fabric
 # config files (Config.load_* with yaml.safe_load), which launcher never asks it to read. Its
 # stand-in loads the installed PyYAML (with the C loader), which launcher's own configuration
-# loads anyway, if anything ever asks. It stays: invoke looks it up once, at import.
-sys.modules.setdefault(
-    "invoke.vendor.yaml",
-    _deferred("yaml", {"safe_load": _real("yaml", "safe_load")}),
-)
+# loads anyway, when invoke first asks it for yaml.safe_load. It stays: invoke looks it up
+# once, at import.
+sys.modules.setdefault("invoke.vendor.yaml", _deferred("yaml", {}))
 
 _mock = _deferred("unittest.mock", {"Mock": _DeferredMock})
 _metadata = _deferred("importlib.metadata", {"version": installed_version})
