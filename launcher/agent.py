@@ -77,6 +77,7 @@ PANE_FORMAT = "\t".join(
         "#{pane_pid}",
         "#{pane_width}",
         "#{@launcher_run}",
+        "#{session_created}",
     ]
 )
 # Runs the playbook command and records how it ended. The command and the environment come from
@@ -318,6 +319,12 @@ def log_path(workdir, session):
     return os.path.join(state_dir(workdir), session + ".log")
 
 
+def stopped_path(workdir, session):
+    """Written by `stop` (who, when): the run's end was asked for, not its own. A launch
+    removes it with the exit file."""
+    return os.path.join(state_dir(workdir), session + ".stopped")
+
+
 def exit_path(workdir, session):
     return os.path.join(state_dir(workdir), session + ".exit")
 
@@ -484,6 +491,7 @@ def no_session(state=None):
         "pane_pid": None,
         "width": None,
         "run": None,
+        "created": None,
     }
     if state:
         base.update(state)
@@ -499,7 +507,7 @@ def as_int(text):
 
 def parse_pane_line(line):
     fields = line.split("\t")
-    fields += [""] * (6 - len(fields))
+    fields += [""] * (7 - len(fields))
     return no_session(
         {
             "exists": True,
@@ -508,6 +516,7 @@ def parse_pane_line(line):
             "pane_pid": as_int(fields[3]),
             "width": as_int(fields[4]),
             "run": fields[5] or None,
+            "created": as_int(fields[6]),
         }
     )
 
@@ -1632,6 +1641,7 @@ class Deploy:
     def launch(self):
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         remove_quietly(exit_path(self.workdir, self.session))
+        remove_quietly(stopped_path(self.workdir, self.session))
         os.replace(str(self.run_file_next), run_file_path(self.workdir, self.session))
         self.run_file_next = None
         marker = "%s:%s" % (self.session, self.run_id)
@@ -1812,9 +1822,23 @@ def op_stop(request, warnings):
     # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
     lock.acquire(warnings)
     try:
-        return {"stopped": stop_run(session, grace, gpus, warnings)}
+        report = stop_run(session, grace, gpus, warnings)
+        workdir = request.get("workdir")
+        if workdir and (report["session_existed"] or report["pids"]):
+            mark_stopped(workdir_param(request), session, request.get("operator"), warnings)
+        return {"stopped": report}
     finally:
         lock.release()
+
+
+def mark_stopped(workdir, session, operator, warnings):
+    """Leave the stop marker (see stopped_path); a run's state says `stopped` while it lasts."""
+    try:
+        os.makedirs(state_dir(workdir), exist_ok=True)
+        who = operator if isinstance(operator, dict) else {}
+        write_atomic(stopped_path(workdir, session), json.dumps({"time": utc_iso(), **who}) + "\n")
+    except OSError as exc:
+        warnings.append("could not record the stop: %s" % exc)
 
 
 def op_poll(request, warnings):
@@ -1844,6 +1868,7 @@ def op_poll(request, warnings):
         "session": state,
         "capture": capture.rstrip("\n"),
         "exit_code": exit_code,
+        "stopped": read_json(stopped_path(workdir, session)),
         "now": time.time(),
         "record": read_json(os.path.join(state_dir(workdir), "current.json")),
         "log_age": file_age(log_path(workdir, session)),

@@ -15,6 +15,15 @@ from typing import Any
 import click
 
 ENVELOPE_KEYS = ("schema", "exit_code", "targets")
+# A command's schema version goes up when a field's meaning changes (within a version fields are
+# only added). /2 of verify, status and smoke: each target has the run's lifecycle `state`, and
+# `verdict`/`exit_code` follow it (a finished run is exit 0, a starting one is 0 in status).
+VERSIONS = {"verify": 2, "status": 2, "smoke": 2}
+
+
+def schema_name(command: str) -> str:
+    """`launcher.<command>/<version>`."""
+    return f"launcher.{command}/{VERSIONS.get(command, 1)}"
 
 
 def envelope(
@@ -26,7 +35,7 @@ def envelope(
     **extra: Any,
 ) -> dict[str, Any]:
     """The document for `command`; `extra` holds keys beside `targets` (inventory, buckets)."""
-    document: dict[str, Any] = {"schema": f"launcher.{command}/1", "exit_code": int(exit_code)}
+    document: dict[str, Any] = {"schema": schema_name(command), "exit_code": int(exit_code)}
     if per_target and len(items) == 1:
         document.update((k, v) for k, v in items[0].items() if k not in ENVELOPE_KEYS)
     document.update(extra)

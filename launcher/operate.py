@@ -239,6 +239,7 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
     wait = spec.stop_grace if grace is None else grace
     request: p.StopRequest = {
         "op": "stop",
+        "workdir": spec.workdir,
         "session": spec.session,
         "grace": wait,
         "gpus": spec.gpus,

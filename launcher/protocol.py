@@ -101,6 +101,7 @@ class SessionState(TypedDict):
     pane_pid: int | None
     width: int | None
     run: str | None  # the run marker "session:run-id" of the deploy that launched it
+    created: int | None  # when tmux created the session (epoch s, the container's clock)
 
 
 class GpuHolder(TypedDict, total=False):
@@ -202,6 +203,7 @@ class TransactionRequest(TypedDict, total=False):
 
 class StopRequest(TypedDict):
     op: str
+    workdir: str  # where the stop is recorded (the run's state is then `stopped`)
     session: str
     grace: float
     gpus: int
@@ -286,6 +288,7 @@ class PollAnswer(Envelope):
     session: SessionState
     capture: str
     exit_code: int | None
+    stopped: dict[str, Any] | None  # who stopped the run and when (launcher stop), if anyone
     now: float
     record: dict[str, Any] | None
     log_age: float | None

@@ -15,7 +15,9 @@ EXIT_CODES = [0, 1, 2, 3, 4, 130]
 
 
 def schema_id(command: str) -> str:
-    return f"launcher.{command}/1"
+    from launcher.jsonout import schema_name
+
+    return schema_name(command)
 
 
 def shipped(command: str) -> dict[str, Any]:

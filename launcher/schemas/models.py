@@ -38,7 +38,10 @@ class TargetError(Closed):
 
 class CheckDoc(Closed):
     name: str
-    verdict: Literal["pass", "warn", "fail"]
+    verdict: Literal["pass", "warn", "fail", "skip"] = Field(
+        description="skip: not judged (the run's status lines never carry the quantity and the "
+        "playbook does not ask for it)"
+    )
     observed: str
     expected: str
     failure: Literal["immediate", "definite", "pending"] | None = Field(
@@ -72,9 +75,29 @@ class Timings(Open):
 class VerifyDoc(Closed):
     """One target's probe report."""
 
-    schema_id: Literal["launcher.verify/1"] = Field(alias="schema")
+    schema_id: Literal["launcher.verify/2"] = Field(alias="schema")
     target: str
-    verdict: Literal["healthy", "unhealthy", "unreachable"]
+    verdict: Literal["healthy", "unhealthy", "unreachable"] = Field(
+        description="the exit code in words: healthy (0, nothing wrong), unhealthy (1), "
+        "unreachable (3)"
+    )
+    state: (
+        Literal[
+            "deploying",
+            "starting",
+            "healthy",
+            "unhealthy",
+            "finished",
+            "failed",
+            "stopped",
+            "absent",
+        ]
+        | None
+    ) = Field(
+        description="where the run is in its life; null when the target was unreachable. "
+        "finished: it exited 0 (terminal success); failed: it exited non-zero; stopped: "
+        "launcher stop (or a watcher) ended it; starting: within its warmup"
+    )
     exit_code: Literal[0, 1, 2, 3]
     reason: str
     checks: list[CheckDoc]

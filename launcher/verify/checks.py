@@ -62,6 +62,9 @@ class Verdict(StrEnum):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
+    # Not judged: the run's format never reports the quantity and the playbook does not ask
+    # for it (an HF Trainer without its progress bar prints no rate). Neither pass nor fail.
+    SKIP = "skip"
 
 
 class Failure(StrEnum):
@@ -72,7 +75,7 @@ class Failure(StrEnum):
     PENDING = "pending"
 
 
-_RANK = {Verdict.PASS: 0, Verdict.WARN: 1, Verdict.FAIL: 2}
+_RANK = {Verdict.SKIP: 0, Verdict.PASS: 0, Verdict.WARN: 1, Verdict.FAIL: 2}
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ class PaneState:
     # Seconds the run has printed nothing (its log unwritten) and written nothing below its
     # checkpoints directory, as the container's clock has it; None: not known (no log).
     quiet_for: float | None = None
+    # Seconds since the session was created (the container's clock); None: not known.
+    age: float | None = None
+    # The run was stopped by `launcher stop` (or a watcher that gave up), not ended by itself.
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,22 @@ _QUEUE_READINGS = 30  # readings per poll a queue is judged on
 _KEEP = 20000  # readings kept per series (bounded memory on a long window)
 _CEILING_NEAR = 0.9  # "near the ceiling": at or above this fraction of it
 _FLOOR_RISE = 0.2  # below the floor, "still rising" needs this much over the earlier half
+_GAPS_KEPT = 20  # gaps between step changes the run's cadence is learnt from
+# A poll passes only if the step changed within this many of the run's usual gaps (and never
+# less than one poll interval): a run that moved every 0.3 s and then stopped is not
+# progressing three polls later, however far `stall_after` still is.
+CADENCE_MULTIPLE = 2.0
+# Monotone counters that stand for the step in a format that prints none, in preference order:
+# HF Trainer's dicts carry `epoch` (a float that grows every log), Megatron-style logs a count
+# of consumed samples, others a count of tokens seen.
+_COUNTERS = (
+    "epoch",
+    "consumed samples",
+    "consumed_samples",
+    "samples",
+    "num_input_tokens_seen",
+    "tokens",
+)
 
 
 def _entries(capture: str, samples: Sequence[Sample], width: int | None = None) -> list[Entry]:
@@ -309,8 +332,8 @@ class _Restart:
     at: float
     why: str
     before_probe: bool
-    step_from: int | None = None
-    step_to: int | None = None
+    step_from: float | None = None
+    step_to: float | None = None
     closed: bool = False
 
     def describe(self, start: float) -> str:
@@ -328,11 +351,11 @@ class _Restart:
 class _FatalSign:
     line: str
     at: float
-    step_before: int | None
+    step_before: float | None
     noise: bool = False  # finaliser noise: never fatal
     detail: str = ""  # a traceback's last line (the exception)
     outcome: str = "open"  # open | survived | ended
-    step_after: int | None = None
+    step_after: float | None = None
     restart: _Restart | None = None  # what ended it
 
     def describe(self) -> str:
@@ -374,7 +397,12 @@ class Judge:
     """Takes a run's polls in order and judges each against the run's history so far."""
 
     def __init__(
-        self, spec: ChecksSpec, *, live: bool = False, history_lines: int | None = None
+        self,
+        spec: ChecksSpec,
+        *,
+        live: bool = False,
+        history_lines: int | None = None,
+        interval: float | None = None,
     ) -> None:
         """`live`: more polls will follow, so a newest line that may be half printed can wait.
 
@@ -382,10 +410,15 @@ class Judge:
         holds the pane from its start, so its lines before the first status line are the
         trainer's start-up lines (seen again, they mean a restart); a longer one may start
         anywhere, and nothing is learnt from it (None: captures are taken as whole).
+
+        `interval`: the seconds between polls. With it, the step must have changed within the
+        run's own cadence to pass (see `_progress_window`); without it (one poll, or a report
+        of a finished probe) only `stall_after` and `hang_after` judge the step.
         """
         self.spec = spec
         self.live = live
         self.history_lines = history_lines
+        self.interval = interval
         self.start: float | None = None
         self.polls = 0
         self._previous: list[str] = []
@@ -397,8 +430,12 @@ class Judge:
         self._now = 0.0
         self._latest: Poll | None = None
         # step
-        self._step: int | None = None
-        self._step_max: int | None = None
+        # The run's progress: its step or, for a format that prints none, a monotone counter it
+        # does print (`_COUNTERS`, e.g. HF's epoch); `_progress_key` names which.
+        self._progress_key = "step"
+        self._step: float | None = None
+        self._step_max: float | None = None
+        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # seconds between step changes
         self._step_first_at = 0.0
         self._step_first_min: float | None = None
         self._step_last_min: float | None = None
@@ -419,6 +456,8 @@ class Judge:
         self._queue_latest: dict[str, list[float] | None] = dict.fromkeys(spec.queues)
         self._new_samples: list[Sample] = []  # the status lines the latest poll brought
         self._recent: deque[Sample] = deque(maxlen=8)
+        self._formats: set[str] = set()  # the formats the run's status lines were read in
+        self._reported: set[str] = set()  # the quantities some status line carried
         self._warmup_over = True
         # events
         self.restarts: list[_Restart] = []
@@ -497,9 +536,25 @@ class Judge:
         self._banner_hits.clear()
         self._traceback, self._finaliser = None, False  # a status line ends any traceback
         self._new_samples.append(sample)
+        self._formats.add(sample.reading.format)
         step = sample.step
         if step is not None:
+            if self._progress_key != "step":
+                self._restart_progress("step")
+            self._reported.add("step")
             self._on_step(step, sample)
+        elif self._progress_key != "step" or "step" not in self._reported:
+            counter = _counter(sample)
+            if counter is not None:
+                if counter[0] != self._progress_key:
+                    self._restart_progress(counter[0])
+                self._reported.add("step")
+                self._on_step(counter[1], sample)
+        if sample.reading.format != "dflash":  # a DFlash line always carries them
+            fields = sample.fields
+            self._reported.update(f"queues.{q}" for q in self.spec.queues if q in fields)
+            if "throughput" in fields:
+                self._reported.add("throughput")
         throughput = sample.throughput
         if throughput is not None and math.isfinite(throughput):
             self._throughput.add(throughput)
@@ -537,7 +592,20 @@ class Judge:
         )
         return before is not None and math.floor(epoch) > math.floor(before)
 
-    def _on_step(self, step: int, sample: Sample) -> None:
+    @property
+    def progress(self) -> str | None:
+        """The run's progress as last seen (`step 120`, `epoch 1.89`); None before any."""
+        return None if self._step is None else f"{self._progress_key} {_fmt(self._step)}"
+
+    def _restart_progress(self, key: str) -> None:
+        """Progress is now read from another quantity (the bar appeared above HF's dicts):
+        its values are not comparable with the old one's, so its timeline starts afresh."""
+        self._progress_key = key
+        self._step = self._step_max = None
+        self._gaps.clear()
+        self._changes = 0
+
+    def _on_step(self, step: float, sample: Sample) -> None:
         at, minute = self._now, sample.elapsed_min
         restart = self._open_restart()
         # Ranks printing in turn may lag a step behind each other: two steps back is a restart,
@@ -557,6 +625,9 @@ class Judge:
         self._open = [sign for sign in self._open if sign.outcome == "open"]
         if step != self._step:
             if self._step is not None:
+                if at > self._step_first_at:
+                    # Seen at a later poll than the previous step: one gap of the cadence.
+                    self._gaps.append(at - self._step_first_at)
                 self._changes += 1
                 if self._changes == 1:
                     self._first_change_at = at
@@ -749,6 +820,9 @@ class Judge:
         )
         latest = self._queue_latest[name]
         if latest is None:
+            skipped = self._not_reported(check)
+            if skipped is not None:
+                return skipped
             return CheckResult(
                 check, Verdict.FAIL, f"{name} never reported", expected, Failure.PENDING
             )
@@ -786,6 +860,9 @@ class Judge:
             expected += f", not below {spec.drop:.0%} of this run's peak"
         current = series.current()
         if current is None:
+            skipped = self._not_reported("throughput")
+            if skipped is not None:
+                return skipped
             return CheckResult(
                 "throughput", Verdict.FAIL, "no throughput reported", expected, Failure.PENDING
             )
@@ -821,32 +898,74 @@ class Judge:
             return CheckResult("throughput", Verdict.WARN, observed, expected)
         return CheckResult("throughput", Verdict.PASS, f"{trend} (steady)", expected)
 
+    def progress_window(self) -> float | None:
+        """Seconds within which the step must have changed for a poll to pass: a small
+        multiple of the run's usual gap between changes (the median of the last ones seen at
+        different polls: one long checkpoint save moves nothing), never less than one poll
+        interval. Before any gap is known, that multiple of the interval. None without polls
+        at a known interval (a single poll is judged by `stall_after` alone)."""
+        if self.interval is None:
+            return None
+        typical = median(self._gaps) if self._gaps else self.interval
+        return max(CADENCE_MULTIPLE * typical, self.interval)
+
     def _step_result(self) -> CheckResult:
         spec = self.spec.step
-        expected = f"step advancing (changes within {_fmt(spec.stall_after)} s)"
+        key = self._progress_key
+        expected = f"{key} advancing (changes within {_fmt(spec.stall_after)} s)"
         if spec.hang_after is not None:
             expected += f"; not silent for {_fmt(spec.hang_after)} s"
+        window = self.progress_window()
+        if window is not None:
+            expected += f"; a passing poll: changed within {_fmt(round(window, 1))} s"
         if self._step is None:
             return CheckResult("step", Verdict.FAIL, "no step reported", expected, Failure.PENDING)
+        shown = f"{key} {_fmt(self._step)}"
         unchanged = self._now - self._step_first_at
         # The `[Nm]` stamps also bound it: [3m] after [0m] means at least 2 minutes apart.
         start, end = self._step_first_min, self._step_last_min
         if start is not None and end is not None:
             unchanged = max(unchanged, (end - start - 1) * 60)
         if unchanged >= spec.stall_after:
-            observed = f"step {self._step} unchanged for {unchanged:.0f} s"
+            observed = f"{shown} unchanged for {unchanged:.0f} s"
             return CheckResult("step", Verdict.FAIL, observed, expected, Failure.IMMEDIATE)
         quiet = self._latest.state.quiet_for if self._latest is not None else None
         if spec.hang_after is not None and quiet is not None:
             hung = min(unchanged, quiet)
             if hung >= spec.hang_after:
                 observed = (
-                    f"step {self._step} unchanged, nothing printed and no checkpoint written "
+                    f"{shown} unchanged, nothing printed and no checkpoint written "
                     f"for {_fmt(round(float(hung), 1))} s (hang_after {_fmt(spec.hang_after)} s)"
                 )
                 return CheckResult("step", Verdict.FAIL, observed, expected, Failure.IMMEDIATE)
+        if window is not None and unchanged > window:
+            # Not progressing now, not stalled yet: stall_after / hang_after decide.
+            usual = median(self._gaps) if self._gaps else None
+            pace = f"its usual gap {_fmt(round(usual, 1))} s" if usual else "no cadence yet"
+            observed = f"{shown} unchanged for {unchanged:.0f} s ({pace})"
+            return CheckResult("step", Verdict.FAIL, observed, expected, Failure.PENDING)
         return CheckResult(
-            "step", Verdict.PASS, f"step {self._step}, last changed {unchanged:.0f} s ago", expected
+            "step", Verdict.PASS, f"{shown}, last changed {unchanged:.0f} s ago", expected
+        )
+
+    def _not_reported(self, name: str) -> CheckResult | None:
+        """SKIP for a quantity no status line of the run has carried, when its format may
+        leave it out and the playbook did not ask for it; None when it must be judged."""
+        if not self._formats or "dflash" in self._formats or name in self._reported:
+            return None  # nothing read yet, or a format whose every line carries it
+        spec = self.spec
+        if name == "throughput":
+            asked = bool({"min", "target"} & spec.throughput.model_fields_set)
+        else:
+            asked = "queues" in spec.model_fields_set
+        if asked:
+            return None
+        what = name.split(".")[-1]
+        return CheckResult(
+            name,
+            Verdict.SKIP,
+            f"{what} not reported (the run's status lines carry none)",
+            f"judged when the status lines carry {what}, or when the playbook asks for it",
         )
 
     def _loss_result(self) -> CheckResult:
@@ -909,6 +1028,15 @@ class Judge:
         return CheckResult("finite", Verdict.FAIL, shown, expected, Failure.DEFINITE)
 
 
+def _counter(sample: Sample) -> tuple[str, float] | None:
+    """The first finite monotone counter the sample carries (see `_COUNTERS`)."""
+    for key in _COUNTERS:
+        value = sample.number(key)
+        if value is not None and math.isfinite(value):
+            return key, value
+    return None
+
+
 # Fields whose infinity means "not known yet" rather than a broken run.
 _NOT_HEALTH = re.compile(r"(?i)^(eta|remaining|time_?left|loss)$")
 
@@ -963,6 +1091,9 @@ def _alive(state: PaneState) -> CheckResult:
     if not state.pane_dead:
         return CheckResult("alive", Verdict.PASS, "session running", expected)
     status = state.dead_status if state.dead_status is not None else state.exit_code
+    if status == 0 and not state.stopped:
+        # Exit 0 is terminal success (the run finished), not a crash: see verify.lifecycle.
+        return CheckResult("alive", Verdict.PASS, "run finished (exit status 0)", expected)
     tail = [line for line in clean_text(state.capture).splitlines() if line.strip()][-5:]
     observed = "pane dead" + (f", exit status {status}" if status is not None else "")
     if tail:
@@ -981,6 +1112,8 @@ def _samples(latest: Poll) -> CheckResult:
 
 
 def _fmt(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
     return str(int(value)) if value.is_integer() else f"{value:g}"
 
 

@@ -50,7 +50,16 @@ def pane_state(answer: p.PollAnswer) -> PaneState:
         deploy_lock=lock_holder(answer.get("lock")),
         pane_width=_int(session.get("width")),
         quiet_for=quiet_for(answer),
+        age=session_age(answer),
+        stopped=bool(answer.get("stopped")),
     )
+
+
+def session_age(answer: p.PollAnswer) -> float | None:
+    """Seconds since tmux created the session, both times from the container's clock."""
+    created = _number(answer["session"].get("created"))
+    now = _number(answer.get("now"))
+    return None if created is None or now is None else max(0.0, now - created)
 
 
 def quiet_for(answer: p.PollAnswer) -> float | None:

@@ -36,6 +36,7 @@ from launcher.verify.checks import (
     Verdict,
     worst_verdict,
 )
+from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample, parse_pane
 
 # Unreachable polls in a row before the probe gives up with exit 3 (a blip is retried).
@@ -78,7 +79,7 @@ class PollEvent:
 
 @dataclass
 class ProbeResult:
-    verdict: str  # healthy | unhealthy | unreachable
+    verdict: str  # healthy | unhealthy | unreachable: the exit code in words
     exit_code: ExitCode
     reason: str
     checks: list[CheckResult] = field(default_factory=list)
@@ -86,6 +87,7 @@ class ProbeResult:
     duration: float = 0.0
     settings: ProbeSettings | None = None
     run: str | None = None  # the run marker the probe judged
+    state: State | None = None  # where the run is in its life (None: unreachable, not known)
 
     @property
     def latest(self) -> Poll | None:
@@ -139,7 +141,7 @@ class Prober:
         self.on_event = on_event
         self.parse = parse
         self.polls: list[Poll] = []
-        self.judge = Judge(spec, live=True, history_lines=history_lines)
+        self.judge = Judge(spec, live=True, history_lines=history_lines, interval=settings.interval)
         # The run being judged: the deploy's (when known) or the first one seen.
         self.run_id = expected_run
         self._pinned = expected_run is not None
@@ -178,6 +180,8 @@ class Prober:
         poll = Poll(at=now, state=state, samples=samples)
         self._remember(poll)
         results = self._all = self.judge.add(poll, warmup_over=judging)
+        if ended(state) is State.FINISHED:
+            self._finished()
         counted = results if judging else [r for r in results if r.name in WARMUP_CHECKS]
         self._results = results if judging else counted
         self._count(counted)
@@ -198,6 +202,16 @@ class Prober:
         if not judging:
             wake = min(wake, self._warm_end)
         self._wait_until(wake)
+
+    def _finished(self) -> NoReturn:
+        """The run exited 0: terminal success once it had shown progress; a run that exits 0
+        before any status line with a step (a misspelt flag, `--help`) proved nothing."""
+        step = self.judge.progress
+        if step is None:
+            reason = "the run exited 0 before any progress was seen"
+            self._finish("unhealthy", ExitCode.UNHEALTHY, reason, State.FINISHED)
+        reason = f"the run finished (exit 0) at {step}"
+        self._finish("healthy", ExitCode.OK, reason, State.FINISHED)
 
     def _poll(self, now: float) -> PaneState | None:
         try:
@@ -313,7 +327,14 @@ class Prober:
             )
         self.polls.append(poll)
 
-    def _finish(self, verdict: str, code: ExitCode, reason: str) -> NoReturn:
+    def _finish(
+        self, verdict: str, code: ExitCode, reason: str, state: State | None = None
+    ) -> NoReturn:
+        if state is None and verdict != "unreachable":
+            latest = self.polls[-1].state if self.polls else None
+            over = ended(latest) if latest is not None else None
+            healthy = State.HEALTHY if code is ExitCode.OK else State.UNHEALTHY
+            state = over if over is not None and over is not State.DEPLOYING else healthy
         raise _Finished(
             ProbeResult(
                 verdict=verdict,
@@ -324,6 +345,7 @@ class Prober:
                 duration=self.clock() - self._start,
                 settings=self.settings,
                 run=self.run_id,
+                state=state,
             )
         )
 

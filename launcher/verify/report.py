@@ -1,4 +1,4 @@
-"""Rendering of verify results: terminal text, JSON (schema launcher.verify/1) and JUnit XML."""
+"""Rendering of verify results: terminal text, JSON (schema launcher.verify/2) and JUnit XML."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
+from launcher.verify.lifecycle import State
 from launcher.verify.parse import Sample
 from launcher.verify.prober import ProbeResult
 
-SCHEMA_ID = "launcher.verify/1"
+SCHEMA_ID = "launcher.verify/2"
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
@@ -52,6 +53,7 @@ def to_json(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> dict
         "schema": SCHEMA_ID,
         "target": target,
         "verdict": probe.verdict,
+        "state": None if probe.state is None else str(probe.state),
         "exit_code": int(probe.exit_code),
         "reason": probe.reason,
         "run": probe.run,
@@ -94,6 +96,8 @@ def _junit_suite(
                 case, "failure", message=_junit_message(result), type="unhealthy"
             )
             failure.text = _junit_body(result, probe)
+        elif result.verdict is Verdict.SKIP:
+            ET.SubElement(case, "skipped", message=_xml_safe(result.observed))
         elif result.verdict is Verdict.WARN:
             ET.SubElement(case, "system-out").text = _xml_safe(
                 f"warning: observed {result.observed}; expected {result.expected}"
@@ -206,7 +210,8 @@ def latest_line(samples: Sequence[Sample], queue_names: Sequence[str]) -> str:
 
 def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> str:
     """The human report: verdict, checks, throughput trend and, on failure, the last lines."""
-    lines = [f"{target}: {probe.verdict.upper()} (exit {int(probe.exit_code)}) — {probe.reason}"]
+    word = str(probe.state) if probe.state is not None else probe.verdict
+    lines = [f"{target}: {word.upper()} (exit {int(probe.exit_code)}) — {probe.reason}"]
     if probe.samples:
         lines.append(f"  latest: {latest_line(probe.samples, queue_names)}")
     trend = throughput_trend(probe)
@@ -221,7 +226,7 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
         lines.append(
             f"  {str(r.verdict).upper():<4}  {r.name:<{width}}  {observed}  (expected {r.expected})"
         )
-    if probe.verdict != "healthy" and probe.last_lines():
+    if probe.state is not State.HEALTHY and probe.last_lines():
         lines.append("  last lines:")
         lines.extend(f"    | {line}" for line in probe.last_lines())
     # The observations and last lines are the run's own output: safe for a terminal only so.

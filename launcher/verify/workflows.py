@@ -9,13 +9,27 @@ from typing import Any
 from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.deploy import DeployOptions, deploy_work
-from launcher.errors import ExitCode, LauncherError
+from launcher.errors import LauncherError
 from launcher.fleet import FleetContext, Outcome, Work
 from launcher.ui import progress_text
-from launcher.verify.checks import Failure, Judge, PaneState, Poll, Verdict, worst_verdict
+from launcher.verify.checks import (
+    CheckResult,
+    Failure,
+    Judge,
+    PaneState,
+    Poll,
+)
+from launcher.verify.lifecycle import State, ended, status_exit, verdict_word
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.poll import poll_once
-from launcher.verify.prober import ParseFn, PollEvent, Prober, ProbeResult, ProbeSettings
+from launcher.verify.prober import (
+    WARMUP_CHECKS,
+    ParseFn,
+    PollEvent,
+    Prober,
+    ProbeResult,
+    ProbeSettings,
+)
 from launcher.verify.report import format_rate, latest_line
 
 
@@ -119,10 +133,41 @@ def verify_work(overrides: ProbeOverrides) -> Work:
     return work
 
 
-def status_work(ctx: FleetContext) -> Outcome:
-    """One poll judged at once (no warmup, no waiting), plus what deploy recorded.
+def status_state(
+    state: PaneState, checks: list[CheckResult], wait: float, window: float
+) -> tuple[State, str]:
+    """One poll's lifecycle state and why (see launcher.verify.lifecycle).
 
-    Its deadline is the host's `command_timeout`. Any failing check, of any kind, is unhealthy.
+    A running session is judged at once, except that a run within its warmup (`wait` seconds
+    since tmux created its session), or still without a status line while its window lasts, is
+    `starting` unless a crash, a fatal sign or a restart already shows. Any other failing check,
+    of any kind, is unhealthy.
+    """
+    failing = [f"{r.name}: {r.observed.splitlines()[0]}" for r in checks if r.kind is not None]
+    if state.deploy_lock:
+        return State.DEPLOYING, f"a deploy is in progress (lock held by {state.deploy_lock})"
+    over = ended(state)
+    if over is State.FINISHED:
+        return over, "the run finished (exit 0)"
+    if over is not None:
+        return over, "; ".join(failing) or str(over)
+    if not failing:
+        return State.HEALTHY, "one poll (status)"
+    early = any(r.kind is not None and r.name in WARMUP_CHECKS for r in checks)
+    age = state.age
+    if not early and age is not None:
+        silent = not any(r.name == "samples" and r.kind is None for r in checks)
+        if age < wait:
+            return State.STARTING, f"within its warmup ({age:.0f} s of {wait:g} s)"
+        if silent and age < wait + window:
+            return State.STARTING, f"no status line yet ({age:.0f} s since it started)"
+    return State.UNHEALTHY, "; ".join(failing)
+
+
+def status_work(ctx: FleetContext) -> Outcome:
+    """One poll judged at once (no waiting), plus what deploy recorded; see `status_state`.
+
+    Its deadline is the host's `command_timeout`.
     """
     target = ctx.target
     spec = target.playbook.spec.verify
@@ -130,16 +175,17 @@ def status_work(ctx: FleetContext) -> Outcome:
     samples = tuple(parser_for(target)(state.capture, state.pane_width))
     poll = Poll(at=time.monotonic(), state=state, samples=samples)
     checks = Judge(spec, history_lines=spec.lines).add(poll)
-    code = ExitCode.UNHEALTHY if worst_verdict(checks) is Verdict.FAIL else ExitCode.OK
-    failing = [f"{r.name}: {r.observed.splitlines()[0]}" for r in checks if r.kind is not None]
+    lifecycle, reason = status_state(state, checks, spec.wait, spec.window)
+    code = status_exit(lifecycle)
     probe = ProbeResult(
-        verdict="unhealthy" if code else "healthy",
+        verdict=verdict_word(code),
         exit_code=code,
-        reason="; ".join(failing) if failing else "one poll (status)",
+        reason=reason,
         checks=checks,
         polls=[poll],
         settings=settings_for(target, ProbeOverrides(wait=0, window=0, successes=1)),
         run=state.run,
+        state=lifecycle,
     )
     extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
     summary = latest_line(poll.samples, list(spec.queues)) if poll.samples else probe.reason
