@@ -223,7 +223,10 @@ def _final_code(watcher: object) -> int:
 
     assert isinstance(watcher, Watcher)
     records = watcher.statuses().values()
-    if any(r.status in ("unhealthy", "stopped") for r in records):
+    # A run left down: unhealthy, failed, or stopped by the watcher after its last restart. A
+    # finished run (exit 0) and one a person stopped are not failures.
+    down = ("unhealthy", "failed")
+    if any(r.status in down or (r.status == "stopped" and r.gave_up_run == r.run) for r in records):
         return int(ExitCode.UNHEALTHY)
     if any(not r.reachable for r in records) or watcher.errors:
         return int(ExitCode.UNREACHABLE)

@@ -6,11 +6,13 @@ Schema `launcher.watch.event/1` (fields are only ever added within a version):
     id          unique id of this event (a receiver may deduplicate on it)
     time        ISO 8601 UTC time the watcher noticed the transition
     kind        new_run | healthy | unhealthy | recovered | unreachable | reachable |
-                restart | gave_up
+                restart | gave_up | finished (the run exited 0: never restarted) |
+                stopped (`launcher stop` ended it: not restarted)
     target, host, vmid
     run         the run marker of the run concerned (null for a session launcher did not start)
     status      the target's status after the event: starting | healthy | unhealthy |
-                unreachable | restarting | stopped
+                unreachable | restarting | stopped | finished | failed (the run exited
+                non-zero)
     previous    the status before it
     reason      one line: why (the failing checks and their evidence)
     last_lines  the pane's last lines at the time (at most 15)
@@ -36,6 +38,8 @@ KINDS = (
     "reachable",
     "restart",
     "gave_up",
+    "finished",
+    "stopped",
 )
 # Noticed and recorded, but not worth waking anyone: a run that became healthy as expected.
 QUIET_KINDS = frozenset({"healthy"})
@@ -50,6 +54,8 @@ _ICONS = {
     "reachable": "🔌",
     "restart": "🔁",
     "gave_up": "⛔",
+    "finished": "🏁",
+    "stopped": "⏹️",
 }
 
 

@@ -28,6 +28,7 @@ from launcher.verify.checks import (
     Verdict,
     worst_verdict,
 )
+from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample
 from launcher.verify.prober import WARMUP_CHECKS, ParseFn, describe_failures
 from launcher.watch.events import LAST_LINES
@@ -40,13 +41,14 @@ class JudgeSettings:
     successes: int
     failure_threshold: int
     lines: int
+    interval: float | None = None  # seconds between polls: the step's cadence is judged by it
 
 
 @dataclass
 class Observation:
     """One poll, judged."""
 
-    verdict: str  # healthy | unhealthy | pending | replacing
+    verdict: str  # healthy | unhealthy | pending | replacing | finished | stopped
     reason: str
     run: str | None
     new_run: bool = False
@@ -56,6 +58,7 @@ class Observation:
     queues: dict[str, list[float]] = field(default_factory=dict)
     since_step: float | None = None
     last_lines: list[str] = field(default_factory=list)
+    state: State | None = None  # failed for an unhealthy run that exited non-zero
 
 
 def run_identity(state: PaneState) -> str | None:
@@ -92,7 +95,12 @@ class RunJudge:
 
     def _begin(self, run: str | None, now: float) -> None:
         self.run = run
-        self.judge = Judge(self.spec, live=True, history_lines=self.settings.lines)
+        self.judge = Judge(
+            self.spec,
+            live=True,
+            history_lines=self.settings.lines,
+            interval=self.settings.interval,
+        )
         self.started = now
         self.ever_healthy = False
         self.failing = self.passing = 0
@@ -114,9 +122,22 @@ class RunJudge:
         assert self.judge is not None
         judging = now >= self.started + self.settings.wait
         results = self.judge.add(poll, warmup_over=judging)
+        over = ended(state)
+        if over in (State.FINISHED, State.STOPPED):
+            # Over by design: never a reason to restart (see launcher.verify.lifecycle).
+            reason = (
+                f"the run finished (exit 0) at {self.judge.progress or 'its start'}"
+                if over is State.FINISHED
+                else "stopped by launcher stop"
+            )
+            observation = Observation(str(over), reason, self.run, new_run, last_lines=lines)
+            self._numbers_from(samples, now, observation)
+            return observation
         counted = results if judging else [r for r in results if r.name in WARMUP_CHECKS]
         verdict, reason = self._verdict(results, counted, judging, now)
         observation = Observation(verdict, reason, self.run, new_run, last_lines=lines)
+        if verdict == "unhealthy" and over is State.FAILED:
+            observation.state = State.FAILED
         self._numbers_from(samples, now, observation)
         if verdict == "unhealthy" and any(r.name == "restarts" for r in counted if r.kind):
             # Reported once; a fresh judge lets the restarted process prove itself.

@@ -13,7 +13,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 LABELS = ("target", "host", "vmid")
-STATUSES = ("starting", "healthy", "unhealthy", "unreachable", "restarting", "stopped")
+STATUSES = (
+    "starting",
+    "healthy",
+    "unhealthy",
+    "unreachable",
+    "restarting",
+    "stopped",
+    "finished",
+    "failed",
+)
 
 
 class Metrics:

@@ -20,6 +20,7 @@ from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
 from launcher.errors import LauncherError, RemoteError
 from launcher.operate import stop
+from launcher.verify.lifecycle import State
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import UNREACHABLE_LIMIT
 from launcher.verify.workflows import deployed_run, parser_for
@@ -33,6 +34,8 @@ from launcher.watch.state import TargetRecord, WatchState
 RESTART_OPTIONS = DeployOptions(restart=True, checkpoint_mode="keep")
 # The statuses from which an unhealthy verdict is a transition (not from unhealthy or stopped).
 JUDGED = ("starting", "healthy", "restarting")
+# The statuses of a run that needs recovering (a restarted watcher picks it up where it was).
+DOWN = ("unhealthy", "failed")
 
 
 @dataclass(frozen=True)
@@ -87,18 +90,19 @@ class TargetWatch:
         wait = v.wait if settings.wait is None else settings.wait
         self.runs = RunJudge(
             v,
-            JudgeSettings(wait, v.window, v.successes, v.failure_threshold, v.lines),
+            JudgeSettings(wait, v.window, v.successes, v.failure_threshold, v.lines, self.interval),
             parser_for(target),
             list(v.queues),
         )
         self.record = hub.state.record(target.name)
+        self.runs.expected = self.record.launched
         self.container = container_for(target, conn)
         self.labels = (
             hub.metrics.labels(target.name, target.host_name, target.vmid) if hub.metrics else {}
         )
         self.unreachable = 0
         # A watcher restarted while a run was down picks the recovery up where it was.
-        self.restart_due = self.record.status == "unhealthy" and (
+        self.restart_due = self.record.status in DOWN and (
             self.record.gave_up_run != self.record.run
         )
         self.last_reason = ""
@@ -160,7 +164,12 @@ class TargetWatch:
             self.last_reason = obs.reason
             self.record.bad = True
             self.restart_due = self.record.gave_up_run != obs.run
-            self.transition("unhealthy", "unhealthy", obs.reason, obs)
+            status = "failed" if obs.state is State.FAILED else "unhealthy"
+            self.transition("unhealthy", status, obs.reason, obs)
+        elif obs.verdict in ("finished", "stopped") and self.record.status != obs.verdict:
+            # Reported once; a finished or stopped run is never restarted.
+            self.restart_due = self.record.bad = False
+            self.transition(obs.verdict, obs.verdict, obs.reason, obs)
         self._metrics_status()
 
     def on_new_run(self, obs: Observation) -> None:
@@ -168,6 +177,10 @@ class TargetWatch:
         self.record.run = obs.run
         ours = obs.run is not None and obs.run == self.runs.expected
         self.record.status = "restarting" if ours else "starting"
+        if not ours:
+            # A run the watcher did not deploy has a budget of its own (Kubernetes keeps a
+            # restartCount per pod): the restarts made for the run it replaced do not count.
+            self.record.restarts = []
         if previous_run is not None and not ours:
             self.restart_due = False  # someone else deployed: theirs to judge, not ours to fix
             reason = f"a new run replaced {previous_run}"
@@ -203,7 +216,7 @@ class TargetWatch:
             )
             return
         self.restart_due = False
-        self.runs.expected = deployed_run(report.to_json())
+        self.runs.expected = self.record.launched = deployed_run(report.to_json())
         reason = (
             f"redeployed with checkpoints kept (restart {count} of {policy.max_restarts} "
             f"in {policy.window:g} s) after: {self.last_reason}"

@@ -44,6 +44,9 @@ class TargetRecord:
     reachable: bool = True
     restarts: list[float] = field(default_factory=list)  # epoch seconds of the watcher's restarts
     gave_up_run: str | None = None  # the run left stopped (not restarted again)
+    # The run the watcher itself deployed last: its restarts count against the same budget.
+    # Any other new run (a person's deploy) starts with a fresh budget.
+    launched: str | None = None
     bad: bool = False  # unhealthy since the last healthy verdict (its end is "recovered")
 
 

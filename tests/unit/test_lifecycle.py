@@ -1,0 +1,234 @@
+"""A run's whole life on recorded panes with a fake clock: its own cadence, finished and failed
+runs, HF Trainer dicts without a bar, and the one-poll states of `status`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import ExitCode
+from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll, Verdict
+from launcher.verify.formats import StatusSpec
+from launcher.verify.lifecycle import State, ended, status_exit
+from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
+from launcher.verify.workflows import status_state
+
+PANES = Path(__file__).resolve().parent.parent / "fixtures"
+DEMO = (PANES / "demo_pane_250col_joined.txt").read_text().splitlines()  # 80 DFlash lines
+HF_DICTS = (PANES / "panes" / "hfdicts_250col_joined.txt").read_text().splitlines()
+HF_STUCK = (PANES / "panes" / "hfdictsstuck_250col_joined.txt").read_text().splitlines()
+HF = StatusSpec(preset="hf-trainer")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds > 0
+        self.now += seconds
+
+
+def recorded(
+    lines: list[str], every: float, stop_at: float | None = None
+) -> Callable[[float], str]:
+    """The pane as it was `t` seconds in: one recorded line every `every` seconds, none after
+    `stop_at` (a freeze: the pane alive, nothing more printed)."""
+
+    def at(t: float) -> str:
+        shown = int(min(t, stop_at if stop_at is not None else t) / every) + 1
+        return "\n".join(lines[: min(shown, len(lines))])
+
+    return at
+
+
+def probe(
+    pane: Callable[[float], str],
+    clock: Clock,
+    *,
+    spec: ChecksSpec,
+    status: StatusSpec | None = None,
+    dead_at: float | None = None,
+    exit_status: int = 0,
+    **settings: float,
+) -> ProbeResult:
+    def poll(timeout: float) -> PaneState:
+        t = clock.now
+        dead = dead_at is not None and t >= dead_at
+        return PaneState(True, dead, exit_status if dead else None, None, pane(t))
+
+    def parse(text: str, width: int | None) -> list[Sample]:
+        return parse_pane(text, status, width=width)
+
+    s = ProbeSettings(
+        wait=settings.get("wait", 12),
+        interval=settings.get("interval", 2),
+        window=settings.get("window", 60),
+        successes=int(settings.get("successes", 3)),
+    )
+    return Prober(poll, spec, s, clock=clock, sleep=clock.sleep, parse=parse).run()
+
+
+DFLASH_SPEC = ChecksSpec.model_validate({"step": {"stall_after": 20}})
+
+
+def test_a_fast_run_that_freezes_just_before_the_warmup_ends_is_not_healthy() -> None:
+    # Status lines every 0.3 s until second 8, then nothing (a rank hung in all-reduce); the
+    # warmup ends at 12. Counting any step younger than stall_after as progress passed it at 16.
+    clock = Clock()
+    result = probe(recorded(DEMO, 0.3, stop_at=8.0), clock, spec=DFLASH_SPEC)
+    assert result.exit_code is ExitCode.UNHEALTHY, result.reason
+    assert result.state is State.UNHEALTHY
+    assert "unchanged for 2" in result.reason  # ended by stall_after (20 s), not the window
+    assert 8 + 20 <= clock.now <= 8 + 20 + 2
+
+
+def test_the_same_run_without_the_freeze_is_healthy() -> None:
+    clock = Clock()
+    result = probe(recorded(DEMO * 3, 0.3), clock, spec=DFLASH_SPEC)
+    assert result.exit_code is ExitCode.OK, result.reason
+    assert result.state is State.HEALTHY
+    assert clock.now == pytest.approx(16)
+
+
+def test_a_slow_trainer_passes_at_its_own_pace() -> None:
+    # One status line every 30 s, polled every 10 s: the step holds for two polls in three.
+    clock = Clock()
+    spec = ChecksSpec.model_validate({"step": {"stall_after": 120}})
+    result = probe(recorded(DEMO, 30.0), clock, spec=spec, wait=0, interval=10, window=300)
+    assert result.exit_code is ExitCode.OK, result.reason
+    assert result.state is State.HEALTHY
+
+
+def test_a_poll_past_the_cadence_neither_passes_nor_fails_yet() -> None:
+    judge = Judge(ChecksSpec(), live=True, interval=2.0)
+    for t in (0.0, 2.0, 4.0, 6.0):
+        capture = "\n".join(DEMO[: int(t) + 1])
+        judge.add(Poll(t, PaneState(True, False, None, None, capture), tuple(parse_pane(capture))))
+    assert judge.progress_window() == pytest.approx(4.0)  # twice its usual gap, 2 s
+    capture = "\n".join(DEMO[:7])
+    results = judge.add(
+        Poll(11.0, PaneState(True, False, None, None, capture), tuple(parse_pane(capture)))
+    )
+    step = next(r for r in results if r.name == "step")
+    assert step.verdict is Verdict.FAIL and step.kind is not None
+    assert str(step.kind) == "pending", step
+    assert "its usual gap 2 s" in step.observed
+
+
+def test_hf_dicts_without_a_bar_are_healthy() -> None:
+    # The epoch advances in the dicts; the format prints no rate and no queues: not reported.
+    clock = Clock()
+    result = probe(recorded(HF_DICTS, 3.0), clock, spec=ChecksSpec(), status=HF, wait=6)
+    assert result.exit_code is ExitCode.OK, result.reason
+    checks = {r.name: r for r in result.checks}
+    assert checks["step"].verdict is Verdict.PASS and "epoch" in checks["step"].observed
+    assert checks["throughput"].verdict is Verdict.SKIP
+    assert checks["queues.q_pre"].verdict is Verdict.SKIP
+
+
+def test_hf_dicts_with_a_loss_stuck_at_zero_and_nan_grad_norm_are_unhealthy() -> None:
+    # From the 9th dict on (second 36) the loss prints as 0.0 and grad_norm as nan.
+    clock = Clock()
+    result = probe(recorded(HF_STUCK, 3.0), clock, spec=ChecksSpec(), status=HF, wait=40)
+    assert result.exit_code is ExitCode.UNHEALTHY, result.reason
+    assert "grad_norm=nan" in result.reason
+
+
+def test_a_rate_the_playbook_asks_for_is_still_required() -> None:
+    clock = Clock()
+    spec = ChecksSpec.model_validate({"throughput": {"min": 0.5}, "queues": {}})
+    result = probe(recorded(HF_DICTS, 3.0), clock, spec=spec, status=HF, wait=6, window=20)
+    assert result.exit_code is ExitCode.UNHEALTHY
+    assert "no throughput reported" in result.reason
+
+
+def test_a_run_that_finishes_during_the_probe_is_finished_exit_0() -> None:
+    clock = Clock()
+    pane = recorded(DEMO, 0.3)
+    result = probe(pane, clock, spec=DFLASH_SPEC, dead_at=15.0)
+    assert result.state is State.FINISHED and result.exit_code is ExitCode.OK, result.reason
+    assert "finished (exit 0) at step" in result.reason
+    alive = next(r for r in result.checks if r.name == "alive")
+    assert alive.verdict is Verdict.PASS
+
+
+def test_a_run_that_exits_0_before_any_progress_proved_nothing() -> None:
+    clock = Clock()
+    result = probe(lambda t: "usage: train.py [-h]", clock, spec=DFLASH_SPEC, dead_at=1.0)
+    assert result.state is State.FINISHED and result.exit_code is ExitCode.UNHEALTHY
+
+
+def test_a_run_that_exits_non_zero_is_failed() -> None:
+    clock = Clock()
+    result = probe(recorded(DEMO, 0.3), clock, spec=DFLASH_SPEC, dead_at=5.0, exit_status=1)
+    assert result.state is State.FAILED and result.exit_code is ExitCode.UNHEALTHY
+
+
+# --- one poll: status -------------------------------------------------------------------------
+
+
+def pane(**fields: object) -> PaneState:
+    base: dict[str, object] = {
+        "session_exists": True,
+        "pane_dead": False,
+        "dead_status": None,
+        "exit_code": None,
+        "capture": "",
+    }
+    return PaneState(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def status_of(state: PaneState, wait: float = 40, window: float = 60) -> State:
+    samples = tuple(parse_pane(state.capture))
+    checks = Judge(ChecksSpec()).add(Poll(0.0, state, samples))
+    return status_state(state, checks, wait, window)[0]
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (pane(capture="Loading model...", age=1.0), State.STARTING),  # second 1 of a 40 s load
+        (pane(capture="Loading model...", age=70.0), State.STARTING),  # no line, window open
+        (pane(capture="Loading model...", age=120.0), State.UNHEALTHY),  # window over
+        (pane(capture="Loading model..."), State.UNHEALTHY),  # age unknown: judged at once
+        # A fatal sign already shows: not starting any more.
+        (
+            pane(capture="Traceback (most recent call last)\n  x\nValueError", age=1),
+            State.UNHEALTHY,
+        ),
+        (pane(capture="\n".join(DEMO)), State.HEALTHY),
+        (pane(pane_dead=True, dead_status=0, capture=DEMO[0]), State.FINISHED),
+        (pane(pane_dead=True, dead_status=1, capture=DEMO[0]), State.FAILED),
+        (pane(session_exists=False, exit_code=0), State.FINISHED),
+        (pane(session_exists=False, exit_code=130, stopped=True), State.STOPPED),
+        (pane(session_exists=False), State.ABSENT),
+        (pane(session_exists=False, deploy_lock="ops@laptop"), State.DEPLOYING),
+        (pane(capture="\n".join(DEMO), deploy_lock="ops@laptop"), State.DEPLOYING),
+    ],
+)
+def test_status_states(state: PaneState, expected: State) -> None:
+    assert status_of(state) is expected
+
+
+def test_a_crash_in_the_warmup_is_not_starting() -> None:
+    dead = pane(pane_dead=True, dead_status=1, capture="Traceback", age=1.0)
+    assert status_of(dead) is State.FAILED
+
+
+def test_status_exit_codes() -> None:
+    ok = {State.HEALTHY, State.STARTING, State.DEPLOYING, State.FINISHED}
+    for state in State:
+        expected = ExitCode.OK if state in ok else ExitCode.UNHEALTHY
+        assert status_exit(state) is expected, state
+
+
+def test_ended_prefers_the_tmux_status_to_the_exit_file() -> None:
+    assert ended(pane(pane_dead=True, dead_status=0, exit_code=1)) is State.FINISHED
+    assert ended(pane()) is None
