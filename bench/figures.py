@@ -32,6 +32,12 @@ MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 CRASH_AFTER = 3.0
 CRASH_INTERVAL = 2.0
 HAND_CHECK = 180.0  # the hand-run check: look at the pane after the warmup
+# A run that prints every 0.3 s and freezes FREEZE_BEFORE s before the probe's warmup ends (a
+# rank hung in a collective): verify --wait FREEZE_WAIT --interval CRASH_INTERVAL.
+FREEZE_WAIT = 12.0
+FREEZE_BEFORE = 4.0
+FREEZE_STALL = 20.0
+FREEZE_VERIFY = {"step": {"stall_after": FREEZE_STALL}, "successes": 3, "window": 60}
 
 
 @dataclass
@@ -221,6 +227,46 @@ def crash_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row]
             target="1 per host",
             met=max(conns) <= 1,
         ),
+    ]
+
+
+def freeze_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row]:
+    """A trainer that freezes just before the warmup ends: verify must exit 1 (never 0), at
+    stall_after after the freeze. The freeze is the last write of the run's log."""
+    delays: list[float] = []
+    codes: list[int] = []
+    log_file = "/root/freeze/.launcher/freeze.log"
+    for i in range(runs):
+        check(env.launcher(inventory, "-t", "freeze", "deploy", "--restart"), "freeze deploy")
+        result = env.launcher(
+            inventory, "-t", "freeze", "verify", "--wait", f"{FREEZE_WAIT:g}",
+            "--interval", f"{CRASH_INTERVAL:g}", "--json", timeout=120,
+        )  # fmt: skip
+        report = printed_json(result, "verify --json")
+        codes.append(result.code)
+        frozen = env.ct_file_mtime(CRASH_VMID, log_file)
+        if frozen is None:
+            raise BenchError(f"the freezing trainer left no {log_file}")
+        delays.append(result.ended - frozen)
+        log(
+            f"  run {i + 1}/{runs}: verify exited {result.code} ({report.get('state')}) "
+            f"{delays[-1]:.2f} s after the freeze"
+        )
+    check(env.launcher(inventory, "-t", "freeze", "stop"), "freeze stop")
+    limit = FREEZE_STALL + CRASH_INTERVAL + 2
+    never_healthy = all(code == 1 for code in codes)
+    return [
+        Row(
+            f"freeze {FREEZE_BEFORE:g} s before the warmup ends to verify exit 1 "
+            f"(--wait {FREEZE_WAIT:g} --interval {CRASH_INTERVAL:g}, stall_after "
+            f"{FREEZE_STALL:g})",
+            "s",
+            median(delays),
+            target=f"exit 1 every run, <= {limit:g} s",
+            met=never_healthy and median(delays) <= limit,
+            note=f"median of {runs}; exit codes {sorted(set(codes))}; status lines every 0.3 s "
+            "until the freeze; before this round: HEALTHY (exit 0) 9 s into the freeze",
+        )
     ]
 
 

@@ -151,7 +151,14 @@ class BenchEnv:
         text = DEMO_TRAINER.read_text() + f"# bench version {self._script_version}\n"
         self.script.write_text(text)
 
-    def playbook(self, name: str, *, session: str = SESSION, **env: str) -> str:
+    def playbook(
+        self,
+        name: str,
+        *,
+        session: str = SESSION,
+        verify: dict[str, Any] | None = None,
+        **env: str,
+    ) -> str:
         book: dict[str, Any] = {
             "name": name,
             "session": session,
@@ -162,7 +169,14 @@ class BenchEnv:
             "env": {**FAST_ENV, **env},
             "gpus": 8,
             "stop_grace": 2,
-            "verify": {"wait": 5, "interval": 1, "window": 30, "successes": 2, "lines": 500},
+            "verify": {
+                "wait": 5,
+                "interval": 1,
+                "window": 30,
+                "successes": 2,
+                "lines": 500,
+                **(verify or {}),
+            },
         }
         path = self.project / "playbooks" / f"{name}.yaml"
         path.write_text(yaml.safe_dump(book, sort_keys=False))

@@ -89,9 +89,17 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
     crash = env.playbook(
         "crash", session="crash", DEMO_MODE="crash", DEMO_CRASH_AFTER=f"{figures.CRASH_AFTER:g}"
     )
-    inventory = env.inventory(
-        "inventory", {"demo": (DEPLOY_VMID, demo), "crash": (CRASH_VMID, crash)}
+    # Freezes FREEZE_BEFORE s before the probe's warmup ends (the probe starts ~1 s after).
+    freeze = env.playbook(
+        "freeze",
+        session="freeze",
+        verify=figures.FREEZE_VERIFY,
+        DEMO_MODE="hang",
+        DEMO_INTERVAL="0.3",
+        DEMO_HANG_AFTER=f"{figures.FREEZE_WAIT - figures.FREEZE_BEFORE:g}",
     )
+    targets = {"demo": (DEPLOY_VMID, demo), "crash": (CRASH_VMID, crash)}
+    inventory = env.inventory("inventory", {**targets, "freeze": (CRASH_VMID, freeze)})
     rows: list[Row] = []
     if "deploy" in args.only:
         results = {}
@@ -116,6 +124,8 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
     if "crash" in args.only:
         log("crash to verify exit")
         rows += figures.crash_rows(env, inventory, args.runs, log)
+        log("freeze just before the warmup ends to verify exit")
+        rows += figures.freeze_rows(env, inventory, args.runs, log)
     if "fleet" in args.only:
         log(f"fleet: {len(fleet)} containers against 1")
         rows += figures.fleet_rows(env, fleet, args.runs, log)

@@ -5,6 +5,7 @@
     with Launcher("inventory.yaml") as l:
         report = l.deploy("prod", restart=True)    # DeployReport
         result = l.verify("prod", wait=180)        # ProbeResult; result.exit_code 0 or 1
+        result.state                               # State.HEALTHY, State.FINISHED, ...
 
 A run that is judged (verify, status) comes back as a result with its exit code, healthy or
 not. Everything that stops an operation raises a LauncherError whose `exit_code` is the one
@@ -37,6 +38,7 @@ from launcher.operate import (
     stop,
 )
 from launcher.remote import Connection, ConnectionPool
+from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
 from launcher.verify.workflows import ProbeOverrides, run_probe, status_work
 
@@ -55,7 +57,13 @@ class StatusResult:
 
     @property
     def healthy(self) -> bool:
+        """Nothing wrong: healthy, starting, deploying or finished (see `state`)."""
         return self.exit_code == ExitCode.OK
+
+    @property
+    def state(self) -> State | None:
+        """Where the run is in its life (launcher.verify.lifecycle)."""
+        return self.probe.state
 
 
 class Launcher:
@@ -150,7 +158,8 @@ class Launcher:
         return result
 
     def status(self, target: str | None = None) -> StatusResult:
-        """One poll judged at once: exit_code 1 when any check fails or no session runs."""
+        """One poll judged at once, in a lifecycle `state`: exit_code 0 for healthy, starting,
+        deploying and finished; 1 for unhealthy, failed, stopped and absent."""
         outcome = status_work(self._context(target))
         data = outcome.data
         return StatusResult(

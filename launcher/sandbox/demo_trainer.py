@@ -18,6 +18,11 @@ Environment:
   DEMO_SPAWN_CHILD=1     spawn a "dataloader worker" that ignores SIGHUP, SIGINT and SIGTERM
                          and holds a GPU file, so killing only the tmux session leaves it behind
   DEMO_IGNORE_SIGINT=1   ignore C-c (SIGINT)
+  DEMO_STEPS             finish after this many steps: "Training completed.", exit 0 (default:
+                         never), as a trainer does after its last epoch
+  DEMO_LOAD_SECONDS      print "Loading model..." and nothing else for this long before the
+                         first status line, as a large model's load does (default 0)
+  DEMO_HF_BAR=0          hf format without the progress bar (disable_tqdm=True): dicts only
   DEMO_FORMAT            how status is printed: dflash (default) | hf | jsonl
                            hf     a Hugging Face Trainer: a tqdm-style bar redrawn with \r
                                   (step, it/s) and dicts written above it, e.g.
@@ -305,6 +310,8 @@ def hf_bar(step, t, steps_per_s):
 def emit_hf(trainer, t, ktok):
     """tqdm's way: redraw the bar after \r; a log line clears it, prints, and redraws it."""
     bar = hf_bar(trainer.step, t, ktok * 1000.0 / TOKENS_PER_STEP)
+    if os.environ.get("DEMO_HF_BAR") == "0":
+        bar = ""  # disable_tqdm=True: the Trainer's log dicts alone
     out = "\r" + bar
     if trainer.loss is not None and trainer.step > Output.logged:
         Output.logged = trainer.step
@@ -313,9 +320,13 @@ def emit_hf(trainer, t, ktok):
             "loss": trainer.loss if nan else round(trainer.loss, 4),
             "grad_norm": float("nan") if nan else 1.0 + trainer.rng.uniform(-0.3, 0.3),
             "learning_rate": 6e-4 * min(1.0, trainer.step / 200.0),
-            "epoch": round(trainer.step / float(TOTAL_STEPS), 2),
+            # transformers rounds the logged epoch to 2 places; the demo's run is short, so
+            # its epochs are counted over DEMO_STEPS (or 100 steps) to keep them moving.
+            "epoch": round(trainer.step / float(env_int("DEMO_STEPS", 0) or 100), 2),
         }
-        out = "\r%s\r%s\n%s" % (" " * len(Output.bar), logs, bar)
+        out = "\r%s\r%s\n%s" % (" " * len(Output.bar), logs, bar) if bar else "%s\n" % logs
+    elif not bar:
+        out = ""
     Output.bar = bar
     sys.stdout.write(out)
     sys.stdout.flush()
@@ -442,13 +453,23 @@ def main(argv):
             return 130
 
     trainer = Trainer(mode, interval, env_float("DEMO_RAMP", 8))
+    steps = env_int("DEMO_STEPS", 0)
     try:
+        load = env_float("DEMO_LOAD_SECONDS", 0)
+        if load > 0:
+            print("Loading model...", flush=True)
+            time.sleep(load)
+            trainer.start = time.time()  # the ramp starts once the model is loaded
         print("Starting pipeline...", flush=True)
         print("Pipeline running. Monitoring...", flush=True)
         resume(trainer)
         next_at = time.time()
         while True:
             trainer.tick()
+            if steps and trainer.step >= steps:
+                sys.stdout.write("\nTraining completed. Do not forget to share your model!\n")
+                sys.stdout.flush()
+                return 0
             next_at += interval
             time.sleep(max(0.0, next_at - time.time()))
     except KeyboardInterrupt:

@@ -73,10 +73,11 @@ def parser_for(target: Target) -> ParseFn:
 
 def probe_summary(probe: ProbeResult) -> str:
     samples = probe.samples
-    if probe.verdict == "healthy" and samples:
+    if probe.state is State.HEALTHY and samples:
         latest = samples[-1]
         return f"healthy: step {latest.step}, {format_rate(latest.throughput)}"
-    return f"{probe.verdict}: {probe.reason}"
+    word = probe.verdict if probe.state is None else str(probe.state)
+    return f"{word}: {probe.reason}"
 
 
 def progress_line(event: PollEvent, queues: list[str], threshold: int) -> str:
