@@ -264,10 +264,12 @@ def render_run(run: Run) -> str:
     probe = run.probe
     verdict = probe.verdict if probe else ("deploy failed" if run.deploy else "not probed")
     css = verdict if verdict in ("healthy", "unhealthy", "unreachable") else "none"
+    # The run's lifecycle state names it (FINISHED, FAILED, ...); the colour is the exit code's.
+    shown = str(probe.state) if probe is not None and probe.state is not None else verdict
     reason = probe.reason if probe else run.summary
     parts = [
         f'<section class="run"><h1>{text(run.target)} '
-        f'<span class="verdict {css}">{text(verdict.upper())}</span></h1>',
+        f'<span class="verdict {css}">{text(shown.upper())}</span></h1>',
         f'<p class="reason">{text(reason)}</p>',
     ]
     if run.deploy is not None:

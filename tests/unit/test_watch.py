@@ -189,3 +189,32 @@ def test_exec_gets_the_event_in_its_environment(tmp_path: Path) -> None:
     sent = event("gave_up")
     deliver(sent)
     assert json.loads(out.read_text())["kind"] == "gave_up"
+
+
+def test_a_finished_run_is_finished_and_a_crashed_one_failed() -> None:
+    runs = judge()
+    shown = [line(step) for step in range(1, 6)]
+    done = PaneState(True, True, 0, 0, "\n".join([*shown, "Training completed."]), 100, "r1")
+    finished = runs.observe(done, 5.0)
+    assert finished.verdict == "finished" and "exit 0" in finished.reason
+    assert finished.step == 5
+    crashed = judge().observe(pane([*shown, "RuntimeError: boom"], dead=True), 5.0)
+    assert crashed.verdict == "unhealthy" and str(crashed.state) == "failed"
+
+
+def test_watch_judges_the_step_by_the_run_s_own_cadence() -> None:
+    # A new step at every 1 s poll, then none: past twice its usual gap the run is no longer
+    # passing (pending), well before stall_after calls it unhealthy.
+    settings = JudgeSettings(
+        wait=0, window=300, successes=2, failure_threshold=2, lines=500, interval=1.0
+    )
+    spec = VerifySpec(throughput={"min": 1000})  # type: ignore[arg-type]
+    runs = RunJudge(spec, settings, lambda text, width: parse_pane(text), list(spec.queues))
+    shown: list[str] = []
+    for at in range(5):
+        shown.append(line(at + 1))
+        verdict = runs.observe(pane(shown), float(at)).verdict
+    assert verdict == "healthy"
+    assert runs.observe(pane(shown), 6.0).verdict == "healthy"  # 2 s: within twice 1 s
+    late = runs.observe(pane(shown), 7.0)
+    assert late.verdict == "pending" and "usual gap 1 s" in late.reason
