@@ -67,7 +67,7 @@ def probe_options(command: Any) -> Any:
                 "--json",
                 "as_json",
                 is_flag=True,
-                help="Print the report as JSON (schema launcher.<command>/1); progress stays "
+                help="Print the report as JSON (schema launcher.<command>/2); progress stays "
                 "on stderr.",
             ),
             click.option(
@@ -182,7 +182,7 @@ def smoke_command(
 @click.command("status")
 @fleet_options
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print the status as JSON (schema launcher.status/1)."
+    "--json", "as_json", is_flag=True, help="Print the status as JSON (schema launcher.status/2)."
 )
 @pass_app
 def status_command(app: AppContext, as_json: bool) -> None:

@@ -15,7 +15,7 @@ ExitCodeValue = Literal[0, 1, 2, 3, 4, 130]
 
 
 class Closed(BaseModel):
-    """Fields are only added within /1; an object that says so may carry keys not listed."""
+    """Fields are only added within a version; an object that says so may carry keys not listed."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,7 +33,7 @@ class TargetError(Closed):
     error: str
 
 
-# -- verify (the published launcher.verify/1 target document), status, smoke ------------------
+# -- verify (the published launcher.verify/2 target document), status, smoke ------------------
 
 
 class CheckDoc(Closed):

@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from launcher.jsonout import schema_name
 from launcher.schemas import shipped
 from tests.e2e.project import Project
 
@@ -35,7 +36,7 @@ def document(result: subprocess.CompletedProcess[str], command: str) -> dict[str
     """stdout is exactly one JSON document, valid against the command's shipped schema."""
     parsed: dict[str, Any] = json.loads(result.stdout)
     jsonschema.Draft202012Validator(shipped(command)).validate(parsed)
-    assert parsed["schema"] == f"launcher.{command}/1"
+    assert parsed["schema"] == schema_name(command)  # verify, status, smoke: /2
     assert parsed["exit_code"] == result.returncode
     return parsed
 
@@ -69,10 +70,11 @@ def test_every_command_json_for_one_and_two_targets(pair: Project) -> None:
         assert "✓ upload" in one.stderr  # one target: plain step lines, no prefix
 
         verify_one, verify_two = both(pair, "verify")
-        assert verify_one["verdict"] == "healthy"  # the published /1 fields, at the top level
+        assert verify_one["verdict"] == "healthy"  # the published fields, at the top level
+        assert verify_one["state"] == "healthy"
         assert {t["verdict"] for t in verify_two["targets"]} == {"healthy"}
         status_one, _ = both(pair, "status")
-        assert status_one["targets"][0]["schema"] == "launcher.verify/1"
+        assert status_one["targets"][0]["schema"] == "launcher.verify/2"
         history_one, history_two = both(pair, "history", "--limit", "1")
         assert len(history_one["records"]) == 1
         assert all(len(t["records"]) == 1 for t in history_two["targets"])

@@ -170,3 +170,24 @@ def test_a_run_deployed_by_hand_after_a_give_up_gets_a_full_budget(
     kinds = [body["kind"] for _, body in later]
     assert kinds.count("restart") == 2, kinds  # B's own budget, not what A used
     assert "2 restarts" in later[-1][1]["reason"]
+
+
+def test_hf_trainer_dicts_without_the_bar_are_healthy(project: Project) -> None:
+    # disable_tqdm=True: only {'loss': ..., 'grad_norm': ..., 'epoch': ...} lines. The epoch is
+    # the progress; no rate and no queues are printed, and the playbook asks for neither.
+    deploy(
+        project,
+        "lhfdicts",
+        env={"DEMO_FORMAT": "hf", "DEMO_HF_BAR": "0"},
+        status={"preset": "hf-trainer"},
+    )
+    code, report, _ = verify_json(project)
+    assert code == 0 and report["state"] == "healthy", report
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["step"]["verdict"] == "pass" and "epoch" in checks["step"]["observed"]
+    assert checks["throughput"]["verdict"] == "skip", checks["throughput"]
+    assert checks["queues.q_pre"]["verdict"] == "skip"
+    junit = project.launcher("verify", "--junit", str(project.root / "junit.xml"))
+    assert junit.returncode == 0, junit.stdout + junit.stderr
+    assert "<skipped" in (project.root / "junit.xml").read_text()
+    project.kill_session(VMID, "lhfdicts")
