@@ -265,7 +265,8 @@ def freeze_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row
             target=f"exit 1 every run, <= {limit:g} s",
             met=never_healthy and median(delays) <= limit,
             note=f"median of {runs}; exit codes {sorted(set(codes))}; status lines every 0.3 s "
-            "until the freeze; before this round: HEALTHY (exit 0) 9 s into the freeze",
+            "until the freeze; before the cadence rule: HEALTHY (exit 0) 8 s into the freeze "
+            "(the same probe on a recorded pane)",
         )
     ]
 
