@@ -191,3 +191,31 @@ def test_hf_trainer_dicts_without_the_bar_are_healthy(project: Project) -> None:
     assert junit.returncode == 0, junit.stdout + junit.stderr
     assert "<skipped" in (project.root / "junit.xml").read_text()
     project.kill_session(VMID, "lhfdicts")
+
+
+def test_a_run_stopped_by_a_person_is_stopped_and_the_watcher_leaves_it(
+    project: Project, receiver: Receiver
+) -> None:
+    deploy(project, "lstop", verify={"wait": 1})
+    watch = Watch(
+        project, "-t", "lstop", "--webhook", receiver.url, "--restart-on-failure",
+        "--restart-backoff", "0", "--interval", "1", "--for", "60",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: receiver.of("healthy") or "healthy" in watch.stderr(), 30,
+                   "a healthy run", watch)  # fmt: skip
+        stopped = project.launcher("stop")
+        assert stopped.returncode == 0, stopped.stderr
+        wait_until(lambda: receiver.of("stopped"), 20, "the stopped event", watch)
+        time.sleep(4)  # no restart follows
+        assert watch.terminate() == 0, watch.stderr()
+    finally:
+        watch.kill()
+    kinds = receiver.kinds()
+    assert "restart" not in kinds and "unhealthy" not in kinds, kinds
+    code, doc = status(project)
+    assert code == 1 and doc["state"] == "stopped", doc
+    # The next deploy clears it: the new run is judged afresh.
+    deploy(project, "lstop", verify={"wait": 1})
+    project.wait_for(lambda: status(project)[1]["state"] == "healthy", 30, "a healthy run")
+    project.kill_session(VMID, "lstop")
