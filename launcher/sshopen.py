@@ -204,6 +204,15 @@ def _failure(ep: Endpoint, exc: Exception, *, timed_out: bool, phase: str) -> Ex
             hint="set identity_file in the inventory (or IdentityFile in ssh_config for this "
             "host), or load a key into ssh-agent",
         )
+    if isinstance(exc, OSError) and exc.filename and str(exc.filename) in ep.identity_files:
+        # paramiko lets the OSError of an identity file it cannot open out of connect();
+        # retried, it would end as "cannot reach" and point at the network.
+        why = "not found" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
+        return AuthError(
+            f"{ep.name}: identity file {exc.filename}: {why}",
+            hint="fix identity_file in the inventory (or IdentityFile in ssh_config); "
+            "`launcher inventory check` checks every host's key files",
+        )
     if isinstance(exc, OSError | EOFError | paramiko.SSHException):
         return RetryableConnect(str(exc) or type(exc).__name__)
     return exc
