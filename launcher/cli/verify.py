@@ -280,8 +280,10 @@ def _html_report(app: AppContext, outcomes: list[Outcome], path: Path | None, wh
         return
     from launcher.htmlreport import runs_from, write_report
 
-    queues = {t.name: _queues(t) for t in app.targets()}
-    write_report(path, runs_from(outcomes, queues), f"launcher {what}")
+    targets = app.targets()
+    queues = {t.name: _queues(t) for t in targets}
+    places = {t.name: (t.host_name, t.vmid) for t in targets}
+    write_report(path, runs_from(outcomes, queues, places), f"launcher {what}")
 
 
 def _queues(target: Target) -> list[str]:

@@ -86,6 +86,9 @@ class ProbeResult:
     duration: float = 0.0
     settings: ProbeSettings | None = None
     run: str | None = None  # the run marker the probe judged
+    # The container's latest deploy record as the last poll saw it (sha256, time, operator):
+    # the report's header names what was judged.
+    record: dict[str, Any] | None = None
 
     @property
     def latest(self) -> Poll | None:

@@ -92,14 +92,17 @@ def run_probe(
     )
     queues = list(spec.queues)
     container = container_for(target, ctx.conn)
+    records: list[dict[str, Any] | None] = [None]
 
     def poll(timeout: float) -> PaneState:
-        return poll_once(container, target, spec.lines, timeout=timeout)[0]
+        state, answer = poll_once(container, target, spec.lines, timeout=timeout)
+        records[0] = answer.get("record")
+        return state
 
     def show(event: PollEvent) -> None:
         ctx.say(progress_line(event, queues, settings.failure_threshold))
 
-    return Prober(
+    result = Prober(
         poll,
         spec,
         settings,
@@ -109,6 +112,8 @@ def run_probe(
         expected_run=expected_run,
         history_lines=spec.lines,
     ).run()
+    result.record = records[0]
+    return result
 
 
 def verify_work(overrides: ProbeOverrides) -> Work:
@@ -140,6 +145,7 @@ def status_work(ctx: FleetContext) -> Outcome:
         polls=[poll],
         settings=settings_for(target, ProbeOverrides(wait=0, window=0, successes=1)),
         run=state.run,
+        record=answer.get("record"),
     )
     extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
     summary = latest_line(poll.samples, list(spec.queues)) if poll.samples else probe.reason
