@@ -66,9 +66,6 @@ def test_verify_report_of_a_healthy_run(project: Project, tmp_path: Path) -> Non
     assert {"alive", "fatal", "throughput", "step", "loss"} <= set(page.cells)
     assert HOSTILE in page.pre and "pwned" not in page.pre and "\x1b" not in page.pre
     assert "step=" in page.pre  # the trainer's own status lines
-    keep = os.environ.get("LAUNCHER_KEEP_REPORT")  # scripts/screenshot-report.sh reads it
-    if keep:
-        shutil.copy(html, keep)
     project.kill_session(VMID, "report")
 
 
@@ -88,6 +85,9 @@ def test_smoke_report_of_a_crash(project: Project, tmp_path: Path) -> None:
     assert "NCCL error" in page.pre
     failing = [c for c in page.cells if c in ("alive", "fatal")]
     assert failing, page.cells
+    keep = os.environ.get("LAUNCHER_KEEP_REPORT")  # scripts/screenshot-report.sh reads it
+    if keep:
+        shutil.copy(html, keep)
     project.kill_session(VMID, "crash")
 
 
