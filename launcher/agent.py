@@ -1431,7 +1431,12 @@ class Deploy:
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
         if self.restart:
-            return "ok", "restart requested"
+            # Said as what is there: doctor plans with restart too, and asked for nothing.
+            if pane_active(self.old_state) or self.old_pids:
+                return "ok", "session '%s' is running: a deploy --restart replaces it" % (
+                    self.session
+                )
+            return "ok", "no active run"
         if pane_active(self.old_state):
             raise AgentError(
                 "refused", "session '%s' is running; use --restart to replace it" % self.session

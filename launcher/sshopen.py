@@ -237,7 +237,20 @@ def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
     except TimeoutError:
         raise timed_out_error(ep, "tcp") from None
     except OSError as exc:
-        raise RetryableConnect(str(exc) or type(exc).__name__) from None
+        raise RetryableConnect(str(exc) or type(exc).__name__, hint=socket_hint(ep, exc)) from None
+
+
+def socket_hint(ep: Endpoint, exc: OSError) -> str | None:
+    """The cause a failed TCP connect names: a refused port, or a name that does not resolve."""
+    where = f"{ep.hostname}:{ep.port}"
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"nothing listens on {where}: check the port in the inventory (or ssh_config) "
+            "and that sshd runs there"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"the name {ep.hostname} does not resolve: check the address in the inventory"
+    return None
 
 
 def finish_connect(sock: socket.socket, ep: Endpoint, deadline: float) -> bool:
