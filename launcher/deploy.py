@@ -49,6 +49,8 @@ class DeployOptions:
     grace: float | None = None
     # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
     kill_gpu_holders: bool = False
+    # Wait this long (seconds) for another deploy's lock instead of refusing at once.
+    wait_lock: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,10 @@ def deploy(
         emit(name, status, detail)
 
     applied = run_transaction(
-        container, request, emit_sent, timeout=grace + conn.endpoint.command_timeout
+        container,
+        request,
+        emit_sent,
+        timeout=grace + options.wait_lock + conn.endpoint.command_timeout,
     )
     report.result = {
         key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")
@@ -217,6 +222,7 @@ def deploy_request(
             "sha256": hashlib.sha256(script).hexdigest(),
             "check_resources": True,
             "need_bytes": need_bytes(script),
+            "wait_lock": options.wait_lock,
         }
     )
     return request

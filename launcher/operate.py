@@ -418,6 +418,7 @@ def rollback(
     restart: bool = False,
     grace: float | None = None,
     keep_checkpoints: bool = False,
+    wait_lock: float = 0.0,
     on_step: StepSink = lambda step: None,
 ) -> RollbackResult:
     """Put the previous script version (<dest>.prev) back and relaunch, through the same locked
@@ -439,9 +440,10 @@ def rollback(
         grace=wait,
         mode="keep" if keep_checkpoints else "archive",
     )
+    request["wait_lock"] = wait_lock
     container = container_for(target, conn)
     applied = run_transaction(
-        container, request, emit, timeout=wait + conn.endpoint.command_timeout
+        container, request, emit, timeout=wait + wait_lock + conn.endpoint.command_timeout
     )
     saved = applied.get("record") or request["record"]
     result.sha256 = str(saved.get("sha256") or "")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW
+from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
 
 if TYPE_CHECKING:
     from launcher.config import Target
@@ -141,9 +141,11 @@ def verify_command(
 @click.command("smoke")
 @fleet_options
 @probe_options
+@wait_lock_option
 @pass_app
 def smoke_command(
     app: AppContext,
+    wait_lock: float,
     wait: float | None,
     interval: float | None,
     window: float | None,
@@ -173,7 +175,7 @@ def smoke_command(
         successes=successes,
         failure_threshold=failure_threshold,
     )
-    outcomes = run_on_targets(app, smoke_work(overrides))
+    outcomes = run_on_targets(app, smoke_work(overrides, wait_lock=wait_lock))
     _report(app, outcomes, command="smoke", as_json=as_json, junit=junit)
     _html_report(app, outcomes, report, "smoke")
     exit_with(outcomes, title="smoke", table=not as_json)

@@ -161,9 +161,9 @@ def deployed_run(data: dict[str, Any]) -> str | None:
     return run if isinstance(run, str) else None
 
 
-def smoke_work(overrides: ProbeOverrides) -> Work:
+def smoke_work(overrides: ProbeOverrides, *, wait_lock: float = 0.0) -> Work:
     """`deploy --restart` then `verify` of the run that deploy started, on one target, for CI."""
-    deploy = deploy_work(DeployOptions(restart=True))
+    deploy = deploy_work(DeployOptions(restart=True, wait_lock=wait_lock))
 
     def work(ctx: FleetContext) -> Outcome:
         try:
