@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.config import HostSpec, Inventory
+from launcher.remote import known_hosts_override
 
 
 def hosts_of(inventory: Inventory) -> Iterator[tuple[tuple[str, ...], HostSpec]]:
@@ -37,9 +38,10 @@ def key_file_findings(inventory: Inventory) -> tuple[list[str], list[str]]:
                 problems.append(document.problem(loc, problem))
             if warning:
                 warnings.append(document.problem(loc, warning))
-        if host.known_hosts:
+        known_hosts = known_hosts_override() or host.known_hosts
+        if known_hosts:
             loc = (*where, "known_hosts")
-            path = Path(os.path.expanduser(host.known_hosts))
+            path = Path(os.path.expanduser(known_hosts))
             if not path.is_file():
                 what = (
                     "will be created on the first connect (accept-new)"
