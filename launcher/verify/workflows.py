@@ -148,7 +148,10 @@ def status_work(ctx: FleetContext) -> Outcome:
         record=answer.get("record"),
     )
     extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
-    summary = latest_line(poll.samples, list(spec.queues)) if poll.samples else probe.reason
+    # The table of several targets shows this: the reason when unhealthy, else the figures.
+    summary = probe.reason
+    if not code and poll.samples:
+        summary = latest_line(poll.samples, list(spec.queues))
     if not state.session_exists:
         summary = f"no session '{target.playbook.spec.session}'"
     return Outcome(target.name, code, summary, {"probe": probe, **extra})
