@@ -1469,9 +1469,7 @@ class Deploy:
         if self.restart:
             # Said as what is there: doctor plans with restart too, and asked for nothing.
             if pane_active(self.old_state) or self.old_pids:
-                return "ok", "session '%s' is running: a deploy --restart replaces it" % (
-                    self.session
-                )
+                return "ok", "session '%s' is running: --restart replaces it" % (self.session)
             return "ok", "no active run"
         if pane_active(self.old_state):
             raise AgentError(

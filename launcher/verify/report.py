@@ -220,7 +220,8 @@ def render_text(
     shown = [r for r in probe.checks if verbose or r.verdict is not Verdict.PASS]
     passed = [r.name for r in probe.checks if r.verdict is Verdict.PASS]
     if passed and len(shown) < len(probe.checks):
-        lines.append(f"  passed: {', '.join(passed)}  (-v: each with its expectation)")
+        which = f"all {len(passed)}" if len(passed) == len(probe.checks) else f"{len(passed)} more"
+        lines.append(f"  checks: {which} passed (-v: each with its expectation)")
     width = max((len(r.name) for r in shown), default=4)
     for r in shown:
         # Multi-line observations (a dead pane's last lines) are shown in full below the table.

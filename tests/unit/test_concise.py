@@ -15,7 +15,9 @@ def test_a_healthy_probe_is_a_few_short_lines() -> None:
     lines = render_text("prod", healthy, ["q_pre", "q_hs"]).splitlines()
     assert len(lines) <= 4, lines
     assert lines[0].startswith("prod: HEALTHY (exit 0)")
-    assert lines[-1].startswith("  passed: alive, fatal,") and "(-v:" in lines[-1]
+    assert (
+        lines[-1] == f"  checks: all {len(healthy.checks)} passed (-v: each with its expectation)"
+    )
     assert not any("(expected" in line for line in lines)
     verbose = render_text("prod", healthy, ["q_pre", "q_hs"], verbose=True).splitlines()
     assert sum("(expected" in line for line in verbose) == len(healthy.checks)
@@ -25,7 +27,7 @@ def test_an_unhealthy_probe_shows_what_failed_with_its_expectation() -> None:
     crashed = probe(crash_at=9)
     text = render_text("prod", crashed, ["q_pre"])
     assert "FAIL  alive  pane dead, exit status 1  (expected session running, pane alive)" in text
-    assert "  passed: " in text and "last lines:" in text
+    assert " more passed (-v: each with its expectation)" in text and "last lines:" in text
     assert "PASS" not in text
 
 
