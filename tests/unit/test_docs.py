@@ -206,3 +206,18 @@ def test_sandbox_help_lists_every_demo_mode_and_the_state_dir() -> None:
     sandbox_page = (ROOT / "docs" / "sandbox.md").read_text()
     for mode in demo_trainer.MODES:
         assert f"`{mode}`" in sandbox_page, mode
+
+
+def test_sandbox_env_prints_the_inventory_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    state = tmp_path / "a state dir"
+    monkeypatch.setenv("LAUNCHER_SANDBOX_DIR", str(state))
+    result = CliRunner().invoke(cli, ["sandbox", "env"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"export LAUNCHER_INVENTORY='{state}/inventory.yaml'\n"
+    other = CliRunner().invoke(cli, ["sandbox", "env", "--state-dir", "/srv/sbx"])
+    assert other.output == "export LAUNCHER_INVENTORY=/srv/sbx/inventory.yaml\n"
+    assert not state.exists()  # nothing made
