@@ -154,7 +154,10 @@ def logs(
     result = LogsResult(ExitCode.OK, "", "pane" if raw else "log", log_file, lines, session=session)
     if raw and not session.get("exists"):
         result.exit_code = ExitCode.UNHEALTHY
-        result.summary = f"no session '{spec.session}' on {target.label}: no pane to show"
+        result.summary = (
+            f"no session '{spec.session}' on {target.label}: no pane to show "
+            f"(launcher deploy -t {target.name} starts one)"
+        )
         return result
     if not raw and not answer["log_exists"]:
         result.exit_code = ExitCode.UNHEALTHY
@@ -327,7 +330,8 @@ def attach(target: Target, conn: HostConnection) -> AttachResult:
     if not state.session_exists:
         return AttachResult(
             ExitCode.UNHEALTHY,
-            f"no session '{spec.session}' on {target.label}: nothing to attach to",
+            f"no session '{spec.session}' on {target.label}: nothing to attach to "
+            f"(launcher deploy -t {target.name} starts one)",
             spec.session,
         )
     argv = attach_argv(conn.endpoint, target.vmid, spec.session)
