@@ -131,7 +131,7 @@ def all_long_options() -> set[str]:
     return options
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_documented_command_lines_exist_in_the_cli(page: Path) -> None:
     problems = [p for line in command_lines(page.read_text()) for p in problems_of(line)]
     assert not problems, "\n".join(problems)
@@ -150,7 +150,7 @@ def test_the_checker_catches_what_does_not_exist() -> None:
     assert found == ["launcher sandbox env", "launcher status -t a"]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_documented_flags_exist(page: Path) -> None:
     """A `--flag` in inline code is launcher's unless the page says it belongs elsewhere."""
     known = all_long_options() | set(OTHER_FLAGS) | set(HELP)
@@ -168,7 +168,7 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path) -> None:
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     broken = []
