@@ -862,26 +862,43 @@ class DeployLock:
         self.operator = operator if isinstance(operator, dict) else {}
         self.fd = None
 
-    def acquire(self, warnings):
+    def acquire(self, warnings, wait=0.0, progress=None):
+        """Take the lock; held by another deploy, wait up to `wait` seconds for it (telling
+        `progress` who holds it about once a second), then refuse."""
         os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
         # os.open is close-on-exec: a tmux server started later must not inherit the lock.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = read_lock_content(fd) or {}
-            os.close(fd)
-            raise AgentError(
-                "locked",
-                "another deploy is running: %s" % describe_holder(holder),
-                holder=holder,
-            ) from None
+        deadline = time.monotonic() + max(0.0, wait)
+        told = 0.0
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                waited = True
+                holder = read_lock_content(fd) or {}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    os.close(fd)
+                    how_long = " (waited %gs)" % wait if wait > 0 else ""
+                    raise AgentError(
+                        "locked",
+                        "another deploy is running%s: %s" % (how_long, describe_holder(holder)),
+                        holder=holder,
+                    ) from None
+                if progress is not None and time.monotonic() - told >= 1.0:
+                    told = time.monotonic()
+                    progress("waiting for the lock, %ds left: held by %s"
+                             % (left, describe_holder(holder)))  # fmt: skip
+                time.sleep(min(0.2, left))
         self.fd = fd
         previous = read_lock_content(fd)
         if previous:
             # flock dies with its process, so content without a holder is a stale record.
             warnings.append("broke stale lock held by %s" % describe_holder(previous))
         write_lock(fd, json.dumps(self.content()))
+        return waited
 
     def content(self):
         return {
@@ -1117,6 +1134,7 @@ class Deploy:
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
         self.queries: dict[str, Started | None] = {}
+        self.query_flags = (False, False)
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
@@ -1137,6 +1155,8 @@ class Deploy:
         # plan: run every check, change nothing, and say what the deploy would do. keep_going:
         # (with plan) record a failed check and go on, so doctor can show them all.
         self.plan = param(request, "plan", bool, default=False)
+        # Another deploy's lock: wait this long for it before refusing (--wait-lock).
+        self.wait_lock = min(max(param(request, "wait_lock", float, default=0.0), 0.0), 7 * 86400.0)
         # events: each step (and the stop's countdown) as a JSON line on stderr as it happens.
         self.events = param(request, "events", bool, default=False)
         self.keep_going = self.plan and param(request, "keep_going", bool, default=False)
@@ -1213,8 +1233,8 @@ class Deploy:
             checks = self.checks()
             names = [name for name, _ in checks]
             # nvidia-smi and tmux -V answer while the checks before their own run (they read).
-            self.queries = start_gpu_queries("resources" in names, "gpus" in names)
-            self.queries["tmux"] = start_tmux_version()
+            self.query_flags = ("resources" in names, "gpus" in names)
+            self.start_queries()
             for name, check in checks:
                 try:
                     self.step(name, check)
@@ -1290,6 +1310,10 @@ class Deploy:
         seconds = round(time.monotonic() - started, 3)
         self.steps.append({"name": name, "status": status, "detail": detail, "seconds": seconds})
         self.emit_step()
+
+    def start_queries(self):
+        self.queries = start_gpu_queries(*self.query_flags)
+        self.queries["tmux"] = start_tmux_version()
 
     def emit_step(self):
         if self.events:
@@ -1381,7 +1405,19 @@ class Deploy:
                     holder=holder,
                 )  # fmt: skip
             return "ok", "%s free (plan: not taken)" % self.lock.path
-        self.lock.acquire(self.warnings)
+        progress = None
+        if self.events:
+
+            def progress(detail):
+                emit_event({"event": "progress", "name": "lock", "detail": detail})
+
+        if self.lock.acquire(self.warnings, wait=self.wait_lock, progress=progress):
+            # The queries started with the transaction saw the containers as they were before
+            # the deploy that held the lock: its run's GPUs would look held from outside.
+            for query in self.queries.values():
+                if query is not None:
+                    query.cancel()
+            self.start_queries()
         return "ok", self.lock.path
 
     def check_tmux(self):
@@ -1440,7 +1476,10 @@ class Deploy:
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
         if self.restart:
-            return "ok", "restart requested"
+            # Said as what is there: doctor plans with restart too, and asked for nothing.
+            if pane_active(self.old_state) or self.old_pids:
+                return "ok", "session '%s' is running: --restart replaces it" % (self.session)
+            return "ok", "no active run"
         if pane_active(self.old_state):
             raise AgentError(
                 "refused", "session '%s' is running; use --restart to replace it" % self.session

@@ -498,7 +498,10 @@ def _cluster_problems(document: YamlDocument, spec: InventorySpec) -> list[str]:
 def load_playbook(path: Path, *, referenced_from: str | None = None) -> Playbook:
     """Load and validate a playbook; the script source is resolved relative to the playbook."""
     if not path.is_file() and referenced_from:
-        raise ConfigError([f"{referenced_from.rstrip(': ')}: playbook file not found: {path}"])
+        raise ConfigError(
+            [f"{referenced_from.rstrip(': ')}: playbook file not found: {path}"],
+            hint="a target's playbook path is relative to the inventory file's directory",
+        )
     document = load_yaml(path, what="playbook")
     spec: PlaybookSpec = _validate(document, PlaybookSpec, "a playbook")
     source = _script_source(path, spec.script.source, document)
@@ -513,7 +516,10 @@ def _script_source(playbook: Path, value: str, document: YamlDocument) -> Path:
     except (OSError, RuntimeError) as exc:  # a symlink loop
         raise ConfigError([document.problem(where, f"cannot resolve {value}: {exc}")]) from None
     if not source.is_file():
-        raise ConfigError([document.problem(where, f"script not found: {source}")])
+        raise ConfigError(
+            [document.problem(where, f"script not found: {source}")],
+            hint="script.source is relative to the playbook file's directory",
+        )
     try:
         source.open("rb").close()  # unreadable (permissions): say so now, not at upload
     except OSError as exc:

@@ -34,9 +34,11 @@ def main() -> int:
             print(f"\ndemo stopped: exit {code}", file=sys.stderr)
             return code
     print(
-        "\nThe run keeps going in the sandbox. Next: launcher -i "
-        f"{shlex.quote(str(info.inventory_path))} status -t sandbox; "
-        "`launcher sandbox down` removes everything."
+        "\nThe run keeps going in the sandbox. Next:\n"
+        '  eval "$(launcher sandbox env)"   # or: export '
+        f"LAUNCHER_INVENTORY={shlex.quote(str(info.inventory_path))}\n"
+        "  launcher status                  # one poll of the run, judged\n"
+        "  launcher sandbox down            # removes every container, process and file"
     )
     return 0
 

@@ -49,6 +49,8 @@ class DeployOptions:
     grace: float | None = None
     # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
     kill_gpu_holders: bool = False
+    # Wait this long (seconds) for another deploy's lock instead of refusing at once.
+    wait_lock: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,7 @@ def deploy(
     # too large to travel inline is pushed first with `pct push` (its sha256 is checked the same).
     inline = len(script) <= INLINE_LIMIT
     ct_tmp: str | None = None
-    if inline:
-        emit("upload", "ok", f"{len(script)} bytes inline with the transaction (sha256 checked)")
-    else:
+    if not inline:
         ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
         try:
             container.push(script, ct_tmp)
@@ -135,8 +135,22 @@ def deploy(
 
     request = deploy_request(target, script, options, grace, inline=inline)
     request["tmp"] = ct_tmp
+    sent = not inline
+
+    def emit_sent(name: str, status: str, detail: str) -> None:
+        # The inline script is shown as sent once the container answers, not before the
+        # connection (an unknown host key, a stopped CT) could have failed.
+        nonlocal sent
+        if not sent:
+            sent = True
+            emit("upload", "ok", f"{len(script)} bytes sent with the transaction")
+        emit(name, status, detail)
+
     applied = run_transaction(
-        container, request, emit, timeout=grace + conn.endpoint.command_timeout
+        container,
+        request,
+        emit_sent,
+        timeout=grace + options.wait_lock + conn.endpoint.command_timeout,
     )
     report.result = {
         key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")
@@ -208,6 +222,7 @@ def deploy_request(
             "sha256": hashlib.sha256(script).hexdigest(),
             "check_resources": True,
             "need_bytes": need_bytes(script),
+            "wait_lock": options.wait_lock,
         }
     )
     return request

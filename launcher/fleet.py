@@ -154,10 +154,18 @@ def error_outcome(target: str, error: LauncherError) -> Outcome:
     return Outcome(target, error.exit_code, error.message, data, error=error.message)
 
 
+def _state(outcome: Outcome) -> str:
+    verdict = getattr(outcome.data.get("probe"), "verdict", None)
+    return verdict if isinstance(verdict, str) else outcome.result
+
+
 def render_table(outcomes: Sequence[Outcome], *, title: str) -> str:
-    """The closing table: target, result, key figures, exit code; then the overall code."""
-    rows = [(o.target, o.result, o.summary, str(int(o.exit_code))) for o in outcomes]
-    headers = ("target", "result", "summary", "exit")
+    """The closing table: target, state (a probe's verdict, else the result), exit code and the
+    reason or key figures; then the overall code."""
+    rows = [
+        (o.target, _state(o), " ".join(o.summary.split()), str(int(o.exit_code))) for o in outcomes
+    ]
+    headers = ("target", "state", "reason", "exit")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:2])]
     lines = [f"{title}:"]
     lines.append(f"  {headers[0]:<{widths[0]}}  {headers[1]:<{widths[1]}}  exit  {headers[2]}")

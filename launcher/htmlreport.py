@@ -19,9 +19,11 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import __version__
 from launcher.errors import UsageError
 from launcher.termsafe import sanitize
 from launcher.verify.checks import Verdict, history
@@ -51,6 +53,9 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 td.observed{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
 pre{background:#f4f4f4;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:12px}
 .meta{color:#555}
+table.header{margin:4px 0 8px}table.header th{font-weight:500;color:#555;background:#fafafa}
+ul.failing{background:#fff4f4;border:1px solid #f0c0c0;padding:8px 8px 8px 28px}
+ul.failing .observed{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
 """
 
 
@@ -74,6 +79,8 @@ class Run:
     deploy: dict[str, Any] | None
     queue_names: Sequence[str]
     summary: str = ""
+    host: str = ""
+    vmid: int | None = None
 
 
 def timeline(probe: ProbeResult) -> list[tuple[float, Sample]]:
@@ -205,13 +212,7 @@ def svg_chart(
         f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}" '
         'stroke="#999"/>'
     )
-    if warmup is not None and x0 <= warmup <= x1:
-        x = px(warmup)
-        parts.append(
-            f'<line class="warmup" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" '
-            'stroke="#ef6c00" stroke-dasharray="5,4"/>'
-            f'<text x="{x + 4:.1f}" y="{TOP + 12}" fill="#ef6c00">warmup ends</text>'
-        )
+    parts.extend(_warmup_mark(warmup, x0, x1, px, plot_h))
     for index, line in enumerate(series):
         colour = COLOURS[index % len(COLOURS)]
         parts.extend(_polyline(line, colour, px, py, TOP))
@@ -221,6 +222,29 @@ def svg_chart(
         parts.extend(_legend(series))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _warmup_mark(warmup: float | None, x0: float, x1: float, px: Any, plot_h: float) -> list[str]:
+    """The end of the warmup: a dashed line where it falls, or (when the data ends before it,
+    as with a crash during the warmup) a note at the right edge; the chart is never stretched
+    to reach it. The label sits left of the line near the right edge, so it is never clipped."""
+    if warmup is None or warmup < x0:
+        return []
+    colour = 'fill="#ef6c00"'
+    if warmup > x1:
+        return [
+            f'<text class="warmup" x="{WIDTH - RIGHT:.1f}" y="{TOP + 12}" {colour} '
+            f'text-anchor="end">warmup ends at {warmup:g}s →</text>'
+        ]
+    x = px(warmup)
+    near_right = x > WIDTH - RIGHT - 90
+    label_x, anchor = (x - 4, "end") if near_right else (x + 4, "start")
+    return [
+        f'<line class="warmup" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" '
+        'stroke="#ef6c00" stroke-dasharray="5,4"/>'
+        f'<text x="{label_x:.1f}" y="{TOP + 12}" {colour} text-anchor="{anchor}">'
+        "warmup ends</text>"
+    ]
 
 
 def _polyline(line: Series, colour: str, px: Any, py: Any, top: float) -> list[str]:
@@ -260,7 +284,44 @@ def _x_ticks(x0: float, x1: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(max(0, count))]
 
 
-def render_run(run: Run) -> str:
+def header_fields(run: Run, generated: str) -> list[tuple[str, str]]:
+    """What was judged, where and when: the header's rows, in order."""
+    probe = run.probe
+    record = _record_of(run)
+    sha = record.get("sha256") if record else None
+    deployed = record.get("time") if record else None
+    return [
+        ("target", run.target),
+        ("host", run.host or "?"),
+        ("CT", str(run.vmid) if run.vmid is not None else "?"),
+        ("run", (probe.run if probe else None) or "unknown (not started by launcher)"),
+        ("script sha256", sha if isinstance(sha, str) else "unknown (no deploy record)"),
+        ("deployed", deployed if isinstance(deployed, str) else "unknown"),
+        ("launcher", __version__),
+        ("report written", generated),
+    ]
+
+
+def _record_of(run: Run) -> dict[str, Any] | None:
+    """The deploy record of the run judged: the container's latest record when it names the
+    run the probe pinned (an older record describes another run), else smoke's own deploy."""
+    probe = run.probe
+    if probe is not None and probe.record and probe.record.get("run") == probe.run:
+        return probe.record
+    if run.deploy is not None and isinstance(run.deploy.get("sha256"), str):
+        return {"sha256": run.deploy["sha256"]}
+    return None
+
+
+def render_header(run: Run, generated: str) -> str:
+    rows = "".join(
+        f"<tr><th>{text(name)}</th><td>{text(value)}</td></tr>"
+        for name, value in header_fields(run, generated)
+    )
+    return f'<table class="header">{rows}</table>'
+
+
+def render_run(run: Run, generated: str = "") -> str:
     probe = run.probe
     verdict = probe.verdict if probe else ("deploy failed" if run.deploy else "not probed")
     css = verdict if verdict in ("healthy", "unhealthy", "unreachable") else "none"
@@ -271,6 +332,7 @@ def render_run(run: Run) -> str:
         f'<section class="run"><h1>{text(run.target)} '
         f'<span class="verdict {css}">{text(shown.upper())}</span></h1>',
         f'<p class="reason">{text(reason)}</p>',
+        render_header(run, generated),
     ]
     if run.deploy is not None:
         ok = run.deploy.get("ok", True)
@@ -282,25 +344,35 @@ def render_run(run: Run) -> str:
     return "".join(parts)
 
 
+def x_range_of(probe: ProbeResult, charts: list[tuple[str, list[Series]]]) -> tuple[float, float]:
+    """Where the data is: the first reading (or the first poll) to the last poll. The warmup
+    does not stretch it: a crash at 6 s of a 180 s warmup fills the chart, not a sliver."""
+    xs = [x for _, series in charts for s in series for x, _ in s.points]
+    start = probe.polls[0].at if probe.polls else 0.0
+    last_poll = probe.polls[-1].at - start if probe.polls else 0.0
+    return min([0.0, *xs]), max([*xs, last_poll, 1.0])
+
+
 def _probe_sections(probe: ProbeResult, queue_names: Sequence[str]) -> str:
     settings = probe.settings
     timings = ", ".join(f"{k} {v}" for k, v in probe.timings().items())
     charts = chart_series(probe, queue_names)
-    xs = [x for _, series in charts for s in series for x, _ in s.points]
-    span = max(xs, default=0.0)
-    x_range = (min([0.0, *xs]), max(span, settings.wait if settings else 0.0, 1.0))
+    x_range = x_range_of(probe, charts)
     warmup = settings.wait if settings else None
     svgs = "".join(svg_chart(title, series, x_range, warmup) for title, series in charts)
+    # Failing checks first: the reader opened the page to see why.
+    ordered = sorted(probe.checks, key=lambda r: r.verdict is not Verdict.FAIL)
     rows = "".join(
         f'<tr><td><span class="verdict {text(r.verdict)}">{text(str(r.verdict).upper())}</span>'
         f'</td><td>{text(r.name)}</td><td class="observed">{text(r.observed)}</td>'
         f"<td>{text(r.expected)}</td></tr>"
-        for r in probe.checks
+        for r in ordered
     )
-    failing = sum(r.verdict is Verdict.FAIL for r in probe.checks)
+    failing = [r for r in probe.checks if r.verdict is Verdict.FAIL]
     lines = "\n".join(text(line) for line in probe.last_lines(40))
     return (
-        f'<p class="meta">{text(timings)}; {failing} failing check(s)</p>'
+        _failing_section(failing)
+        + f'<p class="meta">{text(timings)}; {len(failing)} failing check(s)</p>'
         f'<h2>Over time</h2><div class="charts">{svgs}</div>'
         '<h2>Checks</h2><table class="checks"><thead><tr><th>verdict</th><th>check</th>'
         f"<th>observed</th><th>expected</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -308,8 +380,21 @@ def _probe_sections(probe: ProbeResult, queue_names: Sequence[str]) -> str:
     )
 
 
-def render_html(runs: Sequence[Run], title: str = "launcher verify") -> str:
-    body = "".join(render_run(run) for run in runs)
+def _failing_section(failing: Sequence[Any]) -> str:
+    """The failing checks with their evidence, above everything else."""
+    if not failing:
+        return ""
+    items = "".join(
+        f'<li><b>{text(r.name)}</b>: <span class="observed">{text(r.observed)}</span>'
+        f'<br><span class="meta">expected {text(r.expected)}</span></li>'
+        for r in failing
+    )
+    return f'<h2>Why it failed</h2><ul class="failing">{items}</ul>'
+
+
+def render_html(runs: Sequence[Run], title: str = "launcher verify", generated: str = "") -> str:
+    generated = generated or datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    body = "".join(render_run(run, generated) for run in runs)
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8">'
@@ -319,10 +404,16 @@ def render_html(runs: Sequence[Run], title: str = "launcher verify") -> str:
     )
 
 
-def runs_from(outcomes: Sequence[Outcome], queue_names: dict[str, list[str]]) -> list[Run]:
-    """The report's runs from what verify or smoke gave for each target."""
+def runs_from(
+    outcomes: Sequence[Outcome],
+    queue_names: dict[str, list[str]],
+    places: dict[str, tuple[str, int]] | None = None,
+) -> list[Run]:
+    """The report's runs from what verify or smoke gave for each target; `places` gives each
+    target's (host, vmid)."""
     runs = []
     for outcome in outcomes:
+        host, vmid = (places or {}).get(outcome.target, ("", None))
         probe = outcome.data.get("probe")
         deploy = outcome.data.get("deploy")
         runs.append(
@@ -332,6 +423,8 @@ def runs_from(outcomes: Sequence[Outcome], queue_names: dict[str, list[str]]) ->
                 deploy=deploy if isinstance(deploy, dict) else None,
                 queue_names=queue_names.get(outcome.target, []),
                 summary=outcome.summary,
+                host=host,
+                vmid=vmid,
             )
         )
     return runs

@@ -154,7 +154,10 @@ def logs(
     result = LogsResult(ExitCode.OK, "", "pane" if raw else "log", log_file, lines, session=session)
     if raw and not session.get("exists"):
         result.exit_code = ExitCode.UNHEALTHY
-        result.summary = f"no session '{spec.session}' on {target.label}: no pane to show"
+        result.summary = (
+            f"no session '{spec.session}' on {target.label}: no pane to show "
+            f"(launcher deploy -t {target.name} starts one)"
+        )
         return result
     if not raw and not answer["log_exists"]:
         result.exit_code = ExitCode.UNHEALTHY
@@ -328,7 +331,8 @@ def attach(target: Target, conn: HostConnection) -> AttachResult:
     if not state.session_exists:
         return AttachResult(
             ExitCode.UNHEALTHY,
-            f"no session '{spec.session}' on {target.label}: nothing to attach to",
+            f"no session '{spec.session}' on {target.label}: nothing to attach to "
+            f"(launcher deploy -t {target.name} starts one)",
             spec.session,
         )
     argv = attach_argv(conn.endpoint, target.vmid, spec.session)
@@ -419,6 +423,7 @@ def rollback(
     restart: bool = False,
     grace: float | None = None,
     keep_checkpoints: bool = False,
+    wait_lock: float = 0.0,
     on_step: StepSink = lambda step: None,
 ) -> RollbackResult:
     """Put the previous script version (<dest>.prev) back and relaunch, through the same locked
@@ -440,9 +445,10 @@ def rollback(
         grace=wait,
         mode="keep" if keep_checkpoints else "archive",
     )
+    request["wait_lock"] = wait_lock
     container = container_for(target, conn)
     applied = run_transaction(
-        container, request, emit, timeout=wait + conn.endpoint.command_timeout
+        container, request, emit, timeout=wait + wait_lock + conn.endpoint.command_timeout
     )
     saved = applied.get("record") or request["record"]
     result.sha256 = str(saved.get("sha256") or "")

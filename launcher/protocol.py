@@ -199,6 +199,7 @@ class TransactionRequest(TypedDict, total=False):
     need_bytes: int
     plan: bool  # run every check, change nothing, answer the planned steps
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
+    wait_lock: float  # seconds to wait for another deploy's lock before refusing (0: at once)
 
 
 class StopRequest(TypedDict):

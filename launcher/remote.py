@@ -118,6 +118,12 @@ class Endpoint:
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
 
+def known_hosts_override() -> str | None:
+    """`--known-hosts FILE` / LAUNCHER_KNOWN_HOSTS: one known_hosts file for every host (a CI
+    job writes its secret there instead of rewriting the inventory)."""
+    return os.environ.get("LAUNCHER_KNOWN_HOSTS") or None
+
+
 def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) -> Endpoint:
     """Where to connect for inventory host `name`: inventory values win; ssh_config fills what
     the inventory left unset, from the blocks for the host's name, then for its address.
@@ -136,7 +142,8 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     options = found[0].before(by_address)
     explicit = host.model_fields_set
     identities = (host.identity_file,) if host.identity_file else options.identity_files
-    known_hosts = host.known_hosts or options.known_hosts or "~/.ssh/known_hosts"
+    known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
+    known_hosts = known_hosts or "~/.ssh/known_hosts"
     endpoint = Endpoint(
         name=name,
         hostname=by_address.hostname or host.address,
@@ -191,7 +198,8 @@ def _with_route(
     for index, (hop, options) in enumerate(zip(hops, found, strict=True)):
         label = "jump" if len(hops) == 1 else f"jump {index + 1}"
         identities = (host.identity_file,) if host.identity_file else options.identity_files
-        known_hosts = host.known_hosts or options.known_hosts or "~/.ssh/known_hosts"
+        known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
+        known_hosts = known_hosts or "~/.ssh/known_hosts"
         hop_endpoint = replace(
             endpoint,
             name=f"{endpoint.name} ({label})",

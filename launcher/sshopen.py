@@ -204,6 +204,15 @@ def _failure(ep: Endpoint, exc: Exception, *, timed_out: bool, phase: str) -> Ex
             hint="set identity_file in the inventory (or IdentityFile in ssh_config for this "
             "host), or load a key into ssh-agent",
         )
+    if isinstance(exc, OSError) and exc.filename and str(exc.filename) in ep.identity_files:
+        # paramiko lets the OSError of an identity file it cannot open out of connect();
+        # retried, it would end as "cannot reach" and point at the network.
+        why = "not found" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
+        return AuthError(
+            f"{ep.name}: identity file {exc.filename}: {why}",
+            hint="fix identity_file in the inventory (or IdentityFile in ssh_config); "
+            "`launcher inventory check` checks every host's key files",
+        )
     if isinstance(exc, OSError | EOFError | paramiko.SSHException):
         return RetryableConnect(str(exc) or type(exc).__name__)
     return exc
@@ -228,7 +237,20 @@ def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
     except TimeoutError:
         raise timed_out_error(ep, "tcp") from None
     except OSError as exc:
-        raise RetryableConnect(str(exc) or type(exc).__name__) from None
+        raise RetryableConnect(str(exc) or type(exc).__name__, hint=socket_hint(ep, exc)) from None
+
+
+def socket_hint(ep: Endpoint, exc: OSError) -> str | None:
+    """The cause a failed TCP connect names: a refused port, or a name that does not resolve."""
+    where = f"{ep.hostname}:{ep.port}"
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"nothing listens on {where}: check the port in the inventory (or ssh_config) "
+            "and that sshd runs there"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"the name {ep.hostname} does not resolve: check the address in the inventory"
+    return None
 
 
 def finish_connect(sock: socket.socket, ep: Endpoint, deadline: float) -> bool:

@@ -38,10 +38,21 @@ def is_tty(stream: TextIO | None = None) -> bool:
     return stream.isatty() and os.environ.get("TERM") != "dumb" and "NO_COLOR" not in os.environ
 
 
+# What a person reads for the transaction's step names; JSON keeps the names themselves (a
+# script matches on them, and they are part of the /1 documents).
+STEP_LABELS = {
+    "active_check": "active run",
+    "verify": "sha256",
+    "checkpoint_guard": "checkpoint dir",
+    "launch_check": "run file",
+}
+
+
 def step_line(name: str, status: str, detail: str, *, prefix: str = "") -> str:
     mark = MARKS.get(status, "·")
+    label = STEP_LABELS.get(name, name)
     # Details can quote the container (a compile error, a holder's command line).
-    return f"{prefix}{mark} {name:<12} {sanitize(detail, keep_sgr=False)}"
+    return f"{prefix}{mark} {label:<12} {sanitize(detail, keep_sgr=False)}"
 
 
 def echo_step(name: str, status: str, detail: str, *, prefix: str = "") -> None:

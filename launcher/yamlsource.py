@@ -176,6 +176,13 @@ except ImportError:  # PyYAML built without libyaml
     _Loader = _PyLoader
 
 
+NOT_FOUND_HINTS = {
+    "inventory": "pass -i FILE or set LAUNCHER_INVENTORY (default ./inventory.yaml); "
+    "`launcher sandbox up` prints the path of the sandbox's inventory",
+    "playbook": "a target's playbook path is relative to the inventory file's directory",
+}
+
+
 def _read_text(path: Path, *, what: str) -> str:
     """The file's text, refusing what is not a regular file of at most MAX_BYTES."""
     try:
@@ -190,7 +197,9 @@ def _read_text(path: Path, *, what: str) -> str:
             raise ConfigError([_too_large(path, what, len(data))])
         return data.decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError([f"{path}: {what} file not found"]) from None
+        raise ConfigError(
+            [f"{path}: {what} file not found"], hint=NOT_FOUND_HINTS.get(what)
+        ) from None
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read {what}: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:

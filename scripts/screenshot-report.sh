@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run by hand (not in CI): take a screenshot of a real `verify --report` page in headless
-# Chromium, to look at the charts as a person would. Needs root and Debian's chromium
-# (apt-get install chromium). The page comes from the end-to-end test of the report, on a
-# throwaway sandbox:
+# Run by hand (not in CI): take a screenshot of a real report page in headless Chromium, to
+# look at it as a person would. Needs root and Debian's chromium (apt-get install chromium).
+# The page is the `smoke --report` of a real failed run (the demo trainer crashing) from the
+# end-to-end test of the report, on a throwaway sandbox:
 #   scripts/screenshot-report.sh [OUT.png]      (default docs/verify-report.png)
 #   scripts/screenshot-report.sh --page FILE.html [OUT.png]   (an existing report)
 set -euo pipefail
@@ -17,9 +17,9 @@ command -v chromium >/dev/null || { echo "chromium not found: apt-get install ch
 work=$(mktemp -d /tmp/launcher-screenshot.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 if [ -z "$page" ]; then
-  page=$work/verify.html
-  LAUNCHER_KEEP_REPORT=$page .venv/bin/python -m pytest -x -q \
-    tests/e2e/test_report.py::test_verify_report_of_a_healthy_run
+  page=$work/smoke.html
+  LAUNCHER_KEEP_REPORT=$page .venv/bin/python -m pytest -x -q -p no:cacheprovider \
+    --basetemp="$work/pytest" tests/e2e/test_report.py::test_smoke_report_of_a_crash
 fi
 # No network, no profile of anyone's: a new user data dir that is removed afterwards.
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \

@@ -5,7 +5,7 @@
 - `simulate`: the batching simulation that measures padding efficiency;
 - `playbook`: records a plan in a playbook (`buckets:` and `verify.queues.q_pre`).
 
-numpy (the optional extra `launcher[buckets]`) is needed by every module but this one; call
+numpy (the optional extra `proxmox-launcher[buckets]`) is needed by every module but this one; call
 `require_numpy()` before importing them, so that a missing numpy is a clear usage error.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from launcher.errors import UsageError
 
-INSTALL_HINT = "pip install 'launcher[buckets]'   (or: pip install 'numpy>=1.24')"
+INSTALL_HINT = "pip install 'proxmox-launcher[buckets]'   (or: pip install 'numpy>=1.24')"
 
 
 def require_numpy() -> None:

@@ -1,7 +1,7 @@
 """`launcher buckets plan`: length-bucket boundaries for a bucketed shuffle, found exactly.
 
-numpy (the optional extra `launcher[buckets]`) and the planning modules are imported inside the
-command, so that `launcher --help` stays fast and works without numpy.
+numpy (the optional extra `proxmox-launcher[buckets]`) and the planning modules are imported
+inside the command, so that `launcher --help` stays fast and works without numpy.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PROGRESS_BYTES = 1 << 20
 
 @click.group("buckets")
 def buckets() -> None:
-    """Plan the length buckets of a bucketed shuffle (needs numpy: launcher[buckets]).
+    """Plan the length buckets of a bucketed shuffle (needs numpy: proxmox-launcher[buckets]).
 
     \b
     Example:

@@ -170,9 +170,31 @@ single_target_option = click.option(
 )
 
 
+KNOWN_HOSTS_ENV = "LAUNCHER_KNOWN_HOSTS"
+
+
+def _set_known_hosts(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # Through the environment: endpoints are resolved in several places (prefetch, persist's
+    # background process, attach's ssh), and each reads it there.
+    if value:
+        os.environ[KNOWN_HOSTS_ENV] = os.path.abspath(os.path.expanduser(value))
+
+
+known_hosts_option = click.option(
+    "--known-hosts",
+    metavar="FILE",
+    envvar=KNOWN_HOSTS_ENV,
+    expose_value=False,
+    callback=_set_known_hosts,
+    help="known_hosts file for every host and jump host, instead of the inventory's and "
+    "ssh_config's (env LAUNCHER_KNOWN_HOSTS; for CI: a file written from a secret).",
+)
+
+
 def global_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """-i, --debug and -q, accepted after the command name too (`launcher deploy --debug`)."""
     for option in (
+        known_hosts_option,
         click.option(
             "-q",
             "--quiet",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import GRACE
+from launcher.cli.params import GRACE, wait_lock_option
 
 
 @click.command("deploy")
@@ -29,6 +29,7 @@ from launcher.cli.params import GRACE
     is_flag=True,
     help="Kill processes outside the old run that hold the GPUs (default: refuse, exit 4).",
 )
+@wait_lock_option
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.deploy/1)."
 )
@@ -41,6 +42,7 @@ def deploy_command(
     purge: bool,
     keep: bool,
     kill_gpu_holders: bool,
+    wait_lock: float,
     as_json: bool,
 ) -> None:
     """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
@@ -51,6 +53,7 @@ def deploy_command(
       launcher deploy --restart -t prod       # replace the running job
       launcher deploy --restart --dry-run     # show the plan, change nothing
       launcher deploy --restart --all         # every target, in parallel, one table
+      launcher deploy --restart --wait-lock 10m   # CI: queue behind a deploy in progress
     Steps go to stderr as they happen (-q: none); the result or --json to stdout.
     Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused (lock held, run active, GPUs busy), 130 interrupted; a fleet: the worst.
@@ -67,6 +70,7 @@ def deploy_command(
         checkpoint_mode="purge" if purge else "keep" if keep else "archive",
         grace=grace,
         kill_gpu_holders=kill_gpu_holders,
+        wait_lock=wait_lock,
     )
     outcomes = run_on_targets(app, deploy_work(options))
     if as_json:

@@ -35,12 +35,19 @@ def check(app: AppContext, as_json: bool) -> None:
     Example:
       launcher -i inventory.yaml inventory check
       launcher inventory check --json | jq '.targets[] | select(.target == "prod")'
+    Identity files named in the inventory must exist and be readable; loose permissions
+    and a missing known_hosts file are warnings.
     Exit codes: 0 valid, 2 a problem (each printed on stderr with its file and key).
     """
     from launcher.config import check_all, inventory_path
     from launcher.errors import ConfigError
+    from launcher.keyfiles import key_file_findings
 
     inv, targets, problems = check_all(inventory_path(app.inventory_option))
+    key_problems, warnings = key_file_findings(inv)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    problems.extend(key_problems)
     if problems:
         raise ConfigError(problems)
     target_views: dict[str, dict[str, Any]] = {

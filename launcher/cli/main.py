@@ -16,7 +16,13 @@ from typing import Any, NoReturn
 import click
 
 from launcher import __version__
-from launcher.cli.context import TARGET_HELP, AppContext, complete_targets, print_error
+from launcher.cli.context import (
+    TARGET_HELP,
+    AppContext,
+    complete_targets,
+    known_hosts_option,
+    print_error,
+)
 from launcher.errors import ExitCode, LauncherError
 
 
@@ -79,6 +85,7 @@ class LauncherGroup(click.Group):
     is_flag=True,
     help="No progress lines on stderr (errors and results still print).",
 )
+@known_hosts_option
 @click.pass_context
 def cli(
     ctx: click.Context,

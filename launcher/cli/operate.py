@@ -14,7 +14,7 @@ from launcher.cli.context import (
     pass_app,
     single_target_option,
 )
-from launcher.cli.params import GRACE, LINES
+from launcher.cli.params import GRACE, LINES, wait_lock_option
 from launcher.termsafe import sanitize
 
 
@@ -248,8 +248,11 @@ def history_command(app: AppContext, as_json: bool, limit: int) -> None:
 @click.option(
     "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
 )
+@wait_lock_option
 @pass_app
-def rollback_command(app: AppContext, restart: bool, grace: float | None, keep: bool) -> None:
+def rollback_command(
+    app: AppContext, restart: bool, grace: float | None, keep: bool, wait_lock: float
+) -> None:
     """Put the previous script version back (verified like an upload) and relaunch.
 
     Uses <dest>.prev, kept by every deploy; afterwards .prev holds the version rolled back
@@ -274,7 +277,13 @@ def rollback_command(app: AppContext, restart: bool, grace: float | None, keep: 
             ctx.say(step_line(step.name, step.status, step.detail))  # type: ignore[attr-defined]
 
         result = rollback(
-            ctx.target, ctx.conn, restart=restart, grace=grace, keep_checkpoints=keep, on_step=show
+            ctx.target,
+            ctx.conn,
+            restart=restart,
+            grace=grace,
+            keep_checkpoints=keep,
+            wait_lock=wait_lock,
+            on_step=show,
         )
         return Outcome(ctx.target.name, result.exit_code, result.summary)
 

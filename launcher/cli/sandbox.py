@@ -56,7 +56,8 @@ def sandbox() -> None:
     \b
     Example (as root):
       launcher sandbox up --vmid 200,201 --gpus 8
-      launcher -i /var/lib/launcher-sandbox/inventory.yaml deploy -t sandbox
+      eval "$(launcher sandbox env)"
+      launcher deploy --restart
       launcher sandbox down
     """
 
@@ -84,8 +85,19 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     (on a new port if its old one was taken).
 
     \b
+    State dir: --state-dir, else env LAUNCHER_SANDBOX_DIR, else /var/lib/launcher-sandbox.
+    It holds everything the sandbox made: inventory.yaml (targets sandbox and sandbox-VMID),
+    playbooks/demo.yaml, the SSH key and known_hosts, sshd, the LXC containers.
+    \b
+    The demo trainer's behaviour is set by DEMO_MODE in the playbook's env:
+      healthy (default), crash, stall, flat, nan, silent, crashloop, diverge,
+      sag, finalizer-noise, nan-gradnorm, bursty, hang
+    (DEMO_CRASH_AFTER, DEMO_STALL_AFTER, DEMO_NAN_AFTER, DEMO_HANG_AFTER: seconds before it
+    misbehaves; DEMO_INTERVAL: seconds between status lines; DEMO_FORMAT: dflash, hf, jsonl.)
+    \b
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
+      eval "$(launcher sandbox env)"      # LAUNCHER_INVENTORY for the commands that follow
     Exit codes: 0 up, 2 bad input or not root, 3 a container or sshd did not start.
     """
     vmids = parse_vmids(vmid_values)
@@ -119,6 +131,27 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     click.echo(
         f"              launcher -i {shlex.quote(str(info.inventory_path))} deploy -t sandbox"
     )
+    click.echo('  or:         eval "$(launcher sandbox env)"; launcher deploy')
+
+
+@sandbox.command("env")
+@state_dir_option
+def env(state_dir: Path | None) -> None:
+    """Print the shell line that points launcher at the sandbox's inventory.
+
+    Nothing is started or checked: it prints `export LAUNCHER_INVENTORY=<state dir>/inventory.yaml`
+    for the state dir (--state-dir, else env LAUNCHER_SANDBOX_DIR, else /var/lib/launcher-sandbox).
+
+    \b
+    Example:
+      eval "$(launcher sandbox env)"
+      launcher status
+    Exit codes: 0 printed.
+    """
+    from launcher.sandbox import Sandbox
+
+    inventory = Sandbox(state_dir).inventory_path
+    click.echo(f"export LAUNCHER_INVENTORY={shlex.quote(str(inventory))}")
 
 
 @sandbox.command("down")

@@ -79,7 +79,11 @@ def overall(outcomes: Sequence[Outcome]) -> int:
 
 
 def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) -> None:
-    """End a command: the closing table for a fleet (last, after any details), then the code."""
+    """End a command: the closing table for a fleet (last, after any details), the job summary
+    and annotations under GitHub Actions, then the code."""
+    from launcher import ci
+
     if table and len(outcomes) > 1:
         click.echo(render_table(outcomes, title=title))
+    ci.report(title, outcomes)
     raise SystemExit(overall(outcomes))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW
+from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
 
 if TYPE_CHECKING:
     from launcher.config import Target
@@ -25,9 +25,18 @@ def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | Non
     return path
 
 
+verbose_option = click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Show every check with its expectation (default: the ones that did not pass).",
+)
+
+
 def probe_options(command: Any) -> Any:
     for option in reversed(
         [
+            verbose_option,
             click.option(
                 "--wait",
                 type=WAIT,
@@ -102,6 +111,7 @@ def verify_command(
     as_json: bool,
     junit: Path | None,
     report: Path | None,
+    verbose: bool,
 ) -> None:
     """Startup probe: fail fast on a crash, then judge queues, throughput, step and loss.
 
@@ -133,7 +143,7 @@ def verify_command(
         failure_threshold=failure_threshold,
     )
     outcomes = run_on_targets(app, verify_work(overrides), live=True)
-    _report(app, outcomes, command="verify", as_json=as_json, junit=junit)
+    _report(app, outcomes, command="verify", as_json=as_json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "verify")
     exit_with(outcomes, title="verify", table=not as_json)
 
@@ -141,9 +151,11 @@ def verify_command(
 @click.command("smoke")
 @fleet_options
 @probe_options
+@wait_lock_option
 @pass_app
 def smoke_command(
     app: AppContext,
+    wait_lock: float,
     wait: float | None,
     interval: float | None,
     window: float | None,
@@ -152,6 +164,7 @@ def smoke_command(
     as_json: bool,
     junit: Path | None,
     report: Path | None,
+    verbose: bool,
 ) -> None:
     """CI smoke check: `deploy --restart`, then `verify`, with JUnit and JSON reports.
 
@@ -173,8 +186,8 @@ def smoke_command(
         successes=successes,
         failure_threshold=failure_threshold,
     )
-    outcomes = run_on_targets(app, smoke_work(overrides))
-    _report(app, outcomes, command="smoke", as_json=as_json, junit=junit)
+    outcomes = run_on_targets(app, smoke_work(overrides, wait_lock=wait_lock))
+    _report(app, outcomes, command="smoke", as_json=as_json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "smoke")
     exit_with(outcomes, title="smoke", table=not as_json)
 
@@ -184,8 +197,9 @@ def smoke_command(
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the status as JSON (schema launcher.status/2)."
 )
+@verbose_option
 @pass_app
-def status_command(app: AppContext, as_json: bool) -> None:
+def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     """One poll of the run: session and pane, the latest sample, the checks, the deployed script.
 
     \b
@@ -204,7 +218,7 @@ def status_command(app: AppContext, as_json: bool) -> None:
 
     outcomes = run_on_targets(app, status_work, quiet=True)
     if as_json or len(outcomes) == 1:
-        _report(app, outcomes, command="status", as_json=as_json, junit=None)
+        _report(app, outcomes, command="status", as_json=as_json, junit=None, verbose=verbose)
     exit_with(outcomes, title="status", table=not as_json)
 
 
@@ -215,6 +229,7 @@ def _report(
     command: str,
     as_json: bool,
     junit: Path | None,
+    verbose: bool = False,
 ) -> None:
     from launcher.cli.targets import emit_json
     from launcher.verify.report import render_status, render_text, to_json, to_junit
@@ -248,9 +263,10 @@ def _report(
         runs.append((outcome.target, probe, deploy))
         if not as_json and (len(outcomes) == 1 or outcome.exit_code):
             if "record" in outcome.data:
-                click.echo(render_status(outcome.target, probe, queues, outcome.data))
+                text = render_status(outcome.target, probe, queues, outcome.data, verbose=verbose)
             else:
-                click.echo(render_text(outcome.target, probe, queues))
+                text = render_text(outcome.target, probe, queues, verbose=verbose)
+            click.echo(text)
     if junit:
         junit.write_text(to_junit(runs), encoding="utf-8")
     if as_json:
@@ -280,8 +296,10 @@ def _html_report(app: AppContext, outcomes: list[Outcome], path: Path | None, wh
         return
     from launcher.htmlreport import runs_from, write_report
 
-    queues = {t.name: _queues(t) for t in app.targets()}
-    write_report(path, runs_from(outcomes, queues), f"launcher {what}")
+    targets = app.targets()
+    queues = {t.name: _queues(t) for t in targets}
+    places = {t.name: (t.host_name, t.vmid) for t in targets}
+    write_report(path, runs_from(outcomes, queues, places), f"launcher {what}")
 
 
 def _queues(target: Target) -> list[str]:

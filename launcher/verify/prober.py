@@ -88,6 +88,9 @@ class ProbeResult:
     settings: ProbeSettings | None = None
     run: str | None = None  # the run marker the probe judged
     state: State | None = None  # where the run is in its life (None: unreachable, not known)
+    # The container's latest deploy record as the last poll saw it (sha256, time, operator):
+    # the report's header names what was judged.
+    record: dict[str, Any] | None = None
 
     @property
     def latest(self) -> Poll | None:

@@ -208,8 +208,11 @@ def latest_line(samples: Sequence[Sample], queue_names: Sequence[str]) -> str:
     return " · ".join(parts)
 
 
-def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> str:
-    """The human report: verdict, checks, throughput trend and, on failure, the last lines."""
+def render_text(
+    target: str, probe: ProbeResult, queue_names: Sequence[str], *, verbose: bool = False
+) -> str:
+    """The human report: verdict, throughput trend, the checks that did not pass (`verbose`:
+    every check with its expectation) and, on failure, the last lines."""
     word = str(probe.state) if probe.state is not None else probe.verdict
     lines = [f"{target}: {word.upper()} (exit {int(probe.exit_code)}) — {probe.reason}"]
     if probe.samples:
@@ -219,8 +222,13 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
         lines.append(
             f"  throughput: {sparkline(trend)}  {format_rate(trend[0])} → {format_rate(trend[-1])}"
         )
-    width = max((len(r.name) for r in probe.checks), default=4)
-    for r in probe.checks:
+    shown = [r for r in probe.checks if verbose or r.verdict is not Verdict.PASS]
+    passed = [r.name for r in probe.checks if r.verdict is Verdict.PASS]
+    if passed and len(shown) < len(probe.checks):
+        which = f"all {len(passed)}" if len(passed) == len(probe.checks) else f"{len(passed)} more"
+        lines.append(f"  checks: {which} passed (-v: each with its expectation)")
+    width = max((len(r.name) for r in shown), default=4)
+    for r in shown:
         # Multi-line observations (a dead pane's last lines) are shown in full below the table.
         observed = r.observed.splitlines()[0] if r.observed else ""
         lines.append(
@@ -234,10 +242,15 @@ def render_text(target: str, probe: ProbeResult, queue_names: Sequence[str]) -> 
 
 
 def render_status(
-    target: str, probe: ProbeResult, queue_names: Sequence[str], extra: dict[str, Any]
+    target: str,
+    probe: ProbeResult,
+    queue_names: Sequence[str],
+    extra: dict[str, Any],
+    *,
+    verbose: bool = False,
 ) -> str:
     """`launcher status`: the probe text plus what deploy recorded and how fresh the log is."""
-    lines = [render_text(target, probe, queue_names)]
+    lines = [render_text(target, probe, queue_names, verbose=verbose)]
     state = probe.latest.state if probe.latest else None
     if state is not None:
         pane = "no session" if not state.session_exists else "dead" if state.pane_dead else "alive"

@@ -107,14 +107,17 @@ def run_probe(
     )
     queues = list(spec.queues)
     container = container_for(target, ctx.conn)
+    records: list[dict[str, Any] | None] = [None]
 
     def poll(timeout: float) -> PaneState:
-        return poll_once(container, target, spec.lines, timeout=timeout)[0]
+        state, answer = poll_once(container, target, spec.lines, timeout=timeout)
+        records[0] = answer.get("record")
+        return state
 
     def show(event: PollEvent) -> None:
         ctx.say(progress_line(event, queues, settings.failure_threshold))
 
-    return Prober(
+    result = Prober(
         poll,
         spec,
         settings,
@@ -124,6 +127,8 @@ def run_probe(
         expected_run=expected_run,
         history_lines=spec.lines,
     ).run()
+    result.record = records[0]
+    return result
 
 
 def verify_work(overrides: ProbeOverrides) -> Work:
@@ -187,9 +192,13 @@ def status_work(ctx: FleetContext) -> Outcome:
         settings=settings_for(target, ProbeOverrides(wait=0, window=0, successes=1)),
         run=state.run,
         state=lifecycle,
+        record=answer.get("record"),
     )
     extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
-    summary = latest_line(poll.samples, list(spec.queues)) if poll.samples else probe.reason
+    # The table of several targets shows this: the reason when unhealthy, else the figures.
+    summary = probe.reason
+    if not code and poll.samples:
+        summary = latest_line(poll.samples, list(spec.queues))
     if not state.session_exists:
         summary = f"no session '{target.playbook.spec.session}'"
     return Outcome(target.name, code, summary, {"probe": probe, **extra})
@@ -202,9 +211,9 @@ def deployed_run(data: dict[str, Any]) -> str | None:
     return run if isinstance(run, str) else None
 
 
-def smoke_work(overrides: ProbeOverrides) -> Work:
+def smoke_work(overrides: ProbeOverrides, *, wait_lock: float = 0.0) -> Work:
     """`deploy --restart` then `verify` of the run that deploy started, on one target, for CI."""
-    deploy = deploy_work(DeployOptions(restart=True))
+    deploy = deploy_work(DeployOptions(restart=True, wait_lock=wait_lock))
 
     def work(ctx: FleetContext) -> Outcome:
         try:

@@ -147,6 +147,30 @@ def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     project.kill_session(VMID, "race")
 
 
+def test_wait_lock_queues_behind_a_deploy_in_progress(project: Project) -> None:
+    """--wait-lock: the second deploy waits for the first's lock (saying who holds it) and then
+    deploys; a wait too short still refuses with exit 4, naming how long it waited."""
+    book = project.playbook("queue", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=6)
+    project.write({"queue": (VMID, book)})
+    deploy_ok(project)
+    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # the first one is now inside its 6 s stop grace, holding the lock
+    waiting = [*cmd, "--wait-lock", "1m"]
+    second = subprocess.Popen(waiting, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    short = project.launcher("deploy", "--restart", "--wait-lock", "1s")
+    _, first_err = first.communicate(timeout=60)
+    _, second_err = second.communicate(timeout=90)
+    assert first.returncode == 0, first_err
+    assert short.returncode == 4, short.stderr
+    assert "another deploy is running (waited 1s)" in short.stderr
+    assert second.returncode == 0, second_err
+    assert "waiting for the lock" in second_err and "held by" in second_err
+    records = json_out(project.launcher("history", "--json"))["records"]
+    assert len(records) >= 3  # the first deploy, the one that waited, and the one before
+    project.kill_session(VMID, "queue")
+
+
 def test_lock_left_by_killed_deployer_is_broken(project: Project) -> None:
     book = project.playbook("stale", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=5)
     project.write({"stale": (VMID, book)})

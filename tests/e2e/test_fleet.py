@@ -32,12 +32,12 @@ def kill_all(project: Project) -> None:
 
 
 def table_rows(stdout: str) -> dict[str, tuple[str, int]]:
-    """The closing table's rows: target -> (result, exit code)."""
+    """The closing table's rows: target -> (state, exit code)."""
     rows = {}
     in_table = False
     for line in stdout.splitlines():
         parts = line.split()
-        if parts[:3] == ["target", "result", "exit"]:
+        if parts[:3] == ["target", "state", "exit"]:
             in_table = True
         elif in_table and len(parts) >= 3 and parts[2].isdigit() and parts[0] != "overall":
             rows[parts[0]] = (parts[1], int(parts[2]))
@@ -58,12 +58,12 @@ def test_deploy_and_verify_all_in_parallel(fleet: Project) -> None:
             "verify", "-t", "fleet200,fleet201", "-t", "fleet202", "-t", "fleet203"
         )
         assert verified.returncode == 0, verified.stdout + verified.stderr
-        assert all(result == ("ok", 0) for result in table_rows(verified.stdout).values())
+        assert all(state == ("healthy", 0) for state in table_rows(verified.stdout).values())
         assert len(table_rows(verified.stdout)) == 4
 
         status = fleet.launcher("status", "--all")
         assert status.returncode == 0, status.stdout + status.stderr
-        assert set(table_rows(status.stdout)) == {f"fleet{v}" for v in FLEET}
+        assert table_rows(status.stdout) == {f"fleet{v}": ("healthy", 0) for v in FLEET}
 
         doctor = fleet.launcher("doctor", "--all")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr

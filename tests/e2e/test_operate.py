@@ -195,7 +195,7 @@ def test_history_and_rollback(project: Project) -> None:
     rolled = project.launcher("rollback", "--restart")
     out = ok(rolled)
     steps = rolled.stderr  # progress: the steps go to stderr, the summary to stdout
-    assert "✓ verify" in steps and "✓ compile" in steps and "✓ launch" in steps
+    assert "✓ sha256" in steps and "✓ compile" in steps and "✓ launch" in steps
     assert f"rolled back opsroll (sandbox CT {OTHER}): sha256 {TRAINER_SHA[:12]}" in out
     sha = project.ct_text(OTHER, "sha256sum", "/root/opsroll/train_demo.py").split()[0]
     assert sha == TRAINER_SHA
@@ -218,8 +218,9 @@ def test_doctor_passes_then_names_each_failure(project: Project) -> None:
     for name in ("config", "reachable", "host key", "auth", "pct", "running", "python3", "tmux"):
         assert f"✓ {name}" in out, out
     # The in-container checks are the deploy transaction's own, run in plan mode.
-    for name in ("paths", "lock", "resources", "gpus", "compile", "checkpoint_guard"):
+    for name in ("paths", "lock", "resources", "gpus", "compile", "checkpoint dir", "active run"):
         assert f"✓ {name}" in out, out
+    assert "restart requested" not in out  # doctor asked for no restart
     assert "8 GPUs" in out and "all" in out
 
     project.sandbox.stop_container(OTHER)

@@ -6,18 +6,21 @@ must show it as text. The page is parsed as a browser tokenises it (html.parser)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.project import Project
-from tests.unit.test_htmlreport import parse
+from launcher import __version__
+from tests.e2e.project import DEMO_TRAINER, Project
+from tests.unit.test_htmlreport import header_of, parse
 
 pytestmark = pytest.mark.e2e
 
 VMID = 202
+TRAINER_SHA256 = hashlib.sha256(DEMO_TRAINER.read_bytes()).hexdigest()
 HOSTILE = "<script>alert(1)</script><img src=http://x.invalid/a.png>"
 # printf's own escapes: an OSC title sequence, then the markup, then the trainer.
 COMMAND = r"printf '\033]0;pwned\007%s\n' '" + HOSTILE + "'; exec python3 train_demo.py"
@@ -32,6 +35,17 @@ def assert_self_contained(page_text: str) -> None:
             assert name == "xmlns" or "://" not in (value or ""), (name, value)
 
 
+def assert_header(page_text: str, target: str, sha256: str) -> None:
+    """The header names what was judged: target, host, CT, run, the deployed script, version."""
+    header = header_of(page_text)
+    assert header["target"] == target
+    assert header["host"] == "sandbox" and header["CT"] == str(VMID)
+    assert header["run"].startswith(f"{target}:"), header
+    assert header["script sha256"] == sha256
+    assert header["deployed"].endswith("Z") and header["launcher"] == __version__
+    assert header["report written"].endswith(" UTC")
+
+
 def test_verify_report_of_a_healthy_run(project: Project, tmp_path: Path) -> None:
     project.write({"report": (VMID, project.playbook("report", command=COMMAND))})
     deployed = project.launcher("deploy", "--restart")
@@ -41,6 +55,7 @@ def test_verify_report_of_a_healthy_run(project: Project, tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
     text = html.read_text(encoding="utf-8")
     assert_self_contained(text)
+    assert_header(text, "report", TRAINER_SHA256)
     page = parse(text)
     charts = [a.get("aria-label") for a in page.all("svg")]
     assert charts[:3] == ["throughput (Ktok/s)", "loss", "step rate (steps/s)"]
@@ -51,9 +66,6 @@ def test_verify_report_of_a_healthy_run(project: Project, tmp_path: Path) -> Non
     assert {"alive", "fatal", "throughput", "step", "loss"} <= set(page.cells)
     assert HOSTILE in page.pre and "pwned" not in page.pre and "\x1b" not in page.pre
     assert "step=" in page.pre  # the trainer's own status lines
-    keep = os.environ.get("LAUNCHER_KEEP_REPORT")  # scripts/screenshot-report.sh reads it
-    if keep:
-        shutil.copy(html, keep)
     project.kill_session(VMID, "report")
 
 
@@ -65,12 +77,17 @@ def test_smoke_report_of_a_crash(project: Project, tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     text = html.read_text(encoding="utf-8")
     assert_self_contained(text)
+    assert_header(text, "crash", TRAINER_SHA256)
+    assert text.index("Why it failed") < text.index("<svg")
     page = parse(text)
     assert "UNHEALTHY" in text and page.all("svg")
     assert "Traceback (most recent call last):" in page.pre
     assert "NCCL error" in page.pre
     failing = [c for c in page.cells if c in ("alive", "fatal")]
     assert failing, page.cells
+    keep = os.environ.get("LAUNCHER_KEEP_REPORT")  # scripts/screenshot-report.sh reads it
+    if keep:
+        shutil.copy(html, keep)
     project.kill_session(VMID, "crash")
 
 

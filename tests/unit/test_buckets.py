@@ -341,7 +341,10 @@ def test_missing_numpy_is_a_usage_error_with_the_pip_command(
     monkeypatch.setitem(sys.modules, "numpy", None)
     with pytest.raises(UsageError) as error:
         require_numpy()
-    assert error.value.hint is not None and "pip install 'launcher[buckets]'" in error.value.hint
+    assert (
+        error.value.hint is not None
+        and "pip install 'proxmox-launcher[buckets]'" in error.value.hint
+    )
 
 
 def test_help_does_not_import_numpy() -> None:

@@ -60,7 +60,58 @@ def test_json_view(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_missing_inventory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = check(tmp_path, capsys)
     assert code == 2
-    assert err == f"error: {tmp_path / 'inventory.yaml'}: inventory file not found\n"
+    assert err.startswith(f"error: {tmp_path / 'inventory.yaml'}: inventory file not found\n")
+    assert "LAUNCHER_INVENTORY" in err  # a hint: where the file is looked for
+
+
+def test_missing_identity_file_fails_the_check(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = project / "no-such-key"
+    edit(
+        project / "inventory.yaml",
+        "    port: 22\n",
+        f"    port: 22\n    identity_file: {missing}\n",
+    )
+    code, out, err = check(project, capsys)
+    assert (code, out) == (2, "")
+    assert f"inventory.yaml:6: hosts.pve.identity_file: identity file not found: {missing}" in err
+
+
+def test_unreadable_or_loose_identity_file(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = project / "id_test"
+    key.write_text("not really a key\n")
+    key.chmod(0o644)
+    edit(project / "inventory.yaml", "    port: 22\n", f"    port: 22\n    identity_file: {key}\n")
+    code, _, err = check(project, capsys)
+    assert code == 0  # loose permissions: a warning, the check passes
+    assert f"warning: {project / 'inventory.yaml'}:6: hosts.pve.identity_file:" in err
+    assert f"chmod 600 {key}" in err
+    key.chmod(0o600)
+    code, _, err = check(project, capsys)
+    assert (code, err) == (0, "")
+    directory = project / "a-directory"
+    directory.mkdir()
+    edit(project / "inventory.yaml", str(key), str(directory))
+    code, _, err = check(project, capsys)
+    assert code == 2
+    assert "identity file is not a regular file" in err
+
+
+def test_missing_known_hosts_is_a_warning(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(
+        project / "inventory.yaml",
+        "    port: 22\n",
+        "    port: 22\n    known_hosts: /nonexistent/kh\n",
+    )
+    code, _, err = check(project, capsys)
+    assert code == 0
+    assert "hosts.pve.known_hosts: /nonexistent/kh does not exist" in err
+    assert "host_key_policy: strict" in err
 
 
 def test_yaml_syntax_error_names_line_and_column(

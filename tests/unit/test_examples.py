@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from launcher.config import load_inventory
+from tests.unit.test_docs import problems_of
 from tests.unit.test_htmlreport import probe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def staging_script() -> str:
 
 def test_triggers_match_the_playbook_that_the_smoke_deploys() -> None:
     workflow = load(GITHUB)
-    assert "launcher smoke -t staging" in " ".join(github_step("deploy")["run"].split())
+    assert " smoke -t staging " in " ".join(github_step("deploy")["run"].split())
     # PyYAML reads the key `on` as True (YAML 1.1).
     paths = workflow[True]["push"]["paths"]
     assert staging_script() in paths and "playbooks/dflash-smoke.yaml" in paths
@@ -126,16 +127,23 @@ def keypair(where: Path) -> str:
     return (where / "key").read_text()
 
 
+def launcher_lines(script: str) -> list[str]:
+    """The `launcher …` command lines of a step (continuation lines joined)."""
+    joined = script.replace("\\\n", " ")
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith("launcher ")]
+
+
 @pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="needs openssh-client")
 def test_github_ssh_steps_use_an_agent_and_a_temp_known_hosts(repo: Path, tmp_path: Path) -> None:
     runner_temp = tmp_path / "runner-temp"
     runner_temp.mkdir()
     github_env = tmp_path / "github-env"
+    known = "[10.1.2.6]:22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample"
     env = {
         "RUNNER_TEMP": str(runner_temp),
         "GITHUB_ENV": str(github_env),
         "PVE_SSH_KEY": keypair(tmp_path),
-        "PVE_KNOWN_HOSTS": "[10.1.2.6]:22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample",
+        "PVE_KNOWN_HOSTS": known,
     }
     agent = run_step(github_step("SSH key")["run"], repo, env)
     assert agent.returncode == 0, agent.stderr
@@ -144,52 +152,77 @@ def test_github_ssh_steps_use_an_agent_and_a_temp_known_hosts(repo: Path, tmp_pa
     listed = run_step("ssh-add -l", repo, env)
     try:
         assert listed.returncode == 0 and "ED25519" in listed.stdout, listed.stderr
-        hosts = run_step(github_step("known_hosts")["run"], repo, env)
-        assert hosts.returncode == 0, hosts.stdout + hosts.stderr
-        exported = dict(line.split("=", 1) for line in github_env.read_text().splitlines())
-        assert exported["LAUNCHER_INVENTORY"] == "inventory.ci.yaml"
-        inventory = load_inventory(repo / "inventory.ci.yaml")
-        known = {h.known_hosts for h in inventory.spec.hosts.values()}
-        assert known == {str(runner_temp / "known_hosts")}
-        assert (runner_temp / "known_hosts").stat().st_mode & 0o077 == 0
+        smoke = github_step("deploy")["run"]
+        # The step's own lines up to the smoke: the known_hosts file from the secret.
+        setup = "\n".join(line for line in smoke.splitlines() if line.startswith("printf"))
+        written = run_step(setup, repo, env)
+        assert written.returncode == 0, written.stderr
+        assert (runner_temp / "known_hosts").read_text() == known + "\n"
         assert not (repo / "home" / ".ssh").exists()  # the runner's own ~/.ssh is untouched
+        (command,) = launcher_lines(smoke)
+        assert '--known-hosts "$RUNNER_TEMP/known_hosts"' in command
+        assert "--wait-lock 20m" in command
+        assert problems_of(command) == []  # every option exists in the CLI
     finally:
         cleanup = run_step(github_step("Clean up")["run"], repo, env)
     assert cleanup.returncode == 0, cleanup.stderr
-    assert not (runner_temp / "known_hosts").exists() and not (repo / "inventory.ci.yaml").exists()
+    assert not (runner_temp / "known_hosts").exists()
     assert run_step("ssh-add -l", repo, env).returncode == 2  # the agent is gone
 
 
+def test_no_inline_python_in_the_examples() -> None:
+    """launcher writes the job summary and takes the known_hosts file itself: no glue."""
+    for path in (GITHUB, GITLAB):
+        text = path.read_text()
+        assert "python3 -" not in text and "<<'PY'" not in text, path
+        assert "inventory.ci.yaml" not in text, path
+
+
 @pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="needs openssh-client")
-def test_gitlab_setup_loads_the_key_and_checks_the_inventory(repo: Path, tmp_path: Path) -> None:
+def test_gitlab_setup_loads_the_key_and_names_the_known_hosts(repo: Path, tmp_path: Path) -> None:
     known_hosts = tmp_path / "PVE_KNOWN_HOSTS"  # GitLab's File variable: a path
     known_hosts.write_text("[10.1.2.6]:22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample\n")
-    lines = [line for line in load(GITLAB)["staging-smoke"]["before_script"]]
+    job = load(GITLAB)["staging-smoke"]
+    lines = list(job["before_script"])
     assert lines[0] == "pip install ."
-    script = "\n".join([*lines[1:], "ssh-add -l", 'echo "inventory=$LAUNCHER_INVENTORY"'])
+    script = "\n".join([*lines[1:], "ssh-add -l", 'echo "known=$LAUNCHER_KNOWN_HOSTS"'])
     env = {"PVE_SSH_KEY": keypair(tmp_path), "PVE_KNOWN_HOSTS": str(known_hosts)}
     result = run_step(script, repo, env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "ED25519" in result.stdout and "inventory=inventory.ci.yaml" in result.stdout
-    assert not (repo / "inventory.ci.yaml").exists()  # removed when the job's shell ends
+    assert "ED25519" in result.stdout and f"known={known_hosts}" in result.stdout
+    (command,) = launcher_lines("\n".join(job["script"]))
+    assert "--wait-lock 20m" in command and problems_of(command) == []
 
 
-def test_github_job_summary_from_the_junit_report(tmp_path: Path) -> None:
-    from launcher.verify.report import to_junit
+def test_github_job_summary_and_annotations_come_from_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher import ci
+    from launcher.errors import ExitCode
+    from launcher.fleet import Outcome
 
-    (tmp_path / "smoke.xml").write_text(to_junit([("staging", probe(crash_at=9), None)]))
+    crashed = probe(crash_at=9)
+    outcomes = [
+        Outcome("staging", ExitCode.UNHEALTHY, f"unhealthy: {crashed.reason}", {"probe": crashed}),
+        Outcome("canary", ExitCode.OK, "healthy: step 20, 28.0 Ktok/s"),
+        Outcome("prod", ExitCode.UNREACHABLE, "x", error="prod: cannot connect: a, b\nhint: c"),
+    ]
     summary = tmp_path / "summary.md"
-    step = github_step("Job summary")
-    assert step["if"] == "always()"
-    result = run_step(step["run"], tmp_path, {"GITHUB_STEP_SUMMARY": str(summary)})
-    assert result.returncode == 0, result.stderr
-    rows = summary.read_text().splitlines()
-    assert "| launcher.staging | alive | FAIL | observed pane dead, exit status 1;" in "\n".join(
-        rows
-    )
-    assert any(r.startswith("| launcher.staging | samples | pass |") for r in rows)
-    # No report at all (the smoke never ran): the summary says so and the step still passes.
-    (tmp_path / "smoke.xml").unlink()
-    summary.unlink()
-    result = run_step(step["run"], tmp_path, {"GITHUB_STEP_SUMMARY": str(summary)})
-    assert result.returncode == 0 and "no JUnit report" in summary.read_text()
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    ci.report("smoke", outcomes)  # not under GitHub Actions: nothing
+    assert not summary.exists() and capsys.readouterr().err == ""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    ci.report("smoke", outcomes)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "::error title=launcher smoke%3A staging unhealthy::" + f"unhealthy: {crashed.reason}",
+        "::error title=launcher smoke%3A prod unreachable::prod: cannot connect: a, b%0Ahint: c",
+    ]
+    text = summary.read_text()
+    assert text.startswith("### launcher smoke: 2 of 3 failed\n")
+    assert "| canary | ✅ ok | 0 | healthy: step 20, 28.0 Ktok/s |" in text
+    assert "| prod | ❌ unreachable | 3 | prod: cannot connect: a, b hint: c |" in text
+    assert "- **staging** `alive`: pane dead, exit status 1" in text
+    ci.report("smoke", outcomes[1:2])  # appended, as each step's summary is
+    assert summary.read_text().count("### launcher smoke") == 2

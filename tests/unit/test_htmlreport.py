@@ -6,12 +6,15 @@ html.parser as a browser would tokenise it.
 
 from __future__ import annotations
 
+import html
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from html.parser import HTMLParser
 
 import pytest
 
+from launcher import __version__
 from launcher.htmlreport import Run, render_html, step_rate, timeline
 from launcher.verify.checks import ChecksSpec, PaneState
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
@@ -99,6 +102,14 @@ class Page(HTMLParser):
         return [attrs for name, attrs in self.tags if name == tag]
 
 
+def header_of(page: str) -> dict[str, str]:
+    """The report's header rows (name -> value), as a browser shows them."""
+    table = re.search(r'<table class="header">(.*?)</table>', page)
+    assert table, "no header table"
+    rows = re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table.group(1))
+    return {html.unescape(name): html.unescape(value) for name, value in rows}
+
+
 def parse(page: str) -> Page:
     parser = Page()
     parser.feed(page)
@@ -147,6 +158,47 @@ def test_throughput_chart_rises_and_the_warmup_line_sits_at_the_wait() -> None:
     xs = [float(p.split(",")[0]) for p in first.split()]
     # x of the warmup (6 s) lies between the first point (before the probe) and the last
     assert xs[0] < float(warmup["x1"] or 0) < xs[-1]
+
+
+def test_header_names_what_was_judged_and_the_failing_check_comes_first() -> None:
+    result = probe(crash_at=9)
+    result.run = "dflash:abc123"
+    result.record = {"run": "dflash:abc123", "sha256": "f" * 64, "time": "2026-12-01T06:21:53Z"}
+    run = Run("prod", result, None, ["q_pre"], host="pve", vmid=200)
+    text = render_html([run], generated="2026-12-01 06:30:00 UTC")
+    header = header_of(text)
+    assert header == {
+        "target": "prod",
+        "host": "pve",
+        "CT": "200",
+        "run": "dflash:abc123",
+        "script sha256": "f" * 64,
+        "deployed": "2026-12-01T06:21:53Z",
+        "launcher": __version__,
+        "report written": "2026-12-01 06:30:00 UTC",
+    }
+    # the failing checks lead, with their evidence, before the charts and in the table
+    assert text.index("Why it failed") < text.index("<svg")
+    page = parse(text)
+    checks = [c for c in page.cells if c in ("alive", "fatal", "samples", "throughput", "step")]
+    assert checks[:2] == ["alive", "fatal"] or checks[0] in ("alive", "fatal"), checks
+    # a record of another run is not shown as this run's
+    result.record = {"run": "dflash:older", "sha256": "0" * 64}
+    assert header_of(render_html([run]))["script sha256"] == "unknown (no deploy record)"
+
+
+def test_a_crash_during_the_warmup_fills_the_chart() -> None:
+    result = probe(crash_at=3)
+    assert result.verdict == "unhealthy"
+    assert result.settings is not None and result.settings.wait == 6
+    text = render_html([Run("prod", result, None, [])])
+    page = parse(text)
+    points = (page.all("polyline")[0]["points"] or "").split()
+    last_x = float(points[-1].split(",")[0])
+    # the data reaches the right edge (560 - 16): the 6 s warmup did not stretch the axis
+    assert last_x > 500, points
+    assert not any(a.get("class") == "warmup" for a in page.all("line"))
+    assert "warmup ends at 6s" in text
 
 
 def test_timeline_spreads_new_lines_over_the_poll_interval() -> None:
