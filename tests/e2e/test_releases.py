@@ -181,3 +181,20 @@ def test_hostile_trees_refused(project: Project, kind: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr
     assert project.processes(VMID, "trainer") == before
+
+
+def test_dry_run_lists_changes_and_diffs_and_changes_nothing(project: Project) -> None:
+    src = make_package(project.root)
+    project.write({NAME: (VMID, book(project, src))})
+    first = release_info(deploy_json(project))
+    (src / "config.json").write_text(json.dumps({"version": "v9"}))
+    (src / "notes.txt").write_text("new\n")
+    (src / "trainer" / "part0.py").unlink()
+    result = project.launcher("deploy", "--restart", "--dry-run", "--diff")
+    out = ok(result) + result.stderr
+    assert "changed  config.json" in out and "added    notes.txt (4 bytes)" in out
+    assert "removed  trainer/part0.py" in out
+    assert '+{"version": "v9"}' in out and '-{"version": "v1"}' in out
+    link = project.ct_text(VMID, "readlink", f"/root/{NAME}/current").strip()
+    assert link == f"releases/{first['id']}"
+    assert project.ct_text(VMID, "ls", "-A", f"/root/{NAME}/releases").split() == [first["id"]]
