@@ -19,9 +19,9 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from launcher import __version__, releases
+from launcher import __version__
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, AgentFailure
 from launcher.config import Target
@@ -34,6 +34,9 @@ from launcher.errors import (
 from launcher.fleet import FleetContext, Outcome
 from launcher.localhistory import append_local_history
 from launcher.ui import step_line
+
+if TYPE_CHECKING:
+    from launcher.releases import PreparedRelease
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024
@@ -119,6 +122,8 @@ def deploy(
     grace = spec.stop_grace if options.grace is None else options.grace
     prepared = None
     if spec.project is not None:
+        from launcher import releases  # a project's modules load only for a project
+
         prepared = releases.prepare(
             target,
             container,
@@ -175,9 +180,11 @@ def deploy(
 
 
 def _send_release(
-    target: Target, container: Container, prepared: releases.PreparedRelease, emit: EmitFn
+    target: Target, container: Container, prepared: PreparedRelease, emit: EmitFn
 ) -> None:
     """The missing files' stream: inline with the transaction, or pushed first when large."""
+    from launcher import releases
+
     workdir = target.playbook.spec.workdir
     try:
         where = releases.attach_stream(prepared, container, workdir, INLINE_LIMIT)
