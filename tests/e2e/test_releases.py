@@ -198,3 +198,6 @@ def test_dry_run_lists_changes_and_diffs_and_changes_nothing(project: Project) -
     link = project.ct_text(VMID, "readlink", f"/root/{NAME}/current").strip()
     assert link == f"releases/{first['id']}"
     assert project.ct_text(VMID, "ls", "-A", f"/root/{NAME}/releases").split() == [first["id"]]
+    doctor = project.launcher("doctor")  # the same planned transaction, the release in it
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "project" in doctor.stdout + doctor.stderr
