@@ -40,6 +40,7 @@ if __name__ != "launcher_agent":  # imported by the package; in the container ag
         emit_event,
         ignore_hangup,
         is_strict_child,
+        list_dir,
         new_run_id,
         param,
         protected_paths,
@@ -286,6 +287,16 @@ class ReleaseDeploy(Deploy):
     def remove_stale_temps(self):
         if self.dest_rel is not None:
             Deploy.remove_stale_temps(self)
+        for name in list_dir(self.workdir):  # a pushed stream, a `current` about to be renamed
+            full = os.path.join(self.workdir, name)
+            ours = name.startswith((".release.launcher-", ".current.launcher-"))
+            if (
+                ours
+                and name.endswith(".tmp")
+                and full != self.blobs_tmp
+                and (os.path.islink(full) or os.path.isfile(full))
+            ):
+                remove_quietly(full)
         rdir = releases_dir(self.workdir)
         try:
             names = os.listdir(rdir)

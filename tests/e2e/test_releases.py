@@ -77,7 +77,7 @@ def test_project_deploy_redeploy_rollback(project: Project) -> None:
     project.wait_for(lambda: "TRAINER VERSION v1 SEED 41" in pane(project), what="v1 running")
 
     (src / "config.json").write_text(json.dumps({"version": "v2"}))
-    second = release_info(deploy_json(project))
+    second = release_info(deploy_json(project, "--set", "stop_grace=2", "-m", "v2 config"))
     assert second["sent_files"] == 1  # only the changed file travelled
     assert second["changes"] == {"added": 0, "changed": 1, "removed": 0}
     assert second["linked_files"] == 24
@@ -108,6 +108,7 @@ def test_project_deploy_redeploy_rollback(project: Project) -> None:
     text = json.dumps(history)
     assert first["manifest_sha256"] in text and second["id"] in text
     assert '"env": ["SEED"]' in text and '"message": "first"' in text
+    assert '"set": ["stop_grace=2"]' in text
     assert "41" not in json.dumps([r.get("env") for r in _records(history)])
 
 
@@ -201,3 +202,24 @@ def test_dry_run_lists_changes_and_diffs_and_changes_nothing(project: Project) -
     doctor = project.launcher("doctor")  # the same planned transaction, the release in it
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "project" in doctor.stdout + doctor.stderr
+
+
+def test_a_large_change_is_pushed_then_verified(project: Project) -> None:
+    """Over the inline limit (4 MiB compressed) the stream goes by `pct push` first."""
+    src = make_package(project.root)
+    (src / "weights.bin").write_bytes(os.urandom(6 * 2**20))  # random: gzip cannot shrink it
+    project.write({NAME: (VMID, book(project, src))})
+    result = project.launcher("deploy", "--restart")
+    assert "pushed to /root/pkg/.release.launcher-" in ok(result) + result.stderr
+    size = project.ct_text(VMID, "stat", "-c", "%s", f"/root/{NAME}/current/weights.bin")
+    assert size.strip() == str(6 * 2**20)
+    leftovers = project.ct_text(VMID, "find", f"/root/{NAME}", "-maxdepth", "1", "-name", "*.tmp")
+    assert leftovers.strip() == ""
+
+
+def test_bad_overrides_are_usage_errors(project: Project) -> None:
+    src = make_package(project.root)
+    project.write({NAME: (VMID, book(project, src))})
+    for args in (["--set", "nosuch=1"], ["--set", "stop_grace=-1"], ["--env", "1BAD=x"]):
+        result = project.launcher("deploy", "--restart", *args)
+        assert result.returncode == 2, (args, result.stderr)
