@@ -99,3 +99,52 @@ def test_changes_and_the_stream(tmp_path: Path) -> None:
 def test_text_diff() -> None:
     assert "+b" in text_diff("f", b"a\n", b"b\n")
     assert text_diff("f", b"\0", b"x") == ["Binary file f differs"]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [["../etc/passwd", 1, 0o644, "a" * 64]],
+        [["/abs", 1, 0o644, "a" * 64]],
+        [["a\nb", 1, 0o644, "a" * 64]],
+        [["a/./b", 1, 0o644, "a" * 64]],
+        [["a", 1, 0o4755, "a" * 64]],
+        [["a", -1, 0o644, "a" * 64]],
+        [["a", 1, 0o644, "not-a-hash"]],
+        [["a", 1, 0o644, "a" * 64], ["a", 1, 0o644, "a" * 64]],
+        [["a", 1, 0o644, "a" * 64], ["a/b", 1, 0o644, "a" * 64]],
+        [],
+    ],
+)
+def test_the_agent_refuses_bad_manifests(rows: list[list[object]]) -> None:
+    from launcher.agent import AgentError
+    from launcher.agent_release import manifest_param
+
+    with pytest.raises(AgentError):
+        manifest_param(rows)
+
+
+def test_the_agent_reads_only_frames_the_manifest_names(tmp_path: Path) -> None:
+    import io
+
+    from launcher.agent import AgentError
+    from launcher.agent_release import read_frames
+
+    data = b"hello"
+    digest = hashlib.sha256(data).hexdigest()
+    rows = [["a.txt", 5, 0o644, digest]]
+    good = gzip.compress(f"{digest} 5\n".encode() + data)
+    assert read_frames(io.BytesIO(good), rows, str(tmp_path)) == 1
+    assert (tmp_path / digest).read_bytes() == data
+    for bad in (
+        gzip.compress(f"{'b' * 64} 5\n".encode() + data),  # not in the manifest
+        gzip.compress(f"{digest} 5\n".encode() + b"hell"),  # cut short
+        gzip.compress(f"{digest} 5\n".encode() + b"HELLO"),  # wrong content
+        gzip.compress(b"../../x 5\n" + data),  # a name, not a hash
+    ):
+        target = tmp_path / "other"
+        target.mkdir(exist_ok=True)
+        for leftover in target.iterdir():
+            leftover.unlink()
+        with pytest.raises(AgentError):
+            read_frames(io.BytesIO(bad), rows, str(target))
