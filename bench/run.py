@@ -160,6 +160,8 @@ def vmids(args: argparse.Namespace) -> list[int]:
         chosen |= {HAND_VMID, MUX_VMID}
     if "crash" in args.only:
         chosen.add(CRASH_VMID)
+    if "project" in args.only:
+        chosen |= {DEPLOY_VMID, HAND_VMID}
     chosen.update(fleet_vmids(args))
     if "scale" in args.only:
         chosen.update(scale.VMIDS[: max(scale.QUICK_SIZES if args.quick else scale.SIZES)])
