@@ -69,14 +69,14 @@ def project_rows(env: BenchEnv, runs: int, log: Callable[[str], None]) -> list[R
     for n in range(1, runs + 1):
         (src / "config.json").write_text(json.dumps({"version": n}))
         result = check(env.launcher(inventory, "deploy", "--restart", "--json"), "redeploy")
-        report = json.loads(result.stdout)
+        report = json.loads(result.out)
         report = report["results"][0] if "results" in report else report
         lau_s.append(result.seconds)
         lau_b.append(int(report["result"]["release"]["sent_bytes"]))
         synced = check(env.run(rsync, timeout=600), "rsync")
         hand = check(env.run(env.handwritten_argv(HAND_VMID, mux=False)), "handwritten")
         hand_s.append(synced.seconds + hand.seconds)
-        hand_b.append(_rsync_bytes(synced.stdout))
+        hand_b.append(_rsync_bytes(synced.out))
     env.run(env.ssh_argv("rm", "-rf", stage))
     note = (
         f"{FILES} files, {TOTAL // 2**20} MB, 1 changed; median of {runs}; "
