@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness import DEMO_TRAINER, DEPLOY_VMID, HAND_VMID, BenchEnv, check
+from harness import DEMO_TRAINER, DEPLOY_VMID, HAND_VMID, WORKDIR, BenchEnv, check
 from rows import Row, median
 
 FILES = 2000
@@ -61,12 +61,16 @@ def project_rows(env: BenchEnv, runs: int, log: Callable[[str], None]) -> list[R
     assert env.info is not None
     rsync = ["rsync", "-az", "--stats", "-e", ssh, f"{src}/",
              f"{env.info.user}@{env.info.address}:{stage}"]  # fmt: skip
+    log("project: first rsync -az to the host")
     check(env.run(rsync, timeout=600), "first rsync")
+    mkdir = ["pct", "exec", str(HAND_VMID), "--", "mkdir", "-p", WORKDIR]
+    check(env.run(env.ssh_argv(*mkdir)), "the hand-written redeploy's workdir")
     lau_s: list[float] = []
     lau_b: list[int] = []
     hand_s: list[float] = []
     hand_b: list[int] = []
     for n in range(1, runs + 1):
+        log(f"project: redeploy {n} of {runs}")
         (src / "config.json").write_text(json.dumps({"version": n}))
         result = check(env.launcher(inventory, "deploy", "--restart", "--json"), "redeploy")
         report = json.loads(result.out)
