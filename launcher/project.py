@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import hashlib
+import io
 import json
 import os
 import stat
@@ -233,36 +234,16 @@ def blob_stream(manifest: Manifest, missing: Iterable[str]) -> tuple[bytes, int,
     wanted = set(missing)
     sources = {e.sha256: e for e in manifest.entries if e.sha256 in wanted}
     raw = 0
-    with _Buffer() as buffer:
-        with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
-            for digest, entry in sorted(sources.items()):
-                data = entry.local.read_bytes()
-                if hashlib.sha256(data).hexdigest() != digest:
-                    raise UsageError(f"project file {entry.path} changed while deploying it")
-                out.write(f"{digest} {len(data)}\n".encode())
-                out.write(data)
-                raw += len(data)
-        return buffer.getvalue(), len(sources), raw
-
-
-class _Buffer:
-    def __enter__(self) -> _Buffer:
-        import io
-
-        self._io = io.BytesIO()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def write(self, data: bytes) -> int:
-        return self._io.write(data)
-
-    def flush(self) -> None:
-        pass
-
-    def getvalue(self) -> bytes:
-        return self._io.getvalue()
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
+        for digest, entry in sorted(sources.items()):
+            data = entry.local.read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise UsageError(f"project file {entry.path} changed while deploying it")
+            out.write(f"{digest} {len(data)}\n".encode())
+            out.write(data)
+            raw += len(data)
+    return buffer.getvalue(), len(sources), raw
 
 
 @dataclass(frozen=True)
