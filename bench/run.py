@@ -6,7 +6,8 @@
 Prints one table (figure, launcher, A, B, ratio, target, met). Exits 0 when targets are missed
 (it reports); non-zero only when something could not be measured. Needs root (LXC, sshd).
 
-Groups (--only): deploy status agent crash fleet startup parser scale imports watch.
+Groups (--only): deploy status agent crash fleet startup parser scale imports watch project.
+  project  redeploy of a 2,000-file, 50 MB project with one file changed, against rsync -az
   scale    status --all and deploy --restart --all + verify --all on 1, 16 and 64 containers
   imports  the import time of each command (python -X importtime)
   watch    the long watch figures: 10 min of resources, then 2x20 min of faults (about 50 min)
@@ -30,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_project
 import bench_watch
 import figures
 import imports
@@ -42,7 +44,8 @@ FLEET = 16
 # Figure groups, for --only. The default leaves out the full watch figures (about 50 minutes);
 # --quick runs every group.
 GROUPS = (
-    "deploy", "status", "agent", "crash", "fleet", "startup", "parser", "scale", "imports", "watch"
+    "deploy", "status", "agent", "crash", "fleet", "startup", "parser", "scale", "imports", "watch",
+    "project",
 )  # fmt: skip
 LONG = {"watch"}
 # Groups that need a run on the "demo" target (DEPLOY_VMID) deployed before they start.
@@ -133,6 +136,9 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
         sizes = scale.QUICK_SIZES if args.quick else scale.SIZES
         log(f"scale: status --all and deploy + verify --all on {', '.join(map(str, sizes))} CTs")
         rows += scale.scale_rows(env, scale.VMIDS, sizes, args.runs, log)
+    if "project" in args.only:
+        log("project: redeploy of 2,000 files / 50 MB with one changed, against rsync -az")
+        rows += bench_project.project_rows(env, 2 if args.quick else args.runs, log)
     if "watch" in args.only:
         timing = bench_watch.QUICK if args.quick else (600.0, 1200.0, 120.0)
         rows += bench_watch.watch_rows(env, log, duration=timing[0], fault_duration=timing[1],
@@ -164,6 +170,8 @@ def vmids(args: argparse.Namespace) -> list[int]:
         chosen |= {HAND_VMID, MUX_VMID}
     if "crash" in args.only:
         chosen.add(CRASH_VMID)
+    if "project" in args.only:
+        chosen |= {DEPLOY_VMID, HAND_VMID}
     chosen.update(fleet_vmids(args))
     if "scale" in args.only:
         chosen.update(scale.VMIDS[: max(scale.QUICK_SIZES if args.quick else scale.SIZES)])

@@ -1123,12 +1123,15 @@ class Deploy:
         self.warnings = warnings
         self.workdir = workdir_param(request)
         self.session = session_param(request)
-        self.dest_rel = param(request, "dest", str, required=True)
+        # A project release (agent_release.py) may come without a script.
+        project = bool(request.get("release"))
+        self.dest_rel = param(request, "dest", str, required=not project)
+        self.start_dir = self.workdir
         # The script comes either inline (base64, written here to a temp file) or pushed before
         # this call with `pct push` to `tmp`; no script at all when the client saw it in place.
         self.tmp = param(request, "tmp", str)
         self.content_b64 = param(request, "content_b64", str)
-        self.sha256 = param(request, "sha256", str, required=True).lower()
+        self.sha256 = (param(request, "sha256", str, required=not project) or "").lower()
         self.restart = param(request, "restart", bool, default=False)
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
@@ -1265,9 +1268,11 @@ class Deploy:
 
     def plan_actions(self):
         """What the deploy would change, as `planned` steps (from the checks' view of the CT)."""
-        unchanged = sha256_or_none(self.dest) == self.sha256
-        planned = [("install", "%s %s" % (self.dest, "unchanged" if unchanged else
-                    "replaced (the old one kept as .prev)"))]  # fmt: skip
+        planned = []
+        if getattr(self, "dest", None) is not None:
+            unchanged = sha256_or_none(self.dest) == self.sha256
+            planned.append(("install", "%s %s" % (self.dest, "unchanged" if unchanged else
+                            "replaced (the old one kept as .prev)")))  # fmt: skip
         if pane_active(self.old_state) or self.old_pids or self.foreign_holders:
             planned.append(("stop", "session '%s' (pane pid %s): C-c, wait %g s, kill the session "
                             "and what is left of the run" % (self.session,
@@ -1720,7 +1725,7 @@ class Deploy:
         if tmux_version_tuple(tmux_version()) < (3, 0):
             command = [shlex.join(command)]  # tmux < 3.0 runs a single string through a shell
         pipe = "cat >> %s" % shlex.quote(log_path(self.workdir, s))
-        start_dir = format_escape(self.workdir)
+        start_dir = format_escape(self.start_dir)
         chain = [
             ["new-session", "-d", "-s", s, "-n", PLACEHOLDER_WINDOW, "-c", start_dir,
              "-x", str(self.width), "-y", str(self.height), "sleep", "600"],
@@ -2214,7 +2219,8 @@ HANDLERS = {
     "history": op_history,
     "rollback": op_rollback,
 }
-assert tuple(HANDLERS) == OPS, "protocol.OPS lists every op handled here"
+# agent_release.py, bundled after this file, adds the release ops and checks the whole list.
+assert set(HANDLERS) <= set(OPS), "protocol.OPS lists every op handled here"
 
 
 def envelope(op, error, warnings, data):

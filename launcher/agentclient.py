@@ -166,9 +166,13 @@ class AgentFailure(LauncherError):
 def agent_sources() -> tuple[str, str]:
     """(protocol.py, agent.py) as shipped in the package."""
     package = resources.files("launcher")
+    # agent_release.py runs after agent.py in the same namespace: it is appended to it, so the
+    # loader still splits the bundle in two.
     return (
         package.joinpath("protocol.py").read_text(encoding="utf-8"),
-        package.joinpath("agent.py").read_text(encoding="utf-8"),
+        package.joinpath("agent.py").read_text(encoding="utf-8")
+        + "\n"
+        + package.joinpath("agent_release.py").read_text(encoding="utf-8"),
     )
 
 
@@ -331,6 +335,11 @@ class AgentClient:
 
         self._with_agent(attempt)
         return cast(p.TransactionAnswer, self._answer(request.get("op"), results[-1]))
+
+    def releases(
+        self, request: p.ReleasesRequest, *, timeout: float | None = None
+    ) -> p.ReleasesAnswer:
+        return cast(p.ReleasesAnswer, self.call({**request, "op": "releases"}, timeout=timeout))
 
     def stop(self, request: p.StopRequest, *, timeout: float | None = None) -> p.StopAnswer:
         return cast(p.StopAnswer, self.call(request, timeout=timeout))

@@ -157,6 +157,46 @@ class ScriptSpec(_Model):
         return _relative_inside(_no_control(value), allow_nested=True)
 
 
+class ProjectSpec(_Model):
+    """A directory deployed as a release (`<workdir>/releases/<id>`, `<workdir>/current`)."""
+
+    source: str
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    gitignore: bool = True
+    keep_releases: Annotated[StrictInt, Field(ge=1, le=100)] = 3
+    # A hostile or mistaken tree (a dataset, a million files) is refused before anything is sent.
+    max_files: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 20_000
+    max_bytes: Annotated[StrictInt, Field(ge=1, le=2**40)] = 2 * 2**30
+    max_file_bytes: Annotated[StrictInt, Field(ge=1, le=2**40)] = 2**30
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _no_control(value)
+
+
+class SetupSpec(_Model):
+    """Commands run in a new release before the old run is stopped; rerun only when the
+    commands or the files named in `inputs` (paths in the project) change."""
+
+    run: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    inputs: list[str] = Field(default_factory=list)
+    timeout: Annotated[float, Field(strict=True, gt=0, le=DAY)] = 1800.0
+
+    @field_validator("run")
+    @classmethod
+    def _commands(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if "\x00" in item:
+                raise ValueError("setup commands must not contain NUL characters")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: list[str]) -> list[str]:
+        return [_relative_inside(_no_control(item), allow_nested=True) for item in value]
+
+
 class _Step(StepSpec):
     """A stall is noticed within the longest probe window."""
 
@@ -191,7 +231,9 @@ class PlaybookSpec(_Model):
     name: Annotated[str, Field(min_length=1)]
     session: str
     workdir: str
-    script: ScriptSpec
+    script: ScriptSpec | None = None
+    project: ProjectSpec | None = None
+    setup: SetupSpec | None = None
     checkpoints: str = "checkpoints"
     command: Annotated[str, Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
@@ -206,6 +248,14 @@ class PlaybookSpec(_Model):
     verify: VerifySpec = Field(default_factory=VerifySpec)
     # How the trainer's status lines are read (format, preset, fields): launcher.verify.formats.
     status: StatusSpec = Field(default_factory=StatusSpec)
+
+    @model_validator(mode="after")
+    def _script_or_project(self) -> PlaybookSpec:
+        if self.script is None and self.project is None:
+            raise ValueError("give script, project, or both")
+        if self.setup is not None and self.project is None:
+            raise ValueError("setup runs in a project's release: it needs project")
+        return self
 
     @field_validator("buckets")
     @classmethod
@@ -286,11 +336,13 @@ class Playbook:
 
     path: Path
     spec: PlaybookSpec
-    script_source: Path
+    script_source: Path | None
+    project_source: Path | None = None
 
     @property
-    def dest_path(self) -> str:
-        return posixpath.join(self.spec.workdir, self.spec.script.dest)
+    def dest_path(self) -> str | None:
+        script = self.spec.script
+        return None if script is None else posixpath.join(self.spec.workdir, script.dest)
 
     @property
     def checkpoints_path(self) -> str:
@@ -504,8 +556,23 @@ def load_playbook(path: Path, *, referenced_from: str | None = None) -> Playbook
         )
     document = load_yaml(path, what="playbook")
     spec: PlaybookSpec = _validate(document, PlaybookSpec, "a playbook")
-    source = _script_source(path, spec.script.source, document)
-    return Playbook(path=path, spec=spec, script_source=source)
+    source = None if spec.script is None else _script_source(path, spec.script.source, document)
+    project = None if spec.project is None else _project_source(path, spec.project, document)
+    return Playbook(path=path, spec=spec, script_source=source, project_source=project)
+
+
+def _project_source(playbook: Path, project: ProjectSpec, document: YamlDocument) -> Path:
+    """The project directory, resolved relative to the playbook."""
+    where = ("project", "source")
+    try:
+        source = (playbook.parent / os.path.expanduser(project.source)).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(
+            [document.problem(where, f"cannot resolve {project.source}: {exc}")]
+        ) from None
+    if not source.is_dir():
+        raise ConfigError([document.problem(where, f"project directory not found: {source}")])
+    return source
 
 
 def _script_source(playbook: Path, value: str, document: YamlDocument) -> Path:

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from launcher import __version__
 from launcher import protocol as p
@@ -34,6 +34,9 @@ from launcher.errors import (
 from launcher.fleet import FleetContext, Outcome
 from launcher.localhistory import append_local_history
 from launcher.ui import step_line
+
+if TYPE_CHECKING:
+    from launcher.releases import PreparedRelease
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024
@@ -51,6 +54,12 @@ class DeployOptions:
     kill_gpu_holders: bool = False
     # Wait this long (seconds) for another deploy's lock instead of refusing at once.
     wait_lock: float = 0.0
+    # For this deploy only (recorded in history): env values, playbook keys, the command, why.
+    env: dict[str, str] = field(default_factory=dict)
+    sets: tuple[str, ...] = ()
+    command: str | None = None
+    message: str | None = None
+    diff: bool = False  # with a project: text diffs of the changed files
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class DeployReport:
 
 
 StepSink = Callable[[Step], None]
+EmitFn = Callable[[str, str, str], None]
 
 
 def operator_info() -> p.Operator:
@@ -105,26 +115,42 @@ def deploy(
             report.steps.append(step)
         on_step(step)
 
+    target = apply_overrides(target, options)
     playbook = target.playbook
     spec = playbook.spec
-    script = read_script(target)
-    report.sha256 = hashlib.sha256(script).hexdigest()
+    script = read_script(target) if playbook.script_source is not None else None
+    report.sha256 = hashlib.sha256(script).hexdigest() if script is not None else ""
     container = Container(conn, target.vmid, label=target.label)
     grace = spec.stop_grace if options.grace is None else options.grace
+    prepared = None
+    if spec.project is not None:
+        from launcher import releases  # a project's modules load only for a project
+
+        prepared = releases.prepare(
+            target,
+            container,
+            emit,
+            timeout=conn.endpoint.command_timeout,
+            diff=options.diff,
+            plan=options.dry_run,
+        )
+        report.result["release"] = prepared.summary
 
     if options.dry_run:
         # The transaction itself in plan mode: every check the deploy would run, nothing changed.
         request = plan_request(target, script, options, grace)
+        if prepared is not None:
+            request["release"] = prepared.spec
         run_transaction(container, request, emit, timeout=conn.endpoint.command_timeout)
         return report
 
     # The transaction runs every check before its first change (disk, GPUs, tmux, lock, active
     # session, sha256, py_compile, checkpoints), so one `pct exec` is the whole deploy. A script
     # too large to travel inline is pushed first with `pct push` (its sha256 is checked the same).
-    inline = len(script) <= INLINE_LIMIT
+    inline = script is None or len(script) <= INLINE_LIMIT
     ct_tmp: str | None = None
-    if not inline:
-        ct_tmp = _temp_name(spec.workdir, playbook.dest_path)
+    if script is not None and not inline:
+        ct_tmp = _temp_name(spec.workdir, str(playbook.dest_path))
         try:
             container.push(script, ct_tmp)
         except PushFailed:
@@ -132,10 +158,12 @@ def deploy(
             preflight(target, container, need_bytes(script), create_workdir=True)
             _upload_again(container, script, ct_tmp)
         emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp} (sha256 checked next)")
+    if prepared is not None:
+        _send_release(target, container, prepared, emit)
 
     request = deploy_request(target, script, options, grace, inline=inline)
     request["tmp"] = ct_tmp
-    sent = not inline
+    sent = script is None or not inline
 
     def emit_sent(name: str, status: str, detail: str) -> None:
         # The inline script is shown as sent once the container answers, not before the
@@ -143,20 +171,99 @@ def deploy(
         nonlocal sent
         if not sent:
             sent = True
-            emit("upload", "ok", f"{len(script)} bytes sent with the transaction")
+            emit("upload", "ok", f"{len(script or b'')} bytes sent with the transaction")
         emit(name, status, detail)
 
+    if prepared is not None:
+        request["release"] = prepared.spec
     applied = run_transaction(
         container,
         request,
         emit_sent,
         timeout=grace + options.wait_lock + conn.endpoint.command_timeout,
     )
-    report.result = {
-        key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")
-    }
+    report.result.update(
+        {key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")}
+    )
+    if prepared is not None:
+        report.result["release"].update(applied.get("release") or {})
     append_local_history(target.name, applied.get("record") or request["record"])
     return report
+
+
+def _send_release(
+    target: Target, container: Container, prepared: PreparedRelease, emit: EmitFn
+) -> None:
+    """The missing files' stream: inline with the transaction, or pushed first when large."""
+    from launcher import releases
+
+    workdir = target.playbook.spec.workdir
+    try:
+        where = releases.attach_stream(prepared, container, workdir, INLINE_LIMIT)
+    except PushFailed:
+        # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
+        preflight(target, container, len(prepared.stream) + DISK_MARGIN, create_workdir=True)
+        where = releases.attach_stream(prepared, container, workdir, INLINE_LIMIT)
+    how = f"pushed to {where}" if where else "inline with the transaction"
+    emit(
+        "upload",
+        "ok",
+        f"{prepared.sent_files} file(s) sent, {prepared.sent_raw_bytes} bytes "
+        f"({len(prepared.stream)} compressed) {how}; the rest is in the container",
+    )
+
+
+def apply_overrides(target: Target, options: DeployOptions) -> Target:
+    """The target with this deploy's --env, --set and --command applied, validated as the
+    playbook is (a bad value is a usage error naming the key)."""
+    if not (options.env or options.sets or options.command):
+        return target
+    import dataclasses
+
+    import yaml
+    from pydantic import ValidationError
+
+    from launcher.config import PlaybookSpec
+
+    data = target.playbook.spec.model_dump(exclude_unset=False, by_alias=True)
+    for item in options.sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: write KEY=VALUE, e.g. verify.wait=60")
+        where: dict[str, Any] = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = where.get(part)
+            if not isinstance(child, dict):
+                raise UsageError(f"--set {item!r}: {part!r} is not a section of the playbook")
+            where = child
+        if parts[-1] not in where:
+            raise UsageError(f"--set {item!r}: the playbook has no key {key!r}")
+        where[parts[-1]] = yaml.safe_load(raw) if raw else ""
+    data["env"] = {**data.get("env", {}), **options.env}
+    if options.command is not None:
+        data["command"] = options.command
+    try:
+        spec = PlaybookSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where_text = ".".join(str(x) for x in first["loc"])
+        raise UsageError(f"override {where_text}: {first['msg']}") from None
+    playbook = dataclasses.replace(target.playbook, spec=spec)
+    return dataclasses.replace(target, playbook=playbook)
+
+
+def override_record(options: DeployOptions) -> dict[str, Any]:
+    """What this deploy changed and why, for history. --env values stay out of it (they may be
+    secrets; they reach the run through its 0600 run file): their names are recorded."""
+    record: dict[str, Any] = {}
+    if options.env:
+        record["env"] = sorted(options.env)
+    if options.sets:
+        record["set"] = list(options.sets)
+    if options.command is not None:
+        record["command"] = options.command
+    return record
 
 
 def preflight(
@@ -172,7 +279,8 @@ def preflight(
     request: p.PreflightRequest = {
         "op": "preflight",
         "workdir": spec.workdir,
-        "dest": spec.script.dest,
+        # A project without a script: dest names `current`, which preflight only looks at.
+        "dest": spec.script.dest if spec.script is not None else p.CURRENT_LINK,
         "session": spec.session,
         "checkpoints": spec.checkpoints,
         "gpus": spec.gpus,
@@ -199,13 +307,18 @@ def _upload_again(container: Container, script: bytes, ct_tmp: str) -> None:
         raise
 
 
-def need_bytes(script: bytes) -> int:
+def need_bytes(script: bytes | None) -> int:
     """Free space a deploy needs in the workdir: the new script, its .prev copy and a margin."""
-    return len(script) * 2 + DISK_MARGIN
+    return (len(script) * 2 if script is not None else 0) + DISK_MARGIN
 
 
 def deploy_request(
-    target: Target, script: bytes, options: DeployOptions, grace: float, *, inline: bool = True
+    target: Target,
+    script: bytes | None,
+    options: DeployOptions,
+    grace: float,
+    *,
+    inline: bool = True,
 ) -> p.TransactionRequest:
     """The deploy transaction for `script`: inline, or (not inline) pushed to `tmp` first."""
     request = transaction_request(
@@ -216,10 +329,15 @@ def deploy_request(
         mode=options.checkpoint_mode,
         kill_gpu_holders=options.kill_gpu_holders,
     )
+    request["record"].update(override_record(options))
+    if options.message:
+        request["record"]["message"] = options.message
     request.update(
         {
-            "content_b64": base64.b64encode(script).decode("ascii") if inline else None,
-            "sha256": hashlib.sha256(script).hexdigest(),
+            "content_b64": (
+                base64.b64encode(script).decode("ascii") if inline and script is not None else None
+            ),
+            "sha256": hashlib.sha256(script).hexdigest() if script is not None else None,
             "check_resources": True,
             "need_bytes": need_bytes(script),
             "wait_lock": options.wait_lock,
@@ -230,7 +348,7 @@ def deploy_request(
 
 def plan_request(
     target: Target,
-    script: bytes,
+    script: bytes | None,
     options: DeployOptions,
     grace: float,
     *,
@@ -245,6 +363,8 @@ def plan_request(
 def read_script(target: Target) -> bytes:
     """The script's bytes; an unreadable file is a usage error naming it, not a traceback."""
     source = target.playbook.script_source
+    if source is None:
+        raise UsageError(f"{target.playbook.path}: the playbook has no script")
     try:
         return source.read_bytes()
     except OSError as exc:
@@ -268,7 +388,7 @@ def transaction_request(
     return {
         "op": op,
         "workdir": spec.workdir,
-        "dest": spec.script.dest,
+        "dest": spec.script.dest if spec.script is not None else None,
         "session": spec.session,
         "restart": restart,
         "kill_gpu_holders": kill_gpu_holders,
@@ -348,6 +468,12 @@ def deploy_work(options: DeployOptions) -> Callable[[FleetContext], Outcome]:
         report = deploy(target, ctx.conn, options, on_step=show)
         if options.dry_run:
             summary = f"dry run: nothing was changed on {target.label}"
+        elif "release" in report.result:
+            info = report.result["release"]
+            summary = (
+                f"deployed {target.label}: release {info.get('id')} (manifest "
+                f"{str(info.get('manifest_sha256'))[:12]}), {info.get('sent_files')} file(s) sent"
+            )
         else:
             summary = f"deployed {target.label}: sha256 {report.sha256[:12]}"
         return Outcome(target.name, ExitCode.OK, summary, report.to_json())

@@ -24,7 +24,7 @@ from launcher.errors import (
     RemoteError,
     UsageError,
 )
-from launcher.protocol import TransactionAnswer
+from launcher.protocol import ReleaseSpec, TransactionAnswer
 
 MIB = 1024 * 1024
 
@@ -90,7 +90,9 @@ def doctor(target: Target, conn: HostConnection) -> DoctorResult:
     """Every check in order; a failure skips the checks that depend on it."""
     checks = _Checks()
     playbook = target.playbook
-    checks.ok("config", f"{playbook.path} valid; script {playbook.script_source}")
+    what = "script" if playbook.script_source else "project"
+    source = playbook.script_source or playbook.project_source
+    checks.ok("config", f"{playbook.path} valid; {what} {source}")
     if _host(target, conn, checks) and _container(target, conn, checks):
         _inside(target, conn, checks)
     return checks.result(target.label)
@@ -171,11 +173,28 @@ FIXES = {
 }
 
 
+def _release_plan(target: Target) -> ReleaseSpec:
+    """The release part of the planned deploy: the manifest alone (plan mode sends no files)."""
+    from launcher import releases
+
+    manifest = releases.manifest_for(target)
+    project = target.playbook.spec.project
+    return {
+        "manifest": manifest.as_lists(),
+        "manifest_sha256": manifest.digest,
+        "keep_releases": project.keep_releases if project is not None else 3,
+        "setup": releases.setup_request(target, manifest),
+    }
+
+
 def _inside(target: Target, conn: HostConnection, checks: _Checks) -> None:
     """The deploy transaction in plan mode, every check shown: the very checks a deploy runs."""
     spec = target.playbook.spec
     options = DeployOptions(restart=True)
-    request = plan_request(target, read_script(target), options, spec.stop_grace, keep_going=True)
+    script = read_script(target) if target.playbook.script_source is not None else None
+    request = plan_request(target, script, options, spec.stop_grace, keep_going=True)
+    if spec.project is not None:
+        request["release"] = _release_plan(target)
     try:
         answer = AgentClient(container_for(target, conn)).transaction(request, timeout=120)
     except AgentFailure as failure:

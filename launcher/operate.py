@@ -383,6 +383,18 @@ def history_lines(record: dict[str, Any]) -> list[str]:
         f"sha256 {str(record.get('sha256') or '?')[:12]}  by {record.get('operator', '?')}{marks}"
     )
     lines = [head, f"  command      {record.get('command', '?')}"]
+    release = record.get("release")
+    if isinstance(release, dict):
+        lines.append(
+            f"  release      {release.get('id')} (manifest "
+            f"{str(release.get('manifest_sha256') or '?')[:12]}, was {release.get('previous')})"
+        )
+    if record.get("env") or record.get("set"):
+        told = [f"--env {name}" for name in record.get("env") or []]
+        told += [f"--set {item}" for item in record.get("set") or []]
+        lines.append(f"  overrides    {' '.join(told)}")
+    if record.get("message"):
+        lines.append(f"  message      {record.get('message')}")
     stopped = record.get("stopped") or {}
     if stopped.get("session_existed") or stopped.get("pids"):
         pids = ", ".join(str(p) for p in stopped.get("pids") or []) or "none"
@@ -446,6 +458,9 @@ def rollback(
         mode="keep" if keep_checkpoints else "archive",
     )
     request["wait_lock"] = wait_lock
+    if spec.project is not None:
+        # A project: `current` goes back to the release before it (verified, its setup done).
+        request["release"] = {"rollback": True, "keep_releases": spec.project.keep_releases}
     container = container_for(target, conn)
     applied = run_transaction(
         container, request, emit, timeout=wait + wait_lock + conn.endpoint.command_timeout
@@ -457,4 +472,11 @@ def rollback(
     append_local_history(target.name, saved)
     was = (result.rolled_back_from or "?")[:12]
     result.summary = f"rolled back {target.label}: sha256 {result.sha256[:12]} (was {was})"
+    release = applied.get("release")
+    if isinstance(release, dict):
+        result.result["release"] = release
+        result.summary = (
+            f"rolled back {target.label}: release {release.get('id')} "
+            f"(was {release.get('rollback_from')})"
+        )
     return result

@@ -51,7 +51,7 @@ BOOT = (
 # the stdlib-only agent does not need and which costs start-up time on every call.
 AGENT_ARGV = ["python3", "-I", "-S", "-c", BOOT]
 
-OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback")
+OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback", "releases")
 # Ops whose stdout carries a stream (log bytes): their envelope is the last line on stderr.
 STREAMING_OPS = ("follow",)
 # A workdir may not be one of SYSTEM_DIRS nor lie below one of SYSTEM_TREES: checkpoints under it
@@ -169,12 +169,44 @@ class PreflightRequest(TypedDict, total=False):
     lock_path: str
 
 
+# A release's directory and link inside the workdir, and where their manifests are kept.
+RELEASES_DIR = "releases"
+CURRENT_LINK = "current"
+# Manifest rows: [path, size, mode (0o644 or 0o755), sha256]; a path is relative and normalised.
+
+
+class SetupRequest(TypedDict):
+    run: list[str]
+    hash: str  # over the commands and the sha256 of each input: equal means reuse
+    timeout: float
+
+
+class ReleaseSpec(TypedDict, total=False):
+    """The release part of an apply (or, with rollback, of a rollback)."""
+
+    manifest: list[list[Any]]
+    manifest_sha256: str
+    blobs_b64: str | None  # the missing files' stream (gzip frames), inline
+    blobs_tmp: str | None  # or pushed before to this file in the workdir
+    sent_files: int
+    keep_releases: int
+    setup: SetupRequest | None
+    rollback: bool
+
+
+class ReleasesRequest(TypedDict, total=False):
+    op: str
+    workdir: str
+    want: list[str]  # sha256s: which of them does the container hold (verified)?
+    contents: list[str]  # paths in the current release whose text to answer (for --diff)
+
+
 class TransactionRequest(TypedDict, total=False):
     """apply (deploy) and rollback: one locked transaction, or (plan) its checks alone."""
 
     op: str
     workdir: str
-    dest: str
+    dest: str | None
     session: str
     restart: bool
     kill_gpu_holders: bool
@@ -194,9 +226,11 @@ class TransactionRequest(TypedDict, total=False):
     # The script: inline (base64) or pushed before to `tmp`; its sha256 is checked either way.
     content_b64: str | None
     tmp: str | None
-    sha256: str
+    sha256: str | None
     check_resources: bool
     need_bytes: int
+    # A project release (see ReleaseSpec); dest and sha256 are then only for a script beside it.
+    release: ReleaseSpec | None
     plan: bool  # run every check, change nothing, answer the planned steps
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
     wait_lock: float  # seconds to wait for another deploy's lock before refusing (0: at once)
@@ -279,6 +313,7 @@ class TransactionAnswer(Envelope, total=False):
     launched: dict[str, Any] | None
     record: dict[str, Any] | None
     preflight: dict[str, Any] | None
+    release: dict[str, Any] | None  # a project: the release built (or rolled back to)
 
 
 class StopAnswer(Envelope):
@@ -319,6 +354,15 @@ class FollowAnswer(Envelope):
     ended: RunEnd | None
     client_gone: bool
     offset: int
+
+
+class ReleasesAnswer(Envelope):
+    current: str | None  # the release `current` points at
+    manifest: list[list[Any]] | None
+    manifest_sha256: str | None
+    have: list[str]
+    contents: dict[str, str | None]  # base64, None when missing or too large
+    releases: list[str]
 
 
 class HistoryAnswer(Envelope):

@@ -31,6 +31,23 @@ from launcher.cli.params import GRACE, wait_lock_option
 )
 @wait_lock_option
 @click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set an environment value for this deploy (repeatable; history records the name).",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a playbook key for this deploy, e.g. verify.wait=60 (repeatable).",
+)
+@click.option("--command", "command", help="Run this command instead of the playbook's.")
+@click.option("--message", "-m", help="Why: recorded in history with the deploy.")
+@click.option("--diff", is_flag=True, help="With a project: show text diffs of changed files.")
+@click.option(
     "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.deploy/1)."
 )
 @pass_app
@@ -43,6 +60,11 @@ def deploy_command(
     keep: bool,
     kill_gpu_holders: bool,
     wait_lock: float,
+    env: tuple[str, ...],
+    sets: tuple[str, ...],
+    command: str | None,
+    message: str | None,
+    diff: bool,
     as_json: bool,
 ) -> None:
     """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
@@ -64,6 +86,12 @@ def deploy_command(
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
+    values: dict[str, str] = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: write KEY=VALUE")
+        values[key] = value
     options = DeployOptions(
         restart=restart,
         dry_run=dry_run,
@@ -71,6 +99,11 @@ def deploy_command(
         grace=grace,
         kill_gpu_holders=kill_gpu_holders,
         wait_lock=wait_lock,
+        env=values,
+        sets=sets,
+        command=command,
+        message=message,
+        diff=diff,
     )
     outcomes = run_on_targets(app, deploy_work(options))
     if as_json:

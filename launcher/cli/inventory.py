@@ -58,8 +58,9 @@ def check(app: AppContext, as_json: bool) -> None:
             "playbook": str(t.playbook.path),
             "session": t.playbook.spec.session,
             "workdir": t.playbook.spec.workdir,
-            "script": str(t.playbook.script_source),
-            "dest": t.playbook.dest_path,
+            # A project playbook: its directory, and `current`, where its release runs.
+            "script": str(t.playbook.script_source or t.playbook.project_source),
+            "dest": t.playbook.dest_path or f"{t.playbook.spec.workdir}/current",
             "checkpoints": t.playbook.checkpoints_path,
             "command": t.playbook.spec.command,
             "gpus": t.playbook.spec.gpus,

@@ -4,6 +4,7 @@ each answer carries exactly the keys its protocol type promises (the contract ca
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 from collections.abc import Iterator
 from typing import Any
@@ -113,6 +114,31 @@ def test_every_op_round_trips_through_the_protocol_types(
     rolled = agent.transaction(transaction(project, op="rollback", content_b64=None))
     assert_shape(rolled, p.TransactionAnswer)
     assert rolled["record"] and rolled["record"]["rollback"] is True
+
+    # A project release, then the releases op: the current release, its manifest, the blobs.
+    data = b"print('release')\n"
+    digest = hashlib.sha256(data).hexdigest()
+    frames = gzip.compress(f"{digest} {len(data)}\n".encode() + data)
+    release: p.ReleaseSpec = {
+        "manifest": [["main.py", len(data), 0o644, digest]],
+        "manifest_sha256": "0" * 64,
+        "blobs_b64": base64.b64encode(frames).decode(),
+        "sent_files": 1,
+        "keep_releases": 2,
+        "setup": None,
+    }
+    built = agent.transaction(
+        transaction(project, release=release, dest=None, sha256=None, content_b64=None)
+    )
+    assert_shape(built, p.TransactionAnswer)
+    assert built["release"] and built["release"]["sent_files"] == 1
+    query: p.ReleasesRequest = {
+        "op": "releases", "workdir": WORKDIR, "want": [digest, "f" * 64], "contents": ["main.py"],
+    }  # fmt: skip
+    held = agent.releases(query)
+    assert_shape(held, p.ReleasesAnswer)
+    assert held["current"] == built["release"]["id"] and held["have"] == [digest]
+    assert held["contents"]["main.py"] == base64.b64encode(data).decode()
 
     stop: p.StopRequest = {
         "op": "stop", "session": SESSION, "grace": 2.0, "gpus": 8, "lock_path": p.LOCK_PATH,
