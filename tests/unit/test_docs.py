@@ -52,13 +52,28 @@ def inline_spans(text: str) -> list[str]:
     return re.findall(r"`([^`\n]+)`", outside)
 
 
+def joined_continuations(lines: list[str]) -> list[str]:
+    """Shell lines with their backslash continuations joined, as the shell reads them."""
+    joined: list[str] = []
+    pending = ""
+    for line in lines:
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        joined.append(pending + line)
+        pending = ""
+    if pending:
+        joined.append(pending)
+    return joined
+
+
 def command_lines(text: str) -> list[str]:
     """Every `launcher …` command line a page shows: in shell blocks and inline code."""
     found: list[str] = []
     for language, lines in code_blocks(text):
         if language not in SHELL_BLOCKS:
             continue
-        for line in lines:
+        for line in joined_continuations(lines):
             line = line.strip().removeprefix("$ ").removeprefix("sudo ")
             if line.startswith("launcher "):
                 found.append(line)
