@@ -1,8 +1,15 @@
 """The sandbox's LXC containers: rootfs, config, start/stop, attach.
 
-Each container has its own small rootfs directory under <lxcpath>/<vmid>/rootfs; the host's
-/usr is bind-mounted read-only into it, /bin, /lib and /lib64 are symlinks into /usr, and /sbin
-is a real directory holding the container's init (ctinit) and the nvidia-smi stand-in.
+Each container has its own rootfs directory under <lxcpath>/<vmid>/rootfs, of one of two kinds:
+
+- `host` (fast): a small tree; the host's /usr is bind-mounted read-only into it, /bin, /lib and
+  /lib64 are symlinks into /usr, and /sbin is a real directory holding the container's init
+  (ctinit) and the nvidia-smi stand-in.
+- a Debian release (`bookworm`, ...): a copy of a root filesystem debootstrap built (see
+  rootfs.py): its own /etc, /usr, python3 and tmux, as a CT made from a Proxmox template.
+
+Both get what Proxmox sets up in a CT: the hostname in /etc/hostname and /etc/hosts, and (by
+ctinit) the loopback interface up.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from launcher.errors import RemoteError
+from launcher.sandbox import rootfs
 
 CONTAINER_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 GPU_DIR = "var/lib/sandbox-gpu"
@@ -37,13 +45,18 @@ def hostname(vmid: int) -> str:
     return f"sandbox-{vmid}"
 
 
-def config_text(lxcpath: Path, vmid: int) -> str:
+def mount_entries(distro: str) -> list[str]:
+    """`lxc.mount.entry` values (host path, path in the rootfs, type, options)."""
+    return ["/usr usr none bind,ro 0 0"] if distro == rootfs.HOST else []
+
+
+def config_text(lxcpath: Path, vmid: int, distro: str = rootfs.HOST) -> str:
     ct_dir = lxcpath / str(vmid)
     return "\n".join(
         [
             f"lxc.uts.name = {hostname(vmid)}",
             f"lxc.rootfs.path = dir:{ct_dir / 'rootfs'}",
-            "lxc.mount.entry = /usr usr none bind,ro 0 0",
+            *(f"lxc.mount.entry = {entry}" for entry in mount_entries(distro)),
             "lxc.mount.auto = proc:mixed sys:ro cgroup:mixed",
             "lxc.autodev = 1",
             "lxc.net.0.type = empty",
@@ -68,8 +81,41 @@ def _write(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def build_rootfs(root: Path, vmid: int, gpus: int) -> None:
+def hosts_text(vmid: int) -> str:
+    """/etc/hosts as Proxmox writes it for a CT without a static address (PVE::LXC::Setup::Base,
+    update_etc_hosts): the hostname on 127.0.1.1, so the name resolves without a network."""
+    name = hostname(vmid)
+    return f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def build_rootfs(root: Path, vmid: int, gpus: int, distro: str = rootfs.HOST) -> None:
     """Create or repair the rootfs of one container; safe to run on a running container."""
+    if distro == rootfs.HOST:
+        _host_tree(root)
+    else:
+        rootfs.copy_into(rootfs.cached(distro), root)
+        for name in ("sbin", GPU_DIR):
+            (_inside(root, name)).mkdir(parents=True, exist_ok=True)
+    etc = _inside(root, "etc")
+    _write(etc / "hostname", hostname(vmid) + "\n")
+    _write(etc / "hosts", hosts_text(vmid))
+    sbin = _inside(root, "sbin")  # usr/sbin where /sbin is merged into /usr
+    _write(sbin / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
+    _write(sbin / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
+    set_gpus(root, gpus)
+
+
+def _inside(root: Path, name: str) -> Path:
+    """root/name with symlinks resolved, refusing one that leads out of the rootfs (a tree
+    debootstrap built has relative links only: bin -> usr/bin)."""
+    path = (root / name).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ContainerError(f"{root / name} leads out of the container's rootfs: {path}")
+    return path
+
+
+def _host_tree(root: Path) -> None:
+    """The small tree of a `host` container: its /usr is the host's, bind-mounted."""
     for name, mode in [
         ("etc", 0o755),
         ("sbin", 0o755),
@@ -101,14 +147,9 @@ def build_rootfs(root: Path, vmid: int, gpus: int) -> None:
     etc = root / "etc"
     for name, text in ETC_FILES.items():
         _write(etc / name, text)
-    _write(etc / "hostname", hostname(vmid) + "\n")
-    _write(etc / "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname(vmid)}\n::1\tlocalhost\n")
     ld_cache = Path("/etc/ld.so.cache")
     if ld_cache.is_file():
         _write(etc / "ld.so.cache", ld_cache.read_bytes())
-    _write(root / "sbin" / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
-    _write(root / "sbin" / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
-    set_gpus(root, gpus)
 
 
 def set_gpus(root: Path, gpus: int) -> None:
