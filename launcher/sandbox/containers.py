@@ -5,8 +5,9 @@ Each container has its own rootfs directory under <lxcpath>/<vmid>/rootfs, of on
 - `host` (fast): a small tree; the host's /usr is bind-mounted read-only into it, /bin, /lib and
   /lib64 are symlinks into /usr, and /sbin is a real directory holding the container's init
   (ctinit) and the nvidia-smi stand-in.
-- a Debian release (`bookworm`, ...): a copy of a root filesystem debootstrap built (see
-  rootfs.py): its own /etc, /usr, python3 and tmux, as a CT made from a Proxmox template.
+- a Debian release (`bookworm`, ...): a root filesystem debootstrap built (see rootfs.py) with
+  the container's directory over it (an overlay): its own /etc, /usr, python3 and tmux, as a
+  CT made from a Proxmox template. The rootfs directory holds only what the container changed.
 
 Both get what Proxmox sets up in a CT: the hostname in /etc/hostname and /etc/hosts, and (by
 ctinit) the loopback interface up.
@@ -50,12 +51,20 @@ def mount_entries(distro: str) -> list[str]:
     return ["/usr usr none bind,ro 0 0"] if distro == rootfs.HOST else []
 
 
+def rootfs_path(ct_dir: Path, distro: str) -> str:
+    """`lxc.rootfs.path`: the container's own tree, or the overlay over a cached one (LXC puts
+    the overlay's work directory next to the upper one, in ct_dir)."""
+    if distro == rootfs.HOST:
+        return f"dir:{ct_dir / 'rootfs'}"
+    return f"overlay:{rootfs.lower_dir(distro)}:{ct_dir / 'rootfs'}"
+
+
 def config_text(lxcpath: Path, vmid: int, distro: str = rootfs.HOST) -> str:
     ct_dir = lxcpath / str(vmid)
     return "\n".join(
         [
             f"lxc.uts.name = {hostname(vmid)}",
-            f"lxc.rootfs.path = dir:{ct_dir / 'rootfs'}",
+            f"lxc.rootfs.path = {rootfs_path(ct_dir, distro)}",
             *(f"lxc.mount.entry = {entry}" for entry in mount_entries(distro)),
             "lxc.mount.auto = proc:mixed sys:ro cgroup:mixed",
             "lxc.autodev = 1",
@@ -92,26 +101,20 @@ def build_rootfs(root: Path, vmid: int, gpus: int, distro: str = rootfs.HOST) ->
     """Create or repair the rootfs of one container; safe to run on a running container."""
     if distro == rootfs.HOST:
         _host_tree(root)
+        etc, sbin = root / "etc", root / "sbin"
     else:
-        rootfs.copy_into(rootfs.cached(distro), root)
-        for name in ("sbin", GPU_DIR):
-            (_inside(root, name)).mkdir(parents=True, exist_ok=True)
-    etc = _inside(root, "etc")
+        # the upper layer: directories are made where the cached tree has them (its /sbin is
+        # usr/sbin), with the modes it has (an upper directory's attributes win in overlayfs)
+        lower = rootfs.cached(distro)
+        etc, sbin = (root / rootfs.real_path(lower, name) for name in ("etc", "sbin"))
+        for d in (root, etc, sbin, root / GPU_DIR):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        root.chmod(0o755)
     _write(etc / "hostname", hostname(vmid) + "\n")
     _write(etc / "hosts", hosts_text(vmid))
-    sbin = _inside(root, "sbin")  # usr/sbin where /sbin is merged into /usr
     _write(sbin / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
     _write(sbin / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
     set_gpus(root, gpus)
-
-
-def _inside(root: Path, name: str) -> Path:
-    """root/name with symlinks resolved, refusing one that leads out of the rootfs (a tree
-    debootstrap built has relative links only: bin -> usr/bin)."""
-    path = (root / name).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise ContainerError(f"{root / name} leads out of the container's rootfs: {path}")
-    return path
 
 
 def _host_tree(root: Path) -> None:

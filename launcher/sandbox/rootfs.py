@@ -2,8 +2,11 @@
 
 A Proxmox CT is created from a template: its own /etc, /usr, python3 and tmux. The sandbox
 builds the same from Debian's packages (`debootstrap --variant=minbase` plus what launcher's
-agent needs), keeps the result in a cache outside any sandbox's state directory (so every
-sandbox, the test suite's included, reuses it) and copies it into each container.
+agent needs) and keeps the result in a cache outside any sandbox's state directory (so every
+sandbox, the test suite's included, reuses it). Each container sees it through an overlay
+(LXC's `overlay:` rootfs: the cached tree as the read-only lower layer, the container's own
+directory as the upper one), so a container costs no copy and writes nothing to the cache.
+A cached tree is never changed once complete (only a missing one is built).
 
 The cache is safe against a build killed half-way: a build goes to a temporary directory next
 to its final place and is renamed into place only once debootstrap finished; a lock serialises
@@ -129,25 +132,18 @@ def _debootstrap(distro: str, target: Path) -> None:
         raise RootfsError(f"debootstrap {distro} failed (exit {result.returncode}):\n{tail}")
 
 
-def copy_into(source: Path, rootfs: Path) -> None:
-    """Give a container its own copy of a cached root filesystem; a copy killed half-way is
-    redone (the copy is renamed into place when complete)."""
-    if rootfs.is_dir():
-        return
-    partial = rootfs.with_name(rootfs.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    # cp keeps devices, hard links, xattrs and sparse files; a reflink where the fs has them
-    result = subprocess.run(
-        ["cp", "-a", "--reflink=auto", str(source), str(partial)],
-        capture_output=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise RootfsError(
-            f"could not copy {source} to {partial}: {result.stderr.decode(errors='replace')}"
-        )
-    partial.rename(rootfs)
+def lower_dir(distro: str, cache: Path | None = None) -> Path:
+    """Where `distro`'s cached root filesystem is (built or not)."""
+    return (cache or cache_dir()) / distro
+
+
+def real_path(lower: Path, name: str) -> str:
+    """`name` (etc, sbin, ...) with the symlinks of the cached tree resolved inside it: a
+    container's own files go to the same place in its upper layer (sbin -> usr/sbin)."""
+    path = (lower / name).resolve()
+    if not path.is_relative_to(lower.resolve()):
+        raise RootfsError(f"{lower / name} leads out of the root filesystem: {path}")
+    return str(path.relative_to(lower.resolve()))
 
 
 @contextmanager
