@@ -48,7 +48,11 @@ def hostname(vmid: int) -> str:
 
 def mount_entries(distro: str) -> list[str]:
     """`lxc.mount.entry` values (host path, path in the rootfs, type, options)."""
-    return ["/usr usr none bind,ro 0 0"] if distro == rootfs.HOST else []
+    if distro != rootfs.HOST:
+        return []
+    # /etc/alternatives belongs to the host's /usr: its links pick the libraries there (libblas,
+    # liblapack: python3-torch fails to import without them)
+    return ["/usr usr none bind,ro 0 0", "/etc/alternatives etc/alternatives none bind,ro 0 0"]
 
 
 def rootfs_path(ct_dir: Path, distro: str) -> str:
@@ -121,6 +125,7 @@ def _host_tree(root: Path) -> None:
     """The small tree of a `host` container: its /usr is the host's, bind-mounted."""
     for name, mode in [
         ("etc", 0o755),
+        ("etc/alternatives", 0o755),
         ("sbin", 0o755),
         ("root", 0o700),
         ("tmp", 0o1777),
