@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.errors import UsageError
 from launcher.sandbox import Sandbox, SandboxInfo, rootfs
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
 from tests.e2e.project import DEMO_TRAINER, Project, json_out, verify_json
@@ -142,3 +143,17 @@ def test_day_two_cycle(distro_project: Project, distro: str) -> None:
     project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the relaunch")
     ok(project.launcher("stop", "--grace", "5"))
     assert project.processes(vmid, "train_demo.py") == []
+
+
+def test_a_container_keeps_its_root_filesystem(
+    distro_sandbox: tuple[Sandbox, SandboxInfo],
+) -> None:
+    """`up` with another --distro for an existing VMID is refused, the container untouched."""
+    sb, _ = distro_sandbox
+    vmid = MATRIX["bullseye"][0]
+    with pytest.raises(UsageError, match=rf"{vmid} \(bullseye\) exist with another"):
+        sb.up([vmid], gpus=2, distro="trixie")
+    with pytest.raises(UsageError, match=rf"{vmid} \(bullseye\) exist with another"):
+        sb.up([vmid], gpus=2)  # host
+    assert sb.distro(vmid) == "bullseye"
+    assert sb.ct_exec(vmid, ["python3", "-V"]).stdout.decode().startswith("Python 3.9.")
