@@ -82,14 +82,14 @@ def sandbox() -> None:
 @click.option(
     "--distro",
     type=click.Choice(DISTROS),
-    default="host",
-    show_default=True,
-    help="Root filesystem of new containers: host bind-mounts this machine's /usr (seconds, "
-    "offline); a Debian release is built once with debootstrap and cached in "
-    "/var/cache/launcher-sandbox/rootfs (env LAUNCHER_SANDBOX_CACHE).",
+    default=None,
+    help="Root filesystem of new containers (default host: bind-mounts this machine's /usr; "
+    "seconds, offline). A Debian release is built once with debootstrap and cached in "
+    "/var/cache/launcher-sandbox/rootfs (env LAUNCHER_SANDBOX_CACHE). An existing container "
+    "keeps its own.",
 )
 @state_dir_option
-def up(vmid_values: tuple[str, ...], gpus: int, distro: str, state_dir: Path | None) -> None:
+def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: Path | None) -> None:
     """Create or repair the sandbox and write its inventory (idempotent).
 
     Running containers are kept; missing ones are added; a stopped sshd is restarted
@@ -125,8 +125,7 @@ def up(vmid_values: tuple[str, ...], gpus: int, distro: str, state_dir: Path | N
     )
     click.echo(f"sandbox up in {elapsed:.1f}s")
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
-    click.echo(f"  containers: {_containers(status.containers)}")
-    click.echo(f"  distro:     {distro} in {', '.join(map(str, vmids))}")
+    click.echo(f"  containers: {_containers(status.containers, sb)}")
     click.echo(f"  gpus:       {gpus} fake GPU(s) in {', '.join(map(str, vmids))}")
     click.echo(f"  state dir:  {info.state_dir}")
     click.echo(f"  inventory:  {info.inventory_path}")
@@ -178,11 +177,14 @@ def status(state_dir: Path | None) -> None:
     )
     click.echo(f"state dir:  {st.state_dir}")
     click.echo(f"sshd:       {sshd}")
-    click.echo(f"containers: {_containers(st.containers) or 'none'}")
+    click.echo(f"containers: {_containers(st.containers, sb) or 'none'}")
     click.echo(f"inventory:  {sb.inventory_path}")
     if not st.healthy:
         click.echo("repair with: launcher sandbox up")
 
 
-def _containers(states: Mapping[int, str]) -> str:
-    return ", ".join(f"{vmid} {state}" for vmid, state in sorted(states.items()))
+def _containers(states: Mapping[int, str], sb: Sandbox) -> str:
+    """`200 running (host), 202 running (bullseye)`."""
+    return ", ".join(
+        f"{vmid} {state} ({sb.distro(vmid)})" for vmid, state in sorted(states.items())
+    )

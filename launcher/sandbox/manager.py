@@ -84,14 +84,17 @@ class Sandbox:
     # -- lifecycle ------------------------------------------------------------------------
 
     def up(
-        self, vmids: Sequence[int] = (200,), *, gpus: int = 8, distro: str = rootfs.HOST
+        self, vmids: Sequence[int] = (200,), *, gpus: int = 8, distro: str | None = None
     ) -> SandboxInfo:
-        """Create or repair the sandbox; keeps running containers, adds missing ones (new ones
-        from `distro`'s root filesystem: `host` bind-mounts this machine's /usr)."""
+        """Create or repair the sandbox; keeps running containers, adds missing ones. New ones
+        are made from `distro`'s root filesystem (None: `host`, which bind-mounts this machine's
+        /usr); an existing one keeps its own, and naming another distro for it is refused."""
         self._preflight(vmids, gpus)
-        if distro not in rootfs.CHOICES:
+        if distro is not None and distro not in rootfs.CHOICES:
             raise UsageError(f"unknown --distro {distro!r}: use one of {', '.join(rootfs.CHOICES)}")
-        self._check_distro(vmids, distro)
+        kinds = {v: self._made_from(v) or distro or rootfs.HOST for v in vmids}
+        if distro is not None:
+            self._check_distro(vmids, distro)
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.lxcpath.mkdir(exist_ok=True)
         self._install_pct()
@@ -101,10 +104,11 @@ class Sandbox:
         for vmid in wanted:
             ct_dir = self.lxcpath / str(vmid)
             ct_dir.mkdir(exist_ok=True)
-            (ct_dir / "distro").write_text(distro + "\n")
-            containers.build_rootfs(ct_dir / "rootfs", vmid, gpus, distro)
+            kind = kinds[vmid]
+            (ct_dir / "distro").write_text(kind + "\n")
+            containers.build_rootfs(ct_dir / "rootfs", vmid, gpus, kind)
             if current[vmid] != "RUNNING" or not (ct_dir / "config").is_file():
-                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid, distro))
+                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid, kind))
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
             containers.stop(self.lxcpath, odd)
@@ -200,10 +204,15 @@ class Sandbox:
 
     def distro(self, vmid: int) -> str:
         """What the container was made from (`host` or a Debian release)."""
+        return self._made_from(vmid) or rootfs.HOST
+
+    def _made_from(self, vmid: int) -> str | None:
+        """The recorded kind of an existing container; None for a new one."""
+        ct_dir = self.lxcpath / str(vmid)
         try:
-            return (self.lxcpath / str(vmid) / "distro").read_text().strip() or rootfs.HOST
-        except FileNotFoundError:
-            return rootfs.HOST  # made before containers recorded it
+            return (ct_dir / "distro").read_text().strip() or rootfs.HOST
+        except FileNotFoundError:  # made before containers recorded it, or not made yet
+            return rootfs.HOST if (ct_dir / "rootfs").exists() else None
 
     def container_root(self, vmid: int) -> Path:
         return self.lxcpath / str(vmid) / "rootfs"
@@ -241,15 +250,12 @@ class Sandbox:
 
     def _check_distro(self, vmids: Sequence[int], distro: str) -> None:
         """A container keeps the root filesystem it was made from (as a Proxmox CT does)."""
-        other = {
-            v: self.distro(v)
-            for v in vmids
-            if (self.lxcpath / str(v) / "rootfs").exists() and self.distro(v) != distro
-        }
+        made = {v: self._made_from(v) for v in vmids}
+        other = {v: d for v, d in made.items() if d is not None and d != distro}
         if other:
-            made = ", ".join(f"{v} ({d})" for v, d in sorted(other.items()))
+            names = ", ".join(f"{v} ({d})" for v, d in sorted(other.items()))
             raise UsageError(
-                f"container(s) {made} exist with another root filesystem than {distro}",
+                f"container(s) {names} exist with another root filesystem than {distro}",
                 hint="use other VMIDs for them, or launcher sandbox down first",
             )
 

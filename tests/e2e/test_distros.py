@@ -148,12 +148,14 @@ def test_day_two_cycle(distro_project: Project, distro: str) -> None:
 def test_a_container_keeps_its_root_filesystem(
     distro_sandbox: tuple[Sandbox, SandboxInfo],
 ) -> None:
-    """`up` with another --distro for an existing VMID is refused, the container untouched."""
+    """`up` with another --distro for an existing VMID is refused, the container untouched;
+    `up` without one keeps each container's own."""
     sb, _ = distro_sandbox
     vmid = MATRIX["bullseye"][0]
     with pytest.raises(UsageError, match=rf"{vmid} \(bullseye\) exist with another"):
         sb.up([vmid], gpus=2, distro="trixie")
     with pytest.raises(UsageError, match=rf"{vmid} \(bullseye\) exist with another"):
-        sb.up([vmid], gpus=2)  # host
+        sb.up([vmid], gpus=2, distro="host")
+    sb.up([vmid], gpus=2)  # no --distro: repaired, as it was made
     assert sb.distro(vmid) == "bullseye"
     assert sb.ct_exec(vmid, ["python3", "-V"]).stdout.decode().startswith("Python 3.9.")
