@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +161,34 @@ def test_a_container_keeps_its_root_filesystem(
     sb.up([vmid], gpus=2)  # no --distro: repaired, as it was made
     assert sb.distro(vmid) == "bullseye"
     assert sb.ct_exec(vmid, ["python3", "-V"]).stdout.decode().startswith("Python 3.9.")
+
+
+def test_sandbox_up_distro_on_the_command_line(tmp_path: Path) -> None:
+    """`launcher sandbox up --distro`, as the README shows it; a mixed sandbox repairs; status
+    names each container's root filesystem; an unknown release is a usage error."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    build_root_filesystems()
+    state = str(tmp_path / "sb")
+
+    def sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "launcher", "sandbox", *args, "--state-dir", state]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    try:
+        up = sandbox("up", "--vmid", "225", "--distro", "bullseye", "--gpus", "1")
+        assert up.returncode == 0, up.stderr
+        assert "containers: 225 running (bullseye)" in up.stdout
+        mixed = sandbox("up", "--vmid", "225,226", "--gpus", "1")
+        assert mixed.returncode == 0, mixed.stderr
+        status = sandbox("status")
+        assert "containers: 225 running (bullseye), 226 running (host)" in status.stdout
+        refused = sandbox("up", "--vmid", "226", "--distro", "trixie")
+        assert refused.returncode == 2
+        assert "226 (host) exist with another root filesystem than trixie" in refused.stderr
+        unknown = sandbox("up", "--vmid", "227", "--distro", "sid")
+        assert unknown.returncode == 2 and "'sid' is not one of" in unknown.stderr
+    finally:
+        assert sandbox("down").returncode == 0
+    assert not Path(state).exists()
