@@ -215,6 +215,8 @@ class Sandbox:
             return rootfs.HOST if (ct_dir / "rootfs").exists() else None
 
     def container_root(self, vmid: int) -> Path:
+        """The container's own files on the host: the whole tree of a `host` container; of a
+        Debian one, the overlay's upper layer (what the container wrote or changed)."""
         return self.lxcpath / str(vmid) / "rootfs"
 
     def ct_exec(

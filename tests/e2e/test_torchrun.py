@@ -21,6 +21,7 @@ DDP_TRAINER = Path(__file__).resolve().with_name("ddp_trainer.py")
 TORCHRUN = "python3 ddp_trainer.py torchrun --standalone --nproc_per_node 2 --max_restarts 3"
 # The first status line comes after torch's import in three processes and the rendezvous:
 # several seconds on a loaded 2-core machine. Then a line every 0.5 s.
+# Faults start DDP_AFTER = 1.5 s into training, before the probe's successes could end it.
 VERIFY = {"wait": 6, "interval": 1, "window": 60, "successes": 5, "queues": {}}
 
 
@@ -95,12 +96,13 @@ def test_healthy_run_then_redeploy_and_stop_leave_no_old_process(ddp: Project) -
 
 def test_worker_that_raises_is_a_restart_loop(ddp: Project) -> None:
     deploy(ddp, "ddpraise", "raise")
-    code, report, elapsed = verify_json(ddp)
-    print(f"{report['target']}: {report['reason']!r} after {elapsed:.1f} s")
+    code, report, _ = verify_json(ddp)
+    probe = report["timings"]["duration"]  # from its first poll: a slow CLI start not counted
+    print(f"{report['target']}: {report['reason']!r} after {probe:.1f} s")
     assert code == 1, (report["reason"], failed(report), report["samples"][-3:])
     # the worker's traceback, then the group restarting with the step back at 0
     assert {"fatal", "restarts"} & failed(report).keys(), report["checks"]
-    assert elapsed < 60
+    assert probe < 45
 
 
 def test_rank_hanging_in_all_reduce_is_unhealthy(ddp: Project) -> None:
@@ -108,26 +110,29 @@ def test_rank_hanging_in_all_reduce_is_unhealthy(ddp: Project) -> None:
     defaults alone, a step unchanged for under `stall_after` = 120 s, the probe passes after its
     successes: the cadence of the status lines is not judged yet.)"""
     deploy(ddp, "ddphang", "hang", step={"hang_after": 3}, successes=10)
-    code, report, elapsed = verify_json(ddp)
-    print(f"{report['target']}: {report['reason']!r} after {elapsed:.1f} s")
+    code, report, _ = verify_json(ddp)
+    probe = report["timings"]["duration"]  # from its first poll: a slow CLI start not counted
+    print(f"{report['target']}: {report['reason']!r} after {probe:.1f} s")
     assert code == 1, (report["reason"], failed(report), report["samples"][-3:])
     assert report["verdict"] == "unhealthy", report["checks"]
-    assert elapsed < 90
+    assert probe < 60
 
 
 def test_nan_loss_is_unhealthy(ddp: Project) -> None:
     deploy(ddp, "ddpnan", "nan")
-    code, report, elapsed = verify_json(ddp)
-    print(f"{report['target']}: {report['reason']!r} after {elapsed:.1f} s")
+    code, report, _ = verify_json(ddp)
+    probe = report["timings"]["duration"]  # from its first poll: a slow CLI start not counted
+    print(f"{report['target']}: {report['reason']!r} after {probe:.1f} s")
     assert code == 1, (report["reason"], failed(report), report["samples"][-3:])
     assert "nan" in " ".join(failed(report).values()), report["checks"]
-    assert elapsed < 60
+    assert probe < 45
 
 
 def test_straggler_rank_slowing_every_rank_is_unhealthy(ddp: Project) -> None:
     deploy(ddp, "ddpslow", "straggler")
-    code, report, elapsed = verify_json(ddp)
-    print(f"{report['target']}: {report['reason']!r} after {elapsed:.1f} s")
+    code, report, _ = verify_json(ddp)
+    probe = report["timings"]["duration"]  # from its first poll: a slow CLI start not counted
+    print(f"{report['target']}: {report['reason']!r} after {probe:.1f} s")
     assert code == 1, (report["reason"], failed(report), report["samples"][-3:])
     assert "throughput" in failed(report), report["checks"]
-    assert elapsed < 60
+    assert probe < 45
