@@ -669,7 +669,7 @@ def wait_exit(pids, timeout):
     try:
         poller = select.poll()
         for pid in pids:
-            fds.append(os.pidfd_open(pid))
+            fds.append(os.pidfd_open(pid))  # novermin: 3.9+, the except below falls back
             poller.register(fds[-1], select.POLLIN)
     except ProcessLookupError:
         return  # gone already

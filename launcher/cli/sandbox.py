@@ -17,6 +17,9 @@ from launcher.errors import UsageError
 if TYPE_CHECKING:
     from launcher.sandbox import Sandbox
 
+# launcher.sandbox.rootfs.CHOICES (not imported here: `launcher --help` stays light)
+DISTROS = ("host", "bullseye", "bookworm", "trixie")
+
 state_dir_option = click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -77,12 +80,22 @@ def sandbox() -> None:
     show_default=True,
     help="Fake GPUs per container (0 makes nvidia-smi fail like a missing driver).",
 )
+@click.option(
+    "--distro",
+    type=click.Choice(DISTROS),
+    default=None,
+    help="Root filesystem of new containers (default host: bind-mounts this machine's /usr; "
+    "seconds, offline). A Debian release is built once with debootstrap and cached in "
+    "/var/cache/launcher-sandbox/rootfs (env LAUNCHER_SANDBOX_CACHE). An existing container "
+    "keeps its own.",
+)
 @state_dir_option
-def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
+def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: Path | None) -> None:
     """Create or repair the sandbox and write its inventory (idempotent).
 
     Running containers are kept; missing ones are added; a stopped sshd is restarted
-    (on a new port if its old one was taken).
+    (on a new port if its old one was taken). A container keeps the root filesystem it
+    was made with.
 
     \b
     State dir: --state-dir, else env LAUNCHER_SANDBOX_DIR, else /var/lib/launcher-sandbox.
@@ -97,13 +110,15 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
+      sudo launcher sandbox up --vmid 202 --distro bullseye   # Python 3.9, tmux 3.1c
       eval "$(launcher sandbox env)"      # LAUNCHER_INVENTORY for the commands that follow
-    Exit codes: 0 up, 2 bad input or not root, 3 a container or sshd did not start.
+    Exit codes: 0 up, 2 bad input, not root or no root filesystem, 3 a container or sshd
+    did not start.
     """
     vmids = parse_vmids(vmid_values)
     sb = _sandbox(state_dir)
     started = time.monotonic()
-    info = sb.up(vmids, gpus=gpus)
+    info = sb.up(vmids, gpus=gpus, distro=distro)
     elapsed = time.monotonic() - started
     status = sb.status()
     ssh = shlex.join(
@@ -122,7 +137,7 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     )
     click.echo(f"sandbox up in {elapsed:.1f}s")
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
-    click.echo(f"  containers: {_containers(status.containers)}")
+    click.echo(f"  containers: {_containers(status.containers, sb)}")
     click.echo(f"  gpus:       {gpus} fake GPU(s) in {', '.join(map(str, vmids))}")
     click.echo(f"  state dir:  {info.state_dir}")
     click.echo(f"  inventory:  {info.inventory_path}")
@@ -195,11 +210,14 @@ def status(state_dir: Path | None) -> None:
     )
     click.echo(f"state dir:  {st.state_dir}")
     click.echo(f"sshd:       {sshd}")
-    click.echo(f"containers: {_containers(st.containers) or 'none'}")
+    click.echo(f"containers: {_containers(st.containers, sb) or 'none'}")
     click.echo(f"inventory:  {sb.inventory_path}")
     if not st.healthy:
         click.echo("repair with: launcher sandbox up")
 
 
-def _containers(states: Mapping[int, str]) -> str:
-    return ", ".join(f"{vmid} {state}" for vmid, state in sorted(states.items()))
+def _containers(states: Mapping[int, str], sb: Sandbox) -> str:
+    """`200 running (host), 202 running (bullseye)`."""
+    return ", ".join(
+        f"{vmid} {state} ({sb.distro(vmid)})" for vmid, state in sorted(states.items())
+    )

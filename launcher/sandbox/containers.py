@@ -1,8 +1,16 @@
 """The sandbox's LXC containers: rootfs, config, start/stop, attach.
 
-Each container has its own small rootfs directory under <lxcpath>/<vmid>/rootfs; the host's
-/usr is bind-mounted read-only into it, /bin, /lib and /lib64 are symlinks into /usr, and /sbin
-is a real directory holding the container's init (ctinit) and the nvidia-smi stand-in.
+Each container has its own rootfs directory under <lxcpath>/<vmid>/rootfs, of one of two kinds:
+
+- `host` (fast): a small tree; the host's /usr is bind-mounted read-only into it, /bin, /lib and
+  /lib64 are symlinks into /usr, and /sbin is a real directory holding the container's init
+  (ctinit) and the nvidia-smi stand-in.
+- a Debian release (`bookworm`, ...): a root filesystem debootstrap built (see rootfs.py) with
+  the container's directory over it (an overlay): its own /etc, /usr, python3 and tmux, as a
+  CT made from a Proxmox template. The rootfs directory holds only what the container changed.
+
+Both get what Proxmox sets up in a CT: the hostname in /etc/hostname and /etc/hosts, and (by
+ctinit) the loopback interface up.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from launcher.errors import RemoteError
+from launcher.sandbox import rootfs
 
 CONTAINER_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 GPU_DIR = "var/lib/sandbox-gpu"
@@ -37,13 +46,30 @@ def hostname(vmid: int) -> str:
     return f"sandbox-{vmid}"
 
 
-def config_text(lxcpath: Path, vmid: int) -> str:
+def mount_entries(distro: str) -> list[str]:
+    """`lxc.mount.entry` values (host path, path in the rootfs, type, options)."""
+    if distro != rootfs.HOST:
+        return []
+    # /etc/alternatives belongs to the host's /usr: its links pick the libraries there (libblas,
+    # liblapack: python3-torch fails to import without them)
+    return ["/usr usr none bind,ro 0 0", "/etc/alternatives etc/alternatives none bind,ro 0 0"]
+
+
+def rootfs_path(ct_dir: Path, distro: str) -> str:
+    """`lxc.rootfs.path`: the container's own tree, or the overlay over a cached one (LXC puts
+    the overlay's work directory next to the upper one, in ct_dir)."""
+    if distro == rootfs.HOST:
+        return f"dir:{ct_dir / 'rootfs'}"
+    return f"overlay:{rootfs.lower_dir(distro)}:{ct_dir / 'rootfs'}"
+
+
+def config_text(lxcpath: Path, vmid: int, distro: str = rootfs.HOST) -> str:
     ct_dir = lxcpath / str(vmid)
     return "\n".join(
         [
             f"lxc.uts.name = {hostname(vmid)}",
-            f"lxc.rootfs.path = dir:{ct_dir / 'rootfs'}",
-            "lxc.mount.entry = /usr usr none bind,ro 0 0",
+            f"lxc.rootfs.path = {rootfs_path(ct_dir, distro)}",
+            *(f"lxc.mount.entry = {entry}" for entry in mount_entries(distro)),
             "lxc.mount.auto = proc:mixed sys:ro cgroup:mixed",
             "lxc.autodev = 1",
             "lxc.net.0.type = empty",
@@ -68,10 +94,38 @@ def _write(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def build_rootfs(root: Path, vmid: int, gpus: int) -> None:
+def hosts_text(vmid: int) -> str:
+    """/etc/hosts as Proxmox writes it for a CT without a static address (PVE::LXC::Setup::Base,
+    update_etc_hosts): the hostname on 127.0.1.1, so the name resolves without a network."""
+    name = hostname(vmid)
+    return f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def build_rootfs(root: Path, vmid: int, gpus: int, distro: str = rootfs.HOST) -> None:
     """Create or repair the rootfs of one container; safe to run on a running container."""
+    if distro == rootfs.HOST:
+        _host_tree(root)
+        etc, sbin = root / "etc", root / "sbin"
+    else:
+        # the upper layer: directories are made where the cached tree has them (its /sbin is
+        # usr/sbin), with the modes it has (an upper directory's attributes win in overlayfs)
+        lower = rootfs.cached(distro)
+        etc, sbin = (root / rootfs.real_path(lower, name) for name in ("etc", "sbin"))
+        for d in (root, etc, sbin, root / GPU_DIR):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        root.chmod(0o755)
+    _write(etc / "hostname", hostname(vmid) + "\n")
+    _write(etc / "hosts", hosts_text(vmid))
+    _write(sbin / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
+    _write(sbin / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
+    set_gpus(root, gpus)
+
+
+def _host_tree(root: Path) -> None:
+    """The small tree of a `host` container: its /usr is the host's, bind-mounted."""
     for name, mode in [
         ("etc", 0o755),
+        ("etc/alternatives", 0o755),
         ("sbin", 0o755),
         ("root", 0o700),
         ("tmp", 0o1777),
@@ -101,14 +155,9 @@ def build_rootfs(root: Path, vmid: int, gpus: int) -> None:
     etc = root / "etc"
     for name, text in ETC_FILES.items():
         _write(etc / name, text)
-    _write(etc / "hostname", hostname(vmid) + "\n")
-    _write(etc / "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname(vmid)}\n::1\tlocalhost\n")
     ld_cache = Path("/etc/ld.so.cache")
     if ld_cache.is_file():
         _write(etc / "ld.so.cache", ld_cache.read_bytes())
-    _write(root / "sbin" / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
-    _write(root / "sbin" / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
-    set_gpus(root, gpus)
 
 
 def set_gpus(root: Path, gpus: int) -> None:

@@ -2,6 +2,7 @@
 
 sb = Sandbox(Path("/tmp/sb"))
 info = sb.up([200, 201], gpus=8)   # idempotent
+sb.up([202], distro="bullseye")    # a container from Debian 11's root filesystem
 # ssh -i info.identity_file -p info.port root@127.0.0.1 pct exec 200 -- ...
 sb.down()                          # removes everything it made
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UsageError
-from launcher.sandbox import containers, sshd
+from launcher.sandbox import containers, rootfs, sshd
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
 STATE_DIR_ENV = "LAUNCHER_SANDBOX_DIR"
@@ -82,9 +83,18 @@ class Sandbox:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def up(self, vmids: Sequence[int] = (200,), *, gpus: int = 8) -> SandboxInfo:
-        """Create or repair the sandbox; keeps running containers, adds missing ones."""
+    def up(
+        self, vmids: Sequence[int] = (200,), *, gpus: int = 8, distro: str | None = None
+    ) -> SandboxInfo:
+        """Create or repair the sandbox; keeps running containers, adds missing ones. New ones
+        are made from `distro`'s root filesystem (None: `host`, which bind-mounts this machine's
+        /usr); an existing one keeps its own, and naming another distro for it is refused."""
         self._preflight(vmids, gpus)
+        if distro is not None and distro not in rootfs.CHOICES:
+            raise UsageError(f"unknown --distro {distro!r}: use one of {', '.join(rootfs.CHOICES)}")
+        kinds = {v: self._made_from(v) or distro or rootfs.HOST for v in vmids}
+        if distro is not None:
+            self._check_distro(vmids, distro)
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.lxcpath.mkdir(exist_ok=True)
         self._install_pct()
@@ -94,9 +104,11 @@ class Sandbox:
         for vmid in wanted:
             ct_dir = self.lxcpath / str(vmid)
             ct_dir.mkdir(exist_ok=True)
-            containers.build_rootfs(ct_dir / "rootfs", vmid, gpus)
+            kind = kinds[vmid]
+            (ct_dir / "distro").write_text(kind + "\n")
+            containers.build_rootfs(ct_dir / "rootfs", vmid, gpus, kind)
             if current[vmid] != "RUNNING" or not (ct_dir / "config").is_file():
-                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid))
+                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid, kind))
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
             containers.stop(self.lxcpath, odd)
@@ -190,7 +202,21 @@ class Sandbox:
     def stop_jump_host(self, address: str) -> None:
         sshd.stop_all(self.state_dir / "jumps" / address / "sshd_config")
 
+    def distro(self, vmid: int) -> str:
+        """What the container was made from (`host` or a Debian release)."""
+        return self._made_from(vmid) or rootfs.HOST
+
+    def _made_from(self, vmid: int) -> str | None:
+        """The recorded kind of an existing container; None for a new one."""
+        ct_dir = self.lxcpath / str(vmid)
+        try:
+            return (ct_dir / "distro").read_text().strip() or rootfs.HOST
+        except FileNotFoundError:  # made before containers recorded it, or not made yet
+            return rootfs.HOST if (ct_dir / "rootfs").exists() else None
+
     def container_root(self, vmid: int) -> Path:
+        """The container's own files on the host: the whole tree of a `host` container; of a
+        Debian one, the overlay's upper layer (what the container wrote or changed)."""
         return self.lxcpath / str(vmid) / "rootfs"
 
     def ct_exec(
@@ -223,6 +249,17 @@ class Sandbox:
             raise UsageError(f"invalid VMID(s) {bad}: Proxmox VMIDs are 100..999999999")
         if gpus < 0:
             raise UsageError(f"--gpus must be 0 or more, not {gpus}")
+
+    def _check_distro(self, vmids: Sequence[int], distro: str) -> None:
+        """A container keeps the root filesystem it was made from (as a Proxmox CT does)."""
+        made = {v: self._made_from(v) for v in vmids}
+        other = {v: d for v, d in made.items() if d is not None and d != distro}
+        if other:
+            names = ", ".join(f"{v} ({d})" for v, d in sorted(other.items()))
+            raise UsageError(
+                f"container(s) {names} exist with another root filesystem than {distro}",
+                hint="use other VMIDs for them, or launcher sandbox down first",
+            )
 
     def _install_pct(self) -> None:
         bin_dir = self.state_dir / "bin"

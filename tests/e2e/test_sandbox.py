@@ -70,6 +70,23 @@ def test_pct_exec_over_ssh_returns_output_and_exit_code(ssh: SshRunner) -> None:
     assert path.stdout.decode().splitlines() == ["/sbin:/bin:/usr/sbin:/usr/bin", "sandbox-200"]
 
 
+# A local port on the container's own name, as torchrun's c10d rendezvous opens one.
+LOCAL_PORT = (
+    "import socket; a = socket.gethostbyname(socket.gethostname()); s = socket.socket(); "
+    "s.bind((a, 0)); s.listen(); socket.create_connection(s.getsockname()).close(); print(a)"
+)
+
+
+def test_container_network_is_what_proxmox_sets_up(ssh: SshRunner) -> None:
+    """Loopback up (LXC leaves it down in an empty network namespace; ctinit brings it up at
+    each start) and the hostname in /etc/hosts."""
+    flags = "print(int(open('/sys/class/net/lo/flags').read(), 16) & 1)"  # IFF_UP
+    for vmid in SANDBOX_VMIDS:
+        result = ssh("pct", "exec", vmid, "--", "python3", "-c", f"{flags}; {LOCAL_PORT}")
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout == b"1\n127.0.1.1\n", vmid
+
+
 def test_hostile_argv_round_trips_unchanged(ssh: SshRunner) -> None:
     args = [
         "two words",
