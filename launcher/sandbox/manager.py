@@ -20,6 +20,7 @@ import yaml
 
 from launcher.errors import UsageError
 from launcher.sandbox import containers, sshd
+from launcher.sandbox import gpus as sandbox_gpus
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
 STATE_DIR_ENV = "LAUNCHER_SANDBOX_DIR"
@@ -96,7 +97,9 @@ class Sandbox:
             ct_dir.mkdir(exist_ok=True)
             containers.build_rootfs(ct_dir / "rootfs", vmid, gpus)
             if current[vmid] != "RUNNING" or not (ct_dir / "config").is_file():
-                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid))
+                config = containers.config_text(self.lxcpath, vmid)
+                config += sandbox_gpus.config_lines(self.state_dir, gpus)
+                (ct_dir / "config").write_text(config)
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
             containers.stop(self.lxcpath, odd)
@@ -198,6 +201,14 @@ class Sandbox:
     ) -> subprocess.CompletedProcess[bytes]:
         """Run argv in the container directly with lxc-attach (no ssh, no pct, no shell)."""
         return containers.attach(self.lxcpath, vmid, argv, input=input)
+
+    def set_gpu_pool(self, vmid: int, pool: str) -> None:
+        """Containers with the same pool share their GPUs (the default: all share `host`)."""
+        sandbox_gpus.set_pool(self.container_root(vmid), pool)
+
+    def set_gpu_pid_mode(self, vmid: int, mode: str) -> None:
+        """What PIDs the container's nvidia-smi reports: `host` (default) or `bare-metal`."""
+        sandbox_gpus.set_pid_mode(self.container_root(vmid), mode)
 
     def pct_calls(self) -> int:
         try:
