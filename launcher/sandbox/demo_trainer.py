@@ -12,6 +12,7 @@ Environment:
   DEMO_SAVE_SECONDS      each checkpoint save takes this long, printing nothing and writing
                          the file a piece at a time, as a large state dict's does (default 0)
   DEMO_GPUS              how many GPUs (/dev/nvidiaN) to hold open (default: all of them)
+  DEMO_GPU_INDEXES       which GPUs to hold, e.g. 3 or 0,1 (default: the first DEMO_GPUS)
   DEMO_CRASH_AFTER       crash: seconds before a RuntimeError traceback, exit 1 (default 5)
   DEMO_STALL_AFTER       stall: seconds before queues drain and steps stop (default 5)
   DEMO_NAN_AFTER         nan: seconds before the loss becomes nan (default 5)
@@ -103,6 +104,9 @@ def open_gpus(limit=None):
         return []
     if limit is not None:
         names = names[:limit]
+    wanted = os.environ.get("DEMO_GPU_INDEXES")
+    if wanted:
+        names = ["nvidia%s" % i.strip() for i in wanted.split(",") if i.strip().isdigit()]
     return [open(os.path.join("/dev", n), "rb") for n in names]
 
 

@@ -37,6 +37,8 @@ from statistics import median
 
 from pydantic import BaseModel, Field, StrictInt, field_validator
 
+from launcher.verify.gpus import GpuCheckSpec, GpuSample
+from launcher.verify.gpus import judge as judge_gpus
 from launcher.verify.parse import Quantity, Sample, clean_text, logical_lines, parse_rate
 
 __all__ = [
@@ -108,6 +110,7 @@ class PaneState:
     # Seconds the run has printed nothing (its log unwritten) and written nothing below its
     # checkpoints directory, as the container's clock has it; None: not known (no log).
     quiet_for: float | None = None
+    gpus: GpuSample | None = None  # the run's GPUs, when the playbook gives it some
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class ChecksSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     loss: LossSpec = Field(default_factory=LossSpec)
     # Failing polls in a row that end the probe (Kubernetes' failureThreshold).
     failure_threshold: StrictInt = Field(default=3, ge=1, le=1000)
+    gpus: GpuCheckSpec = Field(default_factory=GpuCheckSpec)
 
 
 def worst_verdict(results: Iterable[CheckResult]) -> Verdict:
@@ -675,7 +679,23 @@ class Judge:
         results.append(self._step_result())
         results.append(self._loss_result())
         results.append(self._finite_result())
+        gpus = self._gpus_result()
+        if gpus is not None:
+            results.append(gpus)
         return results
+
+    def _gpus_result(self) -> CheckResult | None:
+        """The run holds its GPUs and they are busy while it prints (launcher.verify.gpus)."""
+        sample = self._latest.state.gpus if self._latest is not None else None
+        if sample is None or sample.want <= 0:
+            return None
+        found = judge_gpus(sample, self.spec.gpus, printing=bool(self._new_samples))
+        if found.ok:
+            return CheckResult("gpus", Verdict.PASS, found.observed, found.expected)
+        if found.warn:
+            return CheckResult("gpus", Verdict.WARN, found.observed, found.expected)
+        failure = Failure.DEFINITE if found.ok is False else Failure.PENDING
+        return CheckResult("gpus", Verdict.FAIL, found.observed, found.expected, failure)
 
     def _fatal_result(self) -> CheckResult:
         patterns = self.spec.fail_patterns

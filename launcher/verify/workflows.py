@@ -13,6 +13,7 @@ from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import FleetContext, Outcome, Work
 from launcher.ui import progress_text
 from launcher.verify.checks import Failure, Judge, PaneState, Poll, Verdict, worst_verdict
+from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import ParseFn, PollEvent, Prober, ProbeResult, ProbeSettings
@@ -141,10 +142,13 @@ def status_work(ctx: FleetContext) -> Outcome:
         settings=settings_for(target, ProbeOverrides(wait=0, window=0, successes=1)),
         run=state.run,
     )
-    extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
+    extra: dict[str, Any] = {"record": answer.get("record"), "log_age": answer.get("log_age")}
     summary = latest_line(poll.samples, list(spec.queues)) if poll.samples else probe.reason
     if not state.session_exists:
         summary = f"no session '{target.playbook.spec.session}'"
+    elif state.gpus is not None:
+        summary += " | " + gpus_status_text(state.gpus)
+        extra["gpus"] = answer.get("gpus")
     return Outcome(target.name, code, summary, {"probe": probe, **extra})
 
 

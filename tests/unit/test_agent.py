@@ -687,15 +687,18 @@ def test_failure_after_install_still_answers_with_steps(
     assert target.lock_path.read_text() == ""
 
 
+# Inside a container nvidia-smi's process list has host PIDs: asking for it is a bug.
 FAKE_NVIDIA_SMI = """#!/bin/sh
 case "$1" in
   -L) echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
-  *) echo "1234, /usr/bin/python3, 22512"; echo "99, python3, [N/A]";;
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu)
+    echo "0, GPU-1, 22512, 81559, 97"; echo "1, GPU-2, 3, 81559, 0";;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
 esac
 """
 
 
-def test_preflight_lists_gpus_and_holders(
+def test_preflight_lists_gpus_and_what_is_used_from_outside(
     target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake = tmp_path / "nvidia-smi"
@@ -703,13 +706,33 @@ def test_preflight_lists_gpus_and_holders(
     fake.chmod(0o755)
     real_which = agent.which
     monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    # This machine's /proc may show a sandbox container's GPU holders: none here.
+    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
     gpus = preflight(target, create=False, gpus=2)["gpus"]
     assert gpus["visible"] == 2 and gpus["names"] == ["NVIDIA Fake 80GB"] * 2
     assert gpus["error"] is None
-    assert gpus["holders"] == [
-        {"pid": 1234, "name": "/usr/bin/python3", "used_memory": 22512},
-        {"pid": 99, "name": "python3", "used_memory": None},
+    # No process here has /dev/nvidia0 open, so GPU 0's memory is someone else's; GPU 1's 3 MiB
+    # are the driver's own.
+    assert gpus["holders"] == []
+    assert gpus["outside"] == [{"index": 0, "used_mib": 22512}]
+
+
+def test_wanted_gpus_follow_cuda_visible_devices() -> None:
+    assert agent.wanted_gpus(2) == {0, 1}
+    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == {4, 5}
+    # UUIDs or nothing usable: the first `gpus`
+    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == {0, 1}
+
+
+def test_used_outside_ignores_gpus_held_here_and_idle_ones() -> None:
+    devices = [
+        {"index": 0, "used_mib": 22512, "total_mib": 1, "util": 0},
+        {"index": 1, "used_mib": 22512, "total_mib": 1, "util": 0},
+        {"index": 2, "used_mib": agent.GPU_IDLE_MIB, "total_mib": 1, "util": 0},
+        {"index": 3, "used_mib": 9000, "total_mib": 1, "util": 0},
     ]
+    held = {77: [1]}
+    assert agent.used_outside(devices, held, {0, 1, 2}) == [{"index": 0, "used_mib": 22512}]
 
 
 def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> None:
