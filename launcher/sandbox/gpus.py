@@ -51,6 +51,14 @@ def config_lines(state_dir: Path, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def outdated(config: Path) -> bool:
+    """A container configured before its GPUs were devices (restarted by `sandbox up`)."""
+    try:
+        return f"{DRIVER_DIR}/hostproc" not in config.read_text()
+    except OSError:
+        return False
+
+
 def prepare_rootfs(root: Path, gpus: int) -> None:
     """The per-container GPU files; a pool or PID mode set before stays as it is."""
     driver = root / DRIVER_DIR

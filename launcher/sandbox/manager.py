@@ -95,11 +95,15 @@ class Sandbox:
         for vmid in wanted:
             ct_dir = self.lxcpath / str(vmid)
             ct_dir.mkdir(exist_ok=True)
+            config_file = ct_dir / "config"
+            if current[vmid] == "RUNNING" and sandbox_gpus.outdated(config_file):
+                containers.stop(self.lxcpath, [vmid])  # mounts change only with a restart
+                current[vmid] = "STOPPED"
             containers.build_rootfs(ct_dir / "rootfs", vmid, gpus)
-            if current[vmid] != "RUNNING" or not (ct_dir / "config").is_file():
+            if current[vmid] != "RUNNING" or not config_file.is_file():
                 config = containers.config_text(self.lxcpath, vmid)
                 config += sandbox_gpus.config_lines(self.state_dir, gpus)
-                (ct_dir / "config").write_text(config)
+                config_file.write_text(config)
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
             containers.stop(self.lxcpath, odd)
