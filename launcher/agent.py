@@ -2005,11 +2005,14 @@ def op_stop(request, warnings):
     session = session_param(request)
     grace = grace_param(request)
     gpus = param(request, "gpus", int, default=0)
+    # The GPUs the playbook's run uses, so that `stop` says whether they are free for the next.
+    visible = param(request, "cuda_visible_devices", str, default="")
+    wanted = wanted_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if gpus > 0 else ()
     lock = DeployLock(param(request, "lock_path", str, default=LOCK_PATH), request.get("operator"))
     # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
     lock.acquire(warnings)
     try:
-        return {"stopped": stop_run(session, grace, gpus, warnings)}
+        return {"stopped": stop_run(session, grace, gpus, warnings, wanted=wanted)}
     finally:
         lock.release()
 

@@ -242,6 +242,7 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
         "session": spec.session,
         "grace": wait,
         "gpus": spec.gpus,
+        "cuda_visible_devices": spec.env.get("CUDA_VISIBLE_DEVICES", ""),
         "lock_path": p.LOCK_PATH,
         "operator": operator_info(),
     }

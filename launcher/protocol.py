@@ -221,11 +221,12 @@ class TransactionRequest(TypedDict, total=False):
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
 
 
-class StopRequest(TypedDict):
+class StopRequest(TypedDict, total=False):
     op: str
     session: str
     grace: float
     gpus: int
+    cuda_visible_devices: str  # the playbook's env: which GPUs its run uses
     lock_path: str
     operator: Operator
 
