@@ -42,7 +42,7 @@ def config_lines(state_dir: Path, gpus: int) -> str:
     (shared / "pools").mkdir(parents=True, exist_ok=True)
     (shared / "hostproc").mkdir(exist_ok=True)
     lines = [
-        f"lxc.mount.entry = {shared} {DRIVER_DIR} none bind,create=dir 0 0",
+        f"lxc.mount.entry = {fstab_escape(str(shared))} {DRIVER_DIR} none bind,create=dir 0 0",
         f"lxc.mount.entry = /proc {DRIVER_DIR}/hostproc none rbind,ro 0 0",
     ]
     lines += [
@@ -57,6 +57,14 @@ def outdated(config: Path) -> bool:
         return f"{DRIVER_DIR}/hostproc" not in config.read_text()
     except OSError:
         return False
+
+
+def fstab_escape(path: str) -> str:
+    """A path in an lxc.mount.entry, which is read as an fstab line (getmntent): whitespace and
+    backslashes as octal escapes, so a state directory may have a space in its name."""
+    for char in "\\ \t\n":
+        path = path.replace(char, f"\\{ord(char):03o}")
+    return path
 
 
 def prepare_rootfs(root: Path, gpus: int) -> None:
