@@ -1054,15 +1054,14 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
 
     `extra_pids` (GPU holders the operator asked to kill, container PIDs from /proc) are ended
     with the run's leftovers; `progress(detail)` hears how much of the grace period is left,
-    about once a second. With `gpus`, it then waits for the GPUs the run held and those in
-    `wanted` (the next run's) to be released."""
+    about once a second. With `gpus`, it then waits for the run's processes to close their GPU
+    devices and for the memory of the GPUs in `wanted` (the next run's) to fall."""
     state = session_state(session)
     pane_pid = state["pane_pid"]
     seen = run_pids(pane_pid, session) | set(extra_pids)
     report = stop_report(pane_active(state) or bool(seen), state["exists"], seen)
     if not state["exists"] and not seen:
         return report
-    run_gpus = held_gpus(gpu_device_holders(seen)) if gpus > 0 else set()
     holders: dict[str, Started] = {}
     confirming: list[bool] = []  # once
 
@@ -1109,8 +1108,10 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
             query.cancel()  # it saw processes that have been killed since
         holders.clear()
     if gpus > 0:
+        # Memory is judged on the GPUs the next run needs only: an old run's GPU that another
+        # container also uses is no reason to refuse a run that will not use it.
         ours, others, outside = gpu_release(
-            seen, run_gpus | set(wanted), warnings, started=holders.get("devices")
+            seen, set(wanted), warnings, started=holders.get("devices")
         )
         report["gpu_holders"], report["gpu_others"] = holder_entries(ours), holder_entries(others)
         report["gpu_outside"] = outside
@@ -1607,9 +1608,15 @@ class Deploy:
             return "warning", "held by %s: killed with the old run" % describe_processes(
                 self.foreign_holders
             )
+        # Not this run's GPUs, but worth saying (doctor shows it): others use them from outside.
+        rest = set(d["index"] for d in devices) - wanted
+        elsewhere = used_outside(devices, held, rest)
+        elsewhere += shared_from_outside(devices, held, rest, contexts)
+        note = "; used from outside, not by this run: %s" % describe_outside(elsewhere)
+        note = note if elsewhere else ""
         if ours:
-            return "ok", "held by the old run (%s)" % describe_holders(ours)
-        return "ok", "free"
+            return "ok", "held by the old run (%s)%s" % (describe_holders(ours), note)
+        return "ok", "free" + note
 
     def check_active(self):
         self.old_state = session_state(self.session)

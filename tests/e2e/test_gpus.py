@@ -230,3 +230,26 @@ def spawn_with_pid(project: Project, pid: int) -> subprocess.Popen[bytes]:
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError(f"could not start a process with pid {pid} in the container")
+
+
+def test_a_gpu_shared_with_another_container_is_no_reason_to_refuse_a_run_not_using_it(
+    shared: Project,
+) -> None:
+    """The old run held all 8 (GPU 3 shared with the other container); the new one is given
+    GPUs 0-2 only: the deploy goes ahead, and doctor names GPU 3 as used from outside."""
+    project = shared
+    deploy(project, "gpufew")
+    project.wait_for(lambda: holders(project, VMID), what="the old run's 8 GPUs")
+    other = hold_gpu3(project)
+    book = project.playbook(
+        "gpufew", gpus=3, env={"CUDA_VISIBLE_DEVICES": "0,1,2", "DEMO_GPUS": "3"}, verify=PROBE
+    )
+    project.write({"gpufew": (VMID, book)})
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 0, result.stdout + result.stderr
+    project.wait_for(
+        lambda: list(holders(project, VMID).values()) == [{0, 1, 2}], what="the new run's 3"
+    )
+    doctor = project.launcher("doctor")
+    assert "used from outside, not by this run: GPU 3 (22512 MiB in use)" in doctor.stdout
+    assert other in holders(project, OTHER)
