@@ -251,5 +251,5 @@ def test_a_gpu_shared_with_another_container_is_no_reason_to_refuse_a_run_not_us
         lambda: list(holders(project, VMID).values()) == [{0, 1, 2}], what="the new run's 3"
     )
     doctor = project.launcher("doctor")
-    assert "used from outside, not by this run: GPU 3 (22512 MiB in use)" in doctor.stdout
+    assert "used from outside, not by this run: GPU 3 (22512 MiB in use)" in doctor.stderr
     assert other in holders(project, OTHER)

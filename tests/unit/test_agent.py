@@ -955,14 +955,21 @@ def test_compile_error_with_another_interpreter_quotes_the_new_script(target: Ta
 
 SLOW_NVIDIA_SMI = """#!/bin/sh
 log=%(log)s
-if [ "$1" = -L ]; then
-  echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
-  echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)"
-else
-  echo "holders start $$" >> "$log"
-  [ -e %(hang)s ] && exec sleep 30
-  sleep 0.5; echo "holders end" >> "$log"
-fi
+case "$1" in
+  -L)
+    echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
+    echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu|\
+  --query-compute-apps=gpu_uuid,used_memory)
+    what=devices; [ "$1" = --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu ] ||
+      what=contexts
+    echo "$what start $$" >> "$log"
+    [ -e %(hang)s ] && exec sleep 30
+    sleep 0.5; echo "$what end" >> "$log"
+    [ $what = devices ] && echo "0, GPU-1, 0, 81559, 0" && echo "1, GPU-2, 0, 81559, 0";;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
+esac
+exit 0
 """
 
 
@@ -975,19 +982,22 @@ def slow_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     fake.chmod(0o755)
     real_which = agent.which
     monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    # This machine's /proc may show a sandbox container's GPU holders: none here.
+    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
     return log, hang
 
 
 def test_gpu_queries_run_side_by_side_before_their_checks(
     target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Both nvidia-smi queries start with the transaction and answer while the checks before
-    theirs run: the second starts before the first ends. Their answers are still judged."""
+    """The nvidia-smi queries start with the transaction and answer while the checks before
+    theirs run: each starts before the first ends. Their answers are still judged."""
     log, _ = slow_nvidia_smi(tmp_path, monkeypatch)
     result = target.apply(gpus=2, check_resources=True)
     assert result["ok"] is True, result["error"]
     events = [line.split()[:2] for line in log.read_text().splitlines()]
-    assert sorted(events[:2]) == [["holders", "start"], ["names", "start"]], events
+    starts = [["contexts", "start"], ["devices", "start"], ["names", "start"]]
+    assert sorted(events[:3]) == starts, events
     steps = {s["name"]: s for s in result["steps"]}
     assert steps["resources"]["detail"].endswith(", 2 GPUs")
     assert steps["gpus"]["status"] == "ok" and steps["gpus"]["detail"] == "free"
@@ -1005,10 +1015,11 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
     result = target.apply(gpus=2, check_resources=True, restart=False)
     assert result["error"]["kind"] == "refused" and "--restart" in result["error"]["message"]
     assert time.monotonic() - started < 10  # the 30 s query was not waited for
-    starts = [line for line in log.read_text().splitlines() if line.startswith("holders start")]
-    pid = int(starts[-1].split()[2])
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    for query in ("devices", "contexts"):
+        starts = [line for line in log.read_text().splitlines() if line.startswith(query)]
+        pid = int(starts[-1].split()[2])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> None:
