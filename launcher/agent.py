@@ -714,22 +714,66 @@ def emit_event(event):
 
 
 GPU_NAMES_ARGS = ["-L"]
-GPU_HOLDERS_ARGS = [
-    "--query-compute-apps=pid,process_name,used_memory",
+# Device facts only. Inside a container nvidia-smi's process list carries HOST PIDs (the driver
+# is not PID-namespace aware: NVIDIA/nvidia-docker#179, #1460, #1483), which name nothing or,
+# worse, an unrelated process here: launcher never asks nvidia-smi for processes, so no PID it
+# signals can have come from there. Who holds a GPU is read from /proc (gpu_device_holders).
+GPU_QUERY_ARGS = [
+    "--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
     "--format=csv,noheader,nounits",
 ]
+# How many contexts each GPU has and their memory, without PIDs: more contexts on a GPU than
+# processes here with it open means someone outside uses it too, while the old run holds it.
+GPU_CONTEXTS_ARGS = ["--query-compute-apps=gpu_uuid,used_memory", "--format=csv,noheader,nounits"]
+GPU_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
+# Memory in use on a GPU (MiB) above which someone uses it: an idle GPU shows 0 to a few MiB,
+# and the smallest CUDA context takes a few hundred.
+GPU_IDLE_MIB = 256
+GPU_RELEASE_WAIT = 10.0  # s the driver may take to free an exited process's memory
 
 
-def start_gpu_queries(names, holders):
+def start_gpu_queries(names, devices, contexts=False):
     """The nvidia-smi queries asked for, started at once (each can take a good part of a
-    second on a real 8-GPU host) for gpu_names and gpu_holders to read when their checks come."""
+    second on a real 8-GPU host) for gpu_names, gpu_devices and gpu_contexts to read."""
     binary = which("nvidia-smi")
     started = {}
     if binary and names:
         started["names"] = Started([binary, *GPU_NAMES_ARGS])
-    if binary and holders:
-        started["holders"] = Started([binary, *GPU_HOLDERS_ARGS])
+    if binary and devices:
+        started["devices"] = Started([binary, *GPU_QUERY_ARGS])
+    if binary and contexts:
+        started["contexts"] = Started([binary, *GPU_CONTEXTS_ARGS])
     return started
+
+
+def gpu_contexts(started=None):
+    """({GPU uuid: [MiB of each context]}, error): no PIDs are asked for or kept."""
+    binary = which("nvidia-smi")
+    if not binary:
+        return {}, "nvidia-smi not found"
+    rc, out, err = started.result() if started else run([binary, *GPU_CONTEXTS_ARGS])
+    if rc != 0:
+        return {}, (err.strip() or out.strip() or "nvidia-smi exited %d" % rc)
+    contexts: dict[str, list[Any]] = {}
+    for line in out.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 2 and parts[0]:
+            contexts.setdefault(parts[0], []).append(as_int(parts[1]))
+    return contexts, None
+
+
+def shared_from_outside(devices, held, wanted, contexts):
+    """GPUs of `wanted` held here that have more contexts than processes here holding them:
+    someone outside the container uses them too (stopping the old run would not free them)."""
+    shared = []
+    for d in devices:
+        here = sum(1 for gpus in held.values() if d["index"] in gpus)
+        count = len(contexts.get(d.get("uuid") or "", []))
+        if d["index"] in wanted and here and count > here:
+            shared.append(
+                {"index": d["index"], "used_mib": d["used_mib"], "contexts": count, "here": here}
+            )
+    return shared
 
 
 def gpu_names(started=None):
@@ -748,47 +792,155 @@ def gpu_names(started=None):
     return names, None
 
 
-def gpu_holders(started=None):
-    """(holders, error): processes nvidia-smi lists as using a GPU (or its `started` run)."""
+def gpu_devices(started=None, timeout=30.0):
+    """(devices, error): per GPU its index, memory used and total (MiB) and utilization (%)."""
     binary = which("nvidia-smi")
     if not binary:
         return [], "nvidia-smi not found"
-    rc, out, err = started.result() if started else run([binary, *GPU_HOLDERS_ARGS])
+    if started is not None:
+        rc, out, err = started.result()
+    else:
+        rc, out, err = run([binary, *GPU_QUERY_ARGS], timeout=timeout)
     if rc != 0:
         return [], (err.strip() or out.strip() or "nvidia-smi exited %d" % rc)
-    holders = []
+    devices = []
     for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 3 and as_int(parts[0]) is not None:
-            name = ",".join(parts[1:-1])
-            holders.append({"pid": int(parts[0]), "name": name, "used_memory": as_int(parts[-1])})
-    return holders, None
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 5 or as_int(parts[0]) is None:
+            continue
+        devices.append(
+            {
+                "index": int(parts[0]),
+                "uuid": parts[1],
+                "used_mib": as_int(parts[2]),  # [N/A] on some boards: None
+                "total_mib": as_int(parts[3]),
+                "util": as_int(parts[4]),
+            }
+        )
+    return devices, None
+
+
+def gpu_device_holders(pids=None):
+    """{pid: [GPU index, ...]}: the processes of this container with /dev/nvidia<N> open (what
+    `fuser -v /dev/nvidia*` finds; CUDA keeps one handle per device it uses), container PIDs.
+    `pids`: look at these only."""
+    held = {}
+    me = os.getpid()
+    for pid in pids if pids is not None else proc_table():
+        if pid == me:
+            continue
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        gpus = set()
+        for fd in fds:
+            try:
+                match = GPU_DEVICE.match(os.readlink(os.path.join(fd_dir, fd)))
+            except OSError:
+                continue
+            if match:
+                gpus.add(int(match.group(1)))
+        if gpus:
+            held[pid] = sorted(gpus)
+    return held
+
+
+def held_gpus(held):
+    return set(g for gpus in held.values() for g in gpus)
+
+
+def used_outside(devices, held, wanted):
+    """GPUs of `wanted` with memory in use that no process of this container holds: another
+    container (Proxmox passes the same /dev/nvidia* to several) or the host uses them."""
+    mine = held_gpus(held)
+    return [
+        {"index": d["index"], "used_mib": d["used_mib"]}
+        for d in devices
+        if d["index"] in wanted and d["index"] not in mine and (d["used_mib"] or 0) > GPU_IDLE_MIB
+    ]
+
+
+def describe_outside(outside):
+    """`GPU 3 (22512 MiB in use)`: GPUs used from outside the container."""
+    parts = []
+    for d in outside:
+        if "contexts" in d:
+            parts.append(
+                "GPU %d (%s MiB in use by %d processes, %d of them in this container)"
+                % (d["index"], d["used_mib"], d["contexts"], d["here"])
+            )
+        else:
+            parts.append("GPU %d (%s MiB in use)" % (d["index"], d["used_mib"]))
+    return ", ".join(parts)
+
+
+def holder_entries(held):
+    """Holders for answers and messages: container PID, name, GPUs, command line."""
+    return [
+        {"pid": pid, "name": proc_name(pid), "gpus": gpus, "command": process_command(pid)}
+        for pid, gpus in sorted(held.items())
+    ]
+
+
+def proc_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def describe_holders(holders):
     """`pid 106 python3 (8 GPUs)`: one entry per process, however many GPUs it holds."""
-    counts: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for holder in holders:
-        counts[holder["pid"]] = counts.get(holder["pid"], 0) + 1
-        names[holder["pid"]] = os.path.basename(str(holder["name"]))
     return ", ".join(
-        "pid %s %s (%d GPU%s)" % (pid, names[pid], n, "" if n == 1 else "s")
-        for pid, n in sorted(counts.items())
+        "pid %s %s (%d GPU%s)"
+        % (h["pid"], h["name"], len(h["gpus"]), "" if len(h["gpus"]) == 1 else "s")
+        for h in holders
     )
 
 
-def gpu_report(wanted, holders=True, started=None):
+def wanted_gpus(gpus, env=None):
+    """The GPU indexes a run of `gpus` GPUs uses: CUDA_VISIBLE_DEVICES when it lists indexes,
+    else the first `gpus`."""
+    visible = (env or {}).get("CUDA_VISIBLE_DEVICES", "")
+    listed = [as_int(part.strip()) for part in visible.split(",") if part.strip()]
+    if listed and all(i is not None for i in listed):
+        return set(listed)
+    return set(range(max(gpus, 0)))
+
+
+def gpu_report(wanted, holders=True, started=None, devices_started=None):
     if wanted <= 0:
-        return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True}
+        return {"visible": 0, "names": [], "error": None, "holders": [], "skipped": True,
+                "outside": []}  # fmt: skip
     names, error = gpu_names(started)
-    holders, holders_error = gpu_holders() if holders and not error else ([], None)
+    held, outside = {}, []
+    if holders and not error:
+        devices, error = gpu_devices(devices_started)
+        held = gpu_device_holders()
+        outside = used_outside(devices, held, set(range(len(names))))
     return {
         "visible": len(names),
         "names": names,
-        "error": error or holders_error,
-        "holders": holders,
+        "error": error,
+        "holders": holder_entries(held),
         "skipped": False,
+        "outside": outside,
+    }
+
+
+def poll_gpus(want, run, started):
+    """What a poll tells about the run's GPUs, small: how many it should hold, those its
+    processes hold, and per GPU [index, utilization %, memory used MiB]."""
+    held = gpu_device_holders(run)
+    devices, error = gpu_devices(started)
+    return {
+        "want": want,
+        "held": sorted(held_gpus(held)),
+        "devices": [[d["index"], d["util"], d["used_mib"]] for d in devices],
+        "error": error[:200] if error else None,
     }
 
 
@@ -923,11 +1075,13 @@ class DeployLock:
 # --------------------------------------------------------------------------- stop
 
 
-def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
+def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wanted=()):
     """Ask (C-c), wait, kill the session, TERM then KILL what is left, confirm it is gone.
 
-    `extra_pids` (GPU holders the operator asked to kill) are ended with the run's leftovers;
-    `progress(detail)` hears how much of the grace period is left, about once a second."""
+    `extra_pids` (GPU holders the operator asked to kill, container PIDs from /proc) are ended
+    with the run's leftovers; `progress(detail)` hears how much of the grace period is left,
+    about once a second. With `gpus`, it then waits for the run's processes to close their GPU
+    devices and for the memory of the GPUs in `wanted` (the next run's) to fall."""
     state = session_state(session)
     pane_pid = state["pane_pid"]
     seen = run_pids(pane_pid, session) | set(extra_pids)
@@ -942,7 +1096,7 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
         they left the GPUs while the pane's end is noticed and the session goes."""
         if not confirming:
             confirming.append(True)
-            holders.update(start_gpu_queries(False, gpus > 0))
+            holders.update(start_gpu_queries(False, gpus > 0))  # device facts only
 
     if pane_active(state):
         tmux(["send-keys", "-t", "=%s:" % session, "C-c"])
@@ -980,9 +1134,13 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None):
             query.cancel()  # it saw processes that have been killed since
         holders.clear()
     if gpus > 0:
-        report["gpu_holders"], report["gpu_others"] = gpu_leftovers(
-            seen, warnings, started=holders.get("holders")
+        # Memory is judged on the GPUs the next run needs only: an old run's GPU that another
+        # container also uses is no reason to refuse a run that will not use it.
+        ours, others, outside = gpu_release(
+            seen, set(wanted), warnings, started=holders.get("devices")
         )
+        report["gpu_holders"], report["gpu_others"] = holder_entries(ours), holder_entries(others)
+        report["gpu_outside"] = outside
     return report
 
 
@@ -995,6 +1153,7 @@ def stop_report(was_running, session_existed, pids):
         "leftover": [],
         "gpu_holders": [],
         "gpu_others": [],
+        "gpu_outside": [],
     }
 
 
@@ -1010,22 +1169,28 @@ def terminate(pids, grace):
     return alive(targets)
 
 
-def gpu_leftovers(pids, warnings, timeout=10.0, started=None):
-    """Holders from the old run nvidia-smi still lists; the driver can lag the process exit.
-    The first look may be a query `started` once the run had exited; later ones are new."""
-    found: dict[str, Any] = {"ours": [], "others": [], "error": None}
+def gpu_release(pids, wanted, warnings, timeout=GPU_RELEASE_WAIT, started=None):
+    """After a stop, wait (bounded) for `pids` to close their GPU device handles and for the
+    memory of the `wanted` GPUs to fall: the driver frees an exited process's memory a moment
+    after it exits. The first look may use a query `started` once the run had exited.
+
+    Returns ({pid: GPUs} of `pids` still holding, {pid: GPUs} of other processes here holding
+    `wanted` GPUs, `wanted` GPUs still used from outside the container)."""
+    found: dict[str, Any] = {"ours": {}, "others": {}, "outside": [], "error": None}
     first = [started]
 
     def released():
-        holders, found["error"] = gpu_holders(first.pop() if first else None)
-        found["ours"] = [h for h in holders if h["pid"] in pids]
-        found["others"] = [h for h in holders if h["pid"] not in pids]
-        return found["error"] is not None or not found["ours"]
+        held = gpu_device_holders()
+        found["ours"] = {pid: g for pid, g in held.items() if pid in pids}
+        found["others"] = {pid: g for pid, g in held.items() if pid not in pids and wanted & set(g)}
+        devices, found["error"] = gpu_devices(first.pop() if first else None)
+        found["outside"] = used_outside(devices, held, wanted)
+        return found["error"] is not None or not (found["ours"] or found["outside"])
 
-    wait_for(released, timeout, interval=0.5)
+    wait_for(released, timeout, interval=0.25)
     if found["error"]:
         warnings.append("could not confirm GPUs were released: %s" % found["error"])
-    return found["ours"], [dict(h, command=process_command(h["pid"])) for h in found["others"]]
+    return found["ours"], found["others"], found["outside"]
 
 
 def process_command(pid, limit=120):
@@ -1137,7 +1302,7 @@ class Deploy:
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
         self.queries: dict[str, Started | None] = {}
-        self.query_flags = (False, False)
+        self.query_flags = (False, False, False)
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
@@ -1236,7 +1401,7 @@ class Deploy:
             checks = self.checks()
             names = [name for name, _ in checks]
             # nvidia-smi and tmux -V answer while the checks before their own run (they read).
-            self.query_flags = ("resources" in names, "gpus" in names)
+            self.query_flags = ("resources" in names, "gpus" in names, "gpus" in names)
             self.start_queries()
             for name, check in checks:
                 try:
@@ -1455,12 +1620,32 @@ class Deploy:
 
     def check_gpu_holders(self):
         """Refuse to launch onto GPUs held by processes that are not the old run's (a child
-        that double-forked out of the run, another job): stopping the run would not free them."""
-        holders, error = gpu_holders(self.queries.get("holders"))
+        that double-forked out of the run, another job): stopping the run would not free them.
+        Holders are this container's processes with /dev/nvidia<N> open; a GPU with memory in
+        use and no holder here is used from outside (another CT, the host): nothing done here
+        can free it, so that refuses whatever the options."""
+        devices, error = gpu_devices(self.queries.get("devices"))
         if error:
-            raise AgentError("missing", "cannot tell who holds the GPUs: %s" % error)
-        ours = [h for h in holders if h["pid"] in self.old_pids]
-        self.foreign_holders = [h for h in holders if h["pid"] not in self.old_pids]
+            raise AgentError("missing", "cannot read the GPUs: %s" % error)
+        held = gpu_device_holders()
+        wanted = wanted_gpus(self.gpus, self.env)
+        outside = used_outside(devices, held, wanted)
+        contexts, contexts_error = gpu_contexts(self.queries.get("contexts"))
+        if contexts_error:
+            self.warnings.append("cannot count the GPUs' contexts: %s" % contexts_error)
+        outside += shared_from_outside(devices, held, wanted, contexts)
+        if outside:
+            raise AgentError(
+                "refused",
+                "%s: used from outside this container (another container or the host; its "
+                "processes cannot be seen or stopped from here); free %s there first"
+                % (describe_outside(outside), "it" if len(outside) == 1 else "them"),
+                gpus_outside=outside,
+            )
+        ours = holder_entries({p: g for p, g in held.items() if p in self.old_pids})
+        self.foreign_holders = holder_entries(
+            {p: g for p, g in held.items() if p not in self.old_pids and wanted & set(g)}
+        )
         if self.foreign_holders and not self.kill_gpu_holders:
             raise AgentError(
                 "refused",
@@ -1473,9 +1658,15 @@ class Deploy:
             return "warning", "held by %s: killed with the old run" % describe_processes(
                 self.foreign_holders
             )
+        # Not this run's GPUs, but worth saying (doctor shows it): others use them from outside.
+        rest = set(d["index"] for d in devices) - wanted
+        elsewhere = used_outside(devices, held, rest)
+        elsewhere += shared_from_outside(devices, held, rest, contexts)
+        note = "; used from outside, not by this run: %s" % describe_outside(elsewhere)
+        note = note if elsewhere else ""
         if ours:
-            return "ok", "held by the old run (%s)" % describe_holders(ours)
-        return "ok", "free"
+            return "ok", "held by the old run (%s)%s" % (describe_holders(ours), note)
+        return "ok", "free" + note
 
     def check_active(self):
         self.old_state = session_state(self.session)
@@ -1635,7 +1826,13 @@ class Deploy:
                 emit_event({"event": "progress", "name": "stop", "detail": detail})
 
         report = stop_run(
-            self.session, self.grace, self.gpus, self.warnings, extra_pids=extra, progress=progress
+            self.session,
+            self.grace,
+            self.gpus,
+            self.warnings,
+            extra_pids=extra,
+            progress=progress,
+            wanted=wanted_gpus(self.gpus, self.env) if self.gpus > 0 else (),
         )
         self.result["stopped"] = report
         if report["gpu_others"]:
@@ -1643,6 +1840,13 @@ class Deploy:
                 "refused",
                 "GPUs are still in use by %s; not launching onto busy GPUs"
                 % describe_processes(report["gpu_others"]),
+            )
+        if report["gpu_outside"]:
+            raise AgentError(
+                "refused",
+                "%s after the old run stopped: used from outside this container; not launching "
+                "onto busy GPUs" % describe_outside(report["gpu_outside"]),
+                gpus_outside=report["gpu_outside"],
             )
         if report["leftover"] or report["gpu_holders"]:
             raise AgentError(
@@ -1862,11 +2066,14 @@ def op_stop(request, warnings):
     session = session_param(request)
     grace = grace_param(request)
     gpus = param(request, "gpus", int, default=0)
+    # The GPUs the playbook's run uses, so that `stop` says whether they are free for the next.
+    visible = param(request, "cuda_visible_devices", str, default="")
+    wanted = wanted_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if gpus > 0 else ()
     lock = DeployLock(param(request, "lock_path", str, default=LOCK_PATH), request.get("operator"))
     # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
     lock.acquire(warnings)
     try:
-        report = stop_run(session, grace, gpus, warnings)
+        report = stop_run(session, grace, gpus, warnings, wanted=wanted)
         workdir = request.get("workdir")
         if workdir and (report["session_existed"] or report["pids"]):
             mark_stopped(workdir_param(request), session, request.get("operator"), warnings)
@@ -1889,6 +2096,10 @@ def op_poll(request, warnings):
     workdir = workdir_param(request)
     session = session_param(request)
     lines = param(request, "lines", int, default=200)
+    gpus = param(request, "gpus", int, default=0)
+    # nvidia-smi can take a second on 8 GPUs: it runs while the pane is captured, bounded.
+    binary = which("nvidia-smi") if gpus > 0 else None
+    started = Started([binary, *GPU_QUERY_ARGS], POLL_GPU_TIMEOUT) if binary else None
     state, capture = no_session(), ""
     if which("tmux"):
         target = "=%s:" % session
@@ -1919,7 +2130,11 @@ def op_poll(request, warnings):
         "checkpoint_age": tree_age(param(request, "checkpoints", str)),
         # A deploy in progress: verify then waits for the new run instead of calling it dead.
         "lock": lock_state(param(request, "lock_path", str, default=LOCK_PATH)),
+        "gpus": poll_gpus(gpus, run_pids(state["pane_pid"], session), started) if gpus else None,
     }
+
+
+POLL_GPU_TIMEOUT = 3.0  # s a poll waits for nvidia-smi at most
 
 
 def read_exit_code(path):

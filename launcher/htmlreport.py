@@ -154,7 +154,26 @@ def chart_series(probe: ProbeResult, queue_names: Sequence[str]) -> list[tuple[s
         ("step rate (steps/s)", [Series("steps/s", step_rate(probe))]),
     ]
     charts.extend((f"queue {name} depth", queues[name]) for name in queue_names)
+    gpus = gpu_util_series(probe)
+    if gpus:
+        charts.append(("GPU utilization (%)", gpus))
     return charts
+
+
+def gpu_util_series(probe: ProbeResult) -> list[Series]:
+    """One line per GPU: its utilization at each poll that read it (none without GPUs)."""
+    start = probe.polls[0].at if probe.polls else 0.0
+    lines: dict[int, Series] = {}
+    for poll in probe.polls:
+        sample = poll.state.gpus
+        if sample is None:
+            continue
+        for index, util in sorted(sample.util.items()):
+            if util is not None:
+                held = "" if index in sample.held else " (not the run's)"
+                line = lines.setdefault(index, Series(f"GPU {index}{held}"))
+                line.points.append((poll.at - start, float(util)))
+    return [lines[i] for i in sorted(lines)]
 
 
 def _nice(value: float) -> float:

@@ -246,6 +246,7 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
         "session": spec.session,
         "grace": wait,
         "gpus": spec.gpus,
+        "cuda_visible_devices": spec.env.get("CUDA_VISIBLE_DEVICES", ""),
         "lock_path": p.LOCK_PATH,
         "operator": operator_info(),
     }
@@ -265,6 +266,8 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
     holders = report.get("gpu_holders") or []
     # Not the run's, so not stopped; the GPUs are not free all the same.
     others = report.get("gpu_others") or []
+    # Memory still in use on the run's GPUs with no holder here: another CT or the host.
+    outside = report.get("gpu_outside") or []
     if leftover:
         result.steps.append(
             Step("processes", "failed", "still alive: " + ", ".join(map(str, leftover)))
@@ -279,16 +282,22 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
     elif others:
         held = ", ".join(f"{h.get('pid')} ({h.get('command') or h.get('name')})" for h in others)
         result.steps.append(Step("gpus", "failed", f"in use by processes outside the run: {held}"))
+    elif outside:
+        used = ", ".join(f"GPU {d.get('index')} ({d.get('used_mib')} MiB)" for d in outside)
+        result.steps.append(
+            Step("gpus", "failed", f"still in use from outside this container: {used}")
+        )
     else:
         result.steps.append(Step("gpus", "ok", "free"))
     if leftover or holders:
         result.exit_code = ExitCode.UNREACHABLE
         result.summary = f"session '{spec.session}' did not stop completely on {target.label}"
-    elif others:
+    elif others or outside:
         result.exit_code = ExitCode.UNREACHABLE
         result.summary = (
             f"stopped session '{spec.session}' on {target.label} (pids {pids}), but its GPUs "
             "are still in use by processes outside the run"
+            + (" (outside this container)" if outside and not others else "")
         )
     else:
         result.summary = f"stopped session '{spec.session}' on {target.label} (pids {pids})"

@@ -86,6 +86,7 @@ class AgentErrorInfo(TypedDict, total=False):
     message: str
     holder: dict[str, Any]  # locked: who holds the deploy lock
     holders: list[dict[str, Any]]  # refused for GPUs: the processes holding them
+    gpus_outside: list[dict[str, Any]]  # refused for GPUs used from outside the container
 
 
 class Operator(TypedDict):
@@ -105,10 +106,19 @@ class SessionState(TypedDict):
 
 
 class GpuHolder(TypedDict, total=False):
+    """A process of the container with /dev/nvidia<N> open (container PID, from /proc)."""
+
     pid: int
     name: str
-    used_memory: int | None
+    gpus: list[int]
     command: str | None
+
+
+class GpuOutside(TypedDict):
+    """A GPU with memory in use and no holder in the container: another CT or the host."""
+
+    index: int
+    used_mib: int | None
 
 
 class GpuReport(TypedDict):
@@ -117,6 +127,16 @@ class GpuReport(TypedDict):
     error: str | None
     holders: list[GpuHolder]
     skipped: bool
+    outside: list[GpuOutside]
+
+
+class PollGpus(TypedDict):
+    """A poll's GPUs: those the run's processes hold, per GPU [index, util %, used MiB]."""
+
+    want: int
+    held: list[int]
+    devices: list[list[int | None]]
+    error: str | None
 
 
 class LockState(TypedDict, total=False):
@@ -143,8 +163,9 @@ class StopReport(TypedDict):
     pids: list[int]
     forced: bool
     leftover: list[int]
-    gpu_holders: list[GpuHolder]  # the run's own processes still listed by nvidia-smi
-    gpu_others: list[GpuHolder]  # processes outside the run holding GPUs
+    gpu_holders: list[GpuHolder]  # the run's own processes still holding GPU devices
+    gpu_others: list[GpuHolder]  # processes of the container outside the run holding GPUs
+    gpu_outside: list[GpuOutside]  # its GPUs still in use from outside the container
 
 
 class Envelope(TypedDict):
@@ -236,12 +257,13 @@ class TransactionRequest(TypedDict, total=False):
     wait_lock: float  # seconds to wait for another deploy's lock before refusing (0: at once)
 
 
-class StopRequest(TypedDict):
+class StopRequest(TypedDict, total=False):
     op: str
     workdir: str  # where the stop is recorded (the run's state is then `stopped`)
     session: str
     grace: float
     gpus: int
+    cuda_visible_devices: str  # the playbook's env: which GPUs its run uses
     lock_path: str
     operator: Operator
 
@@ -253,6 +275,7 @@ class PollRequest(TypedDict, total=False):
     lines: int
     lock_path: str
     checkpoints: str  # answer checkpoint_age for this directory
+    gpus: int  # answer gpus (the run's GPUs) when > 0
 
 
 class LogsRequest(TypedDict):
@@ -332,6 +355,7 @@ class PollAnswer(Envelope):
     # through: taken as being written); None: no such directory, or not asked.
     checkpoint_age: float | None
     lock: LockState | None  # a deploy in progress (its run is about to replace this one)
+    gpus: PollGpus | None  # asked with gpus > 0
 
 
 class LogsAnswer(Envelope):

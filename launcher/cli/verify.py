@@ -252,6 +252,8 @@ def _report(
             if "record" in outcome.data:
                 document["deployed"] = outcome.data.get("record")
                 document["log_age"] = outcome.data.get("log_age")
+                if "gpus" in outcome.data:
+                    document["gpus"] = outcome.data.get("gpus")
             if deploy is not None:
                 document = {
                     "target": outcome.target,

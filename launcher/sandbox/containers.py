@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from launcher.errors import RemoteError
+from launcher.sandbox import gpus as sandbox_gpus
 from launcher.sandbox import rootfs
 
 CONTAINER_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
@@ -161,18 +162,8 @@ def _host_tree(root: Path) -> None:
 
 
 def set_gpus(root: Path, gpus: int) -> None:
-    """N fake GPU device files; a process holds a GPU while it has that file open."""
-    gpu_dir = root / GPU_DIR
-    wanted = {f"nvidia{i}" for i in range(gpus)}
-    for name in wanted:
-        f = gpu_dir / name
-        if not f.exists():
-            f.touch()
-        f.chmod(0o666)
-    for f in gpu_dir.iterdir():
-        if f.name not in wanted:
-            f.unlink()
-    _write(root / GPU_COUNT_FILE, f"{gpus}\n")
+    """The container's GPU files (see launcher/sandbox/gpus.py)."""
+    sandbox_gpus.prepare_rootfs(root, gpus)
 
 
 def defined(lxcpath: Path) -> list[int]:

@@ -11,12 +11,14 @@ Environment:
   DEMO_CHECKPOINT_EVERY  write checkpoints/step_<N>.pt every N steps (default 5; 0 = never)
   DEMO_SAVE_SECONDS      each checkpoint save takes this long, printing nothing and writing
                          the file a piece at a time, as a large state dict's does (default 0)
-  DEMO_GPUS              how many fake GPU files to hold open (default: all of them)
+  DEMO_GPUS              how many GPUs (/dev/nvidiaN) to hold open (default: all of them)
+  DEMO_GPU_INDEXES       which GPUs to hold, e.g. 3 or 0,1 (default: the first DEMO_GPUS)
   DEMO_CRASH_AFTER       crash: seconds before a RuntimeError traceback, exit 1 (default 5)
   DEMO_STALL_AFTER       stall: seconds before queues drain and steps stop (default 5)
   DEMO_NAN_AFTER         nan: seconds before the loss becomes nan (default 5)
   DEMO_SPAWN_CHILD=1     spawn a "dataloader worker" that ignores SIGHUP, SIGINT and SIGTERM
-                         and holds a GPU file, so killing only the tmux session leaves it behind
+                         and keeps the GPUs' device files open, so killing only the tmux
+                         session leaves it behind
   DEMO_IGNORE_SIGINT=1   ignore C-c (SIGINT)
   DEMO_STEPS             finish after this many steps: "Training completed.", exit 0 (default:
                          never), as a trainer does after its last epoch
@@ -45,11 +47,15 @@ modes:
   nan-gradnorm     prints grad_norm=, which becomes nan after DEMO_NAN_AFTER seconds
   bursty   the last q_pre bucket is filled in one status line out of three
   hang     after DEMO_HANG_AFTER seconds (default 5) prints nothing more, the pane alive
+  cpu-fallback  healthy status lines, but holds no GPU (CUDA was not found: ran on the CPU)
+  one-gpu       healthy status lines from one GPU of those given
+  idle-gpus     holds every GPU, healthy status lines, 0 % utilization (input-starved)
   DEMO_RESUME=1 (any mode) resumes from the newest checkpoint in checkpoints/
 
 On SIGINT it prints "Interrupted; saving checkpoint..." and exits 130.
 """
 
+import atexit
 import json
 import math
 import os
@@ -58,8 +64,12 @@ import signal
 import sys
 import time
 
-GPU_DIR = "/var/lib/sandbox-gpu"
+DRIVER_DIR = "/var/lib/sandbox-gpu"  # the sandbox's driver (launcher/sandbox/gpus.py)
+MEMORY_PER_GPU_MIB = 22512
+BUSY_UTIL = 97  # % a compute-bound trainer shows at full throughput
+RELEASE_LAG = 0.5  # s the driver takes to free an exited process's memory
 MODES = ("healthy", "crash", "stall", "flat", "nan", "silent")
+GPU_MODES = ("cpu-fallback", "one-gpu", "idle-gpus")
 FORMATS = ("dflash", "hf", "jsonl")
 PLATEAU_KTOK = 28.0
 FLAT_KTOK = 0.5
@@ -70,7 +80,7 @@ HS_TARGET = 4
 # Misbehaviours the verdict tests need (see misbehave() and the functions after it).
 MISBEHAVIOURS = ("crashloop", "diverge", "sag", "finalizer-noise", "nan-gradnorm", "bursty")
 MISBEHAVIOURS += ("hang",)  # type: ignore[assignment]  # pane alive, nothing printed
-MODES = MODES + MISBEHAVIOURS  # type: ignore[assignment]  # one tuple, grown
+MODES = MODES + MISBEHAVIOURS + GPU_MODES  # type: ignore[assignment]  # one tuple, grown
 DIVERGED_LOSS = math.log(32000)  # a model that predicts nothing, with a 32k vocabulary
 
 
@@ -89,15 +99,95 @@ def env_int(name, default):
 
 
 def open_gpus(limit=None):
+    """Open /dev/nvidia0..: CUDA keeps one handle per device it uses for the process's life."""
     try:
         names = sorted(
-            (n for n in os.listdir(GPU_DIR) if n.startswith("nvidia")), key=lambda n: int(n[6:])
+            (n for n in os.listdir("/dev") if n[6:].isdigit() and n.startswith("nvidia")),
+            key=lambda n: int(n[6:]),
         )
-    except (OSError, ValueError):
+    except OSError:
         return []
     if limit is not None:
         names = names[:limit]
-    return [open(os.path.join(GPU_DIR, n), "rb") for n in names]
+    wanted = os.environ.get("DEMO_GPU_INDEXES")
+    if wanted:
+        names = ["nvidia%s" % i.strip() for i in wanted.split(",") if i.strip().isdigit()]
+    return [open(os.path.join("/dev", n), "rb") for n in names]
+
+
+def start_time(proc, pid):
+    try:
+        with open("%s/%s/stat" % (proc, pid)) as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def host_pid():
+    """This process's PID on the host, found in the host's /proc the sandbox's driver shares:
+    the NSpid line whose last entry is our PID, with our start time."""
+    mine, start = os.getpid(), start_time("/proc", "self")
+    try:
+        entries = os.listdir(DRIVER_DIR + "/hostproc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open("%s/hostproc/%s/status" % (DRIVER_DIR, entry)) as f:
+                nspid = [line for line in f if line.startswith("NSpid:")]
+        except OSError:
+            continue
+        ours = nspid and nspid[0].split()[-1] == str(mine)
+        if ours and start_time(DRIVER_DIR + "/hostproc", entry) == start:
+            return int(entry)
+    return None
+
+
+class GpuUse:
+    """What this process does on its GPUs, told to the sandbox's driver (its nvidia-smi shows
+    memory and utilization from it, in every container sharing the GPUs)."""
+
+    def __init__(self, files):
+        self.files = files
+        self.devices = [int(os.path.basename(f.name)[6:]) for f in files]
+        self.util = None
+        self.path = None
+        self.record = None
+        pid = host_pid() if self.devices else None
+        if pid is None:
+            return
+        pool = "host"
+        try:
+            with open("/etc/sandbox-gpu-pool") as f:
+                pool = f.read().strip() or pool
+        except OSError:
+            pass
+        self.path = os.path.join(DRIVER_DIR, "pools", pool, "%d.json" % pid)
+        self.record = {"pid": os.getpid(), "host_pid": pid, "start": start_time("/proc", "self")}
+        self.report(0)
+        atexit.register(self.release)
+
+    def report(self, util, released_at=None):
+        util = int(max(0, min(100, util)))
+        if self.path is None or self.record is None:
+            return
+        if util == self.util and released_at is None:
+            return
+        self.util = util
+        record = dict(self.record, released_at=released_at)
+        record["devices"] = {str(d): [util, MEMORY_PER_GPU_MIB] for d in self.devices}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(self.path + ".tmp", self.path)
+        except OSError:
+            pass
+
+    def release(self):
+        self.report(0, released_at=time.time() + RELEASE_LAG)
 
 
 def spawn_child():
@@ -107,7 +197,7 @@ def spawn_child():
         return pid
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    held = open_gpus(1)  # noqa: F841 - kept open for the worker's lifetime
+    # The parent's device handles stay open in the fork, as a DataLoader worker's do.
     try:
         while True:
             time.sleep(3600)
@@ -248,6 +338,9 @@ class Trainer:
         if self.mode == "crash" and t >= self.crash_after:
             self.forward_backward()
         ktok = misbehave(self, t, self.throughput(t))
+        if Output.gpus is not None:  # busy as far as it gets through its tokens
+            busy = 0.0 if self.mode == "idle-gpus" else min(1.0, ktok / PLATEAU_KTOK)
+            Output.gpus.report(BUSY_UTIL * busy)
         self.advance(t, ktok)
         diverge(self, t)
         self.checkpoint()
@@ -267,6 +360,7 @@ class Output:
     """The chosen format, and the hf format's bar and last logged step."""
 
     format = "dflash"
+    gpus: "GpuUse | None" = None  # the GPUs held, and what they do
     bar = ""
     logged = 0
 
@@ -371,6 +465,8 @@ def misbehave(trainer, t, ktok):
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
     if mode == "hang" and t >= env_float("DEMO_HANG_AFTER", 5):
+        if Output.gpus is not None:
+            Output.gpus.report(0)
         hang()
     if mode == "sag" and t >= env_float("DEMO_SAG_AFTER", 5):
         return ktok * 0.25
@@ -439,7 +535,10 @@ def main(argv):
         return 2
     interval = max(0.01, env_float("DEMO_INTERVAL", 1.0))
     gpus_env = os.environ.get("DEMO_GPUS")
-    held = open_gpus(int(gpus_env) if gpus_env else None)  # noqa: F841 - held for our lifetime
+    limit = int(gpus_env) if gpus_env else None
+    if mode in ("cpu-fallback", "one-gpu"):
+        limit = 0 if mode == "cpu-fallback" else min(1, 1 if limit is None else limit)
+    Output.gpus = GpuUse(open_gpus(limit))  # the files are held for our lifetime
     if os.environ.get("DEMO_SPAWN_CHILD") == "1":
         spawn_child()
     if os.environ.get("DEMO_IGNORE_SIGINT") == "1":

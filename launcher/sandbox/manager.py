@@ -21,6 +21,7 @@ import yaml
 
 from launcher.errors import UsageError
 from launcher.sandbox import containers, rootfs, sshd
+from launcher.sandbox import gpus as sandbox_gpus
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
 STATE_DIR_ENV = "LAUNCHER_SANDBOX_DIR"
@@ -106,9 +107,15 @@ class Sandbox:
             ct_dir.mkdir(exist_ok=True)
             kind = kinds[vmid]
             (ct_dir / "distro").write_text(kind + "\n")
+            config_file = ct_dir / "config"
+            if current[vmid] == "RUNNING" and sandbox_gpus.outdated(config_file):
+                containers.stop(self.lxcpath, [vmid])  # mounts change only with a restart
+                current[vmid] = "STOPPED"
             containers.build_rootfs(ct_dir / "rootfs", vmid, gpus, kind)
-            if current[vmid] != "RUNNING" or not (ct_dir / "config").is_file():
-                (ct_dir / "config").write_text(containers.config_text(self.lxcpath, vmid, kind))
+            if current[vmid] != "RUNNING" or not config_file.is_file():
+                config = containers.config_text(self.lxcpath, vmid, kind)
+                config += sandbox_gpus.config_lines(self.state_dir, gpus)
+                config_file.write_text(config)
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
             containers.stop(self.lxcpath, odd)
@@ -224,6 +231,14 @@ class Sandbox:
     ) -> subprocess.CompletedProcess[bytes]:
         """Run argv in the container directly with lxc-attach (no ssh, no pct, no shell)."""
         return containers.attach(self.lxcpath, vmid, argv, input=input)
+
+    def set_gpu_pool(self, vmid: int, pool: str) -> None:
+        """Containers with the same pool share their GPUs (the default: all share `host`)."""
+        sandbox_gpus.set_pool(self.container_root(vmid), pool)
+
+    def set_gpu_pid_mode(self, vmid: int, mode: str) -> None:
+        """What PIDs the container's nvidia-smi reports: `host` (default) or `bare-metal`."""
+        sandbox_gpus.set_pid_mode(self.container_root(vmid), mode)
 
     def pct_calls(self) -> int:
         try:

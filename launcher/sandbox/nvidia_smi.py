@@ -1,11 +1,19 @@
 #!/usr/bin/python3
 # mypy: allow-untyped-calls
-"""Stand-in for nvidia-smi inside sandbox containers.
+"""Stand-in for nvidia-smi inside sandbox containers, answering as the real one does there.
 
-The container has N fake GPU device files, /var/lib/sandbox-gpu/nvidia0..N-1 (N is in
-/etc/sandbox-gpus). A process "holds a GPU" while it has that GPU's file open, which is
-found by scanning /proc/*/fd, the same way memory held by a live process is found on a
-real host. Supported:
+The container has N GPUs, /dev/nvidia0..N-1 (N is in /etc/sandbox-gpus). The driver's view is
+the shared directory /var/lib/sandbox-gpu (see launcher/sandbox/gpus.py): one record per process
+that uses a GPU, in the pool of GPUs this container shares with others (/etc/sandbox-gpu-pool),
+with its host PID and its memory and utilization per device.
+
+As inside a real container, the processes it lists carry their HOST PIDs: the NVIDIA driver is
+not PID-namespace aware (NVIDIA/nvidia-docker#1483, a maintainer: "anytime you query it for the
+set of processes that are using GPUs, you will always get the host pids, not the container
+pids"; also #179, #1460), and it lists the processes of every container sharing the GPUs. Names
+are looked up in the container's own /proc, so they come out as `[Not Found]` (or as whatever
+container process has that number). /etc/sandbox-gpu-pids `bare-metal` reports each process's
+own PID instead, as on a host without containers. Supported:
 
   nvidia-smi                      a short table
   nvidia-smi -L                   one line per GPU
@@ -13,17 +21,22 @@ real host. Supported:
   nvidia-smi --query-compute-apps=FIELDS --format=csv[,noheader][,nounits]
 """
 
+import contextlib
+import json
 import os
-import socket
 import sys
+import time
 import uuid
 
-GPU_DIR = "/var/lib/sandbox-gpu"
+DRIVER_DIR = "/var/lib/sandbox-gpu"
+HOST_PROC = DRIVER_DIR + "/hostproc"
 COUNT_FILE = "/etc/sandbox-gpus"
+POOL_FILE = "/etc/sandbox-gpu-pool"
+PIDS_FILE = "/etc/sandbox-gpu-pids"
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell"
 MEMORY_TOTAL_MIB = 97887
-MEMORY_PER_PROCESS_MIB = 22512
 DRIVER_FAILED = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+NOT_FOUND = "[Not Found]"
 
 GPU_FIELDS = {
     "index",
@@ -45,24 +58,42 @@ UNITS = {
 }
 
 
+def read_word(path, default):
+    try:
+        with open(path) as f:
+            return f.read().strip() or default
+    except OSError:
+        return default
+
+
 def gpu_count():
     try:
-        with open(COUNT_FILE) as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
+        return int(read_word(COUNT_FILE, "0"))
+    except ValueError:
         return 0
 
 
+def pool():
+    return read_word(POOL_FILE, "host")
+
+
 def gpu_uuid(index):
-    seed = "sandbox-gpu:%s:%d" % (socket.gethostname(), index)
+    # The same physical GPU has the same UUID in every container of its pool.
+    seed = "sandbox-gpu:%s:%d" % (pool(), index)
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, seed))
 
 
-def gpu_paths(count):
-    return {os.path.join(GPU_DIR, "nvidia%d" % i): i for i in range(count)}
+def start_time(proc, pid):
+    """Field 22 of /proc/PID/stat (start time since boot): the same in every PID namespace."""
+    try:
+        with open("%s/%s/stat" % (proc, pid)) as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def process_name(pid):
+    """Looked up in the container's /proc, as the real nvidia-smi does with a host PID."""
     try:
         return os.readlink("/proc/%s/exe" % pid)
     except OSError:
@@ -71,29 +102,53 @@ def process_name(pid):
         with open("/proc/%s/comm" % pid) as f:
             return f.read().strip()
     except OSError:
-        return "[unknown]"
+        return NOT_FOUND
+
+
+def records():
+    """Live records of the pool: (pid as reported, {gpu index: (util %, MiB)}).
+    A record whose process is gone (by host PID and start time) or whose release lag is over
+    is removed, as the driver frees what an exited process held."""
+    directory = os.path.join(DRIVER_DIR, "pools", pool())
+    bare = read_word(PIDS_FILE, "host") == "bare-metal"
+    check = os.path.isdir(HOST_PROC + "/1")
+    found: list[tuple[int, dict[int, tuple[int, int]]]] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            host_pid = int(record["host_pid"])
+            devices = {int(k): (int(v[0]), int(v[1])) for k, v in record["devices"].items()}
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        released = record.get("released_at")
+        if released is not None:  # exited: the driver frees its memory a moment later
+            gone = time.time() >= released
+        else:
+            gone = check and start_time(HOST_PROC, host_pid) != record.get("start")
+        if gone:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        found.append((int(record["pid"]) if bare else host_pid, devices))
+    return found
 
 
 def holders(count):
-    """Return a sorted list of (gpu index, pid) for every open GPU file."""
-    paths = gpu_paths(count)
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fd_dir = "/proc/%s/fd" % entry
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target in paths:
-                found.add((paths[target], int(entry)))
-    return sorted(found)
+    """(gpu index, pid, util, MiB) for every process using a GPU, sorted."""
+    held = []
+    for pid, devices in records():
+        for gpu, (util, mib) in devices.items():
+            if 0 <= gpu < count:
+                held.append((gpu, pid, util, mib))
+    return sorted(held)
 
 
 def parse_format(spec):
@@ -121,8 +176,8 @@ def render(fields, rows, header, units):
 def gpu_rows(count, held):
     rows = []
     for i in range(count):
-        users = [pid for gpu, pid in held if gpu == i]
-        used = MEMORY_PER_PROCESS_MIB * len(users)
+        users = [(util, mib) for gpu, _, util, mib in held if gpu == i]
+        used = sum(mib for _, mib in users)
         rows.append(
             {
                 "index": i,
@@ -131,7 +186,7 @@ def gpu_rows(count, held):
                 "memory.used": used,
                 "memory.total": MEMORY_TOTAL_MIB,
                 "memory.free": MEMORY_TOTAL_MIB - used,
-                "utilization.gpu": 97 if users else 0,
+                "utilization.gpu": min(100, sum(util for util, _ in users)),
                 "pci.bus_id": "00000000:%02X:00.0" % (0x18 + i),
             }
         )
@@ -140,13 +195,13 @@ def gpu_rows(count, held):
 
 def app_rows(held):
     rows = []
-    for gpu, pid in held:
+    for gpu, pid, _, mib in held:
         rows.append(
             {
                 "pid": pid,
                 "process_name": process_name(pid),
                 "name": process_name(pid),
-                "used_memory": MEMORY_PER_PROCESS_MIB,
+                "used_memory": mib,
                 "gpu_uuid": gpu_uuid(gpu),
                 "gpu_bus_id": "00000000:%02X:00.0" % (0x18 + gpu),
             }
@@ -158,18 +213,16 @@ def table(count, held):
     lines = ["+" + "-" * 60 + "+", "| %-58s |" % "NVIDIA-SMI 575.57.08 (sandbox stand-in)"]
     for row in gpu_rows(count, held):
         lines.append(
-            "| %d  %-31s %6d MiB / %6d MiB |"
-            % (row["index"], GPU_NAME, row["memory.used"], MEMORY_TOTAL_MIB)
-        )
+            "| %d  %-25s %3d %% %6d MiB / %6d MiB |"
+            % (row["index"], GPU_NAME[:25], row["utilization.gpu"], row["memory.used"],
+               MEMORY_TOTAL_MIB)
+        )  # fmt: skip
     lines.append("+" + "-" * 60 + "+")
     lines.append("| %-58s |" % "Processes:")
     if not held:
         lines.append("| %-58s |" % " No running processes found")
-    for gpu, pid in held:
-        lines.append(
-            "| %3d %8d  %-33s %6d MiB |"
-            % (gpu, pid, process_name(pid)[-32:], MEMORY_PER_PROCESS_MIB)
-        )
+    for gpu, pid, _, mib in held:
+        lines.append("| %3d %8d  %-33s %6d MiB |" % (gpu, pid, process_name(pid)[-32:], mib))
     lines.append("+" + "-" * 60 + "+")
     return "\n".join(lines) + "\n"
 

@@ -115,6 +115,12 @@ class VerifyDoc(Closed):
     log_age: float | None = Field(
         None, description="launcher status only: seconds since the log was written"
     )
+    gpus: dict[str, Any] | None = Field(
+        None,
+        description="launcher status only, with playbook gpus > 0: want (the playbook's gpus), "
+        "held (GPU indexes the run's processes have open), devices ([index, utilization %, "
+        "memory used MiB] per GPU), error (nvidia-smi's, or null)",
+    )
 
 
 # -- deploy ------------------------------------------------------------------------------------

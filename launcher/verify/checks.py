@@ -37,6 +37,8 @@ from statistics import median
 
 from pydantic import BaseModel, Field, StrictInt, field_validator
 
+from launcher.verify.gpus import GpuCheckSpec, GpuSample
+from launcher.verify.gpus import judge as judge_gpus
 from launcher.verify.parse import Quantity, Sample, clean_text, logical_lines, parse_rate
 
 __all__ = [
@@ -115,6 +117,7 @@ class PaneState:
     age: float | None = None
     # The run was stopped by `launcher stop` (or a watcher that gave up), not ended by itself.
     stopped: bool = False
+    gpus: GpuSample | None = None  # the run's GPUs, when the playbook gives it some
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ class ChecksSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     loss: LossSpec = Field(default_factory=LossSpec)
     # Failing polls in a row that end the probe (Kubernetes' failureThreshold).
     failure_threshold: StrictInt = Field(default=3, ge=1, le=1000)
+    gpus: GpuCheckSpec = Field(default_factory=GpuCheckSpec)
 
 
 def worst_verdict(results: Iterable[CheckResult]) -> Verdict:
@@ -746,7 +750,23 @@ class Judge:
         results.append(self._step_result())
         results.append(self._loss_result())
         results.append(self._finite_result())
+        gpus = self._gpus_result()
+        if gpus is not None:
+            results.append(gpus)
         return results
+
+    def _gpus_result(self) -> CheckResult | None:
+        """The run holds its GPUs and they are busy while it prints (launcher.verify.gpus)."""
+        sample = self._latest.state.gpus if self._latest is not None else None
+        if sample is None or sample.want <= 0:
+            return None
+        found = judge_gpus(sample, self.spec.gpus, printing=bool(self._new_samples))
+        if found.ok:
+            return CheckResult("gpus", Verdict.PASS, found.observed, found.expected)
+        if found.warn:
+            return CheckResult("gpus", Verdict.WARN, found.observed, found.expected)
+        failure = Failure.DEFINITE if found.ok is False else Failure.PENDING
+        return CheckResult("gpus", Verdict.FAIL, found.observed, found.expected, failure)
 
     def _fatal_result(self) -> CheckResult:
         patterns = self.spec.fail_patterns

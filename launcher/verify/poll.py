@@ -8,6 +8,7 @@ from launcher.agentclient import AgentClient
 from launcher.config import Target
 from launcher.container import Container
 from launcher.verify.checks import PaneState
+from launcher.verify.gpus import sample_from_answer
 
 
 def poll_request(target: Target, lines: int) -> p.PollRequest:
@@ -19,6 +20,7 @@ def poll_request(target: Target, lines: int) -> p.PollRequest:
         "lines": lines,
         "lock_path": p.LOCK_PATH,
         "checkpoints": target.playbook.checkpoints_path,
+        "gpus": spec.gpus,
     }
 
 
@@ -52,6 +54,7 @@ def pane_state(answer: p.PollAnswer) -> PaneState:
         quiet_for=quiet_for(answer),
         age=session_age(answer),
         stopped=bool(answer.get("stopped")),
+        gpus=sample_from_answer(answer.get("gpus")),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
+from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State
 from launcher.verify.parse import Sample
 from launcher.verify.prober import ProbeResult
@@ -257,6 +258,8 @@ def render_status(
         if state.pane_dead and state.exit_code is not None:
             pane += f" (exit {state.exit_code})"
         lines.append(f"  pane: {pane}")
+        if state.gpus is not None:
+            lines.append(f"  gpus: {gpus_status_text(state.gpus)}")
     age = extra.get("log_age")
     if isinstance(age, int | float):
         lines.append(f"  last output: {age:.0f} s ago")

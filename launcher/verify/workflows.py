@@ -19,6 +19,7 @@ from launcher.verify.checks import (
     PaneState,
     Poll,
 )
+from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State, ended, status_exit, verdict_word
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.poll import poll_once
@@ -194,13 +195,16 @@ def status_work(ctx: FleetContext) -> Outcome:
         state=lifecycle,
         record=answer.get("record"),
     )
-    extra = {"record": answer.get("record"), "log_age": answer.get("log_age")}
+    extra: dict[str, Any] = {"record": answer.get("record"), "log_age": answer.get("log_age")}
     # The table of several targets shows this: the reason when unhealthy, else the figures.
     summary = probe.reason
     if not code and poll.samples:
         summary = latest_line(poll.samples, list(spec.queues))
     if not state.session_exists:
         summary = f"no session '{target.playbook.spec.session}'"
+    elif state.gpus is not None:
+        summary += " | " + gpus_status_text(state.gpus)
+        extra["gpus"] = answer.get("gpus")
     return Outcome(target.name, code, summary, {"probe": probe, **extra})
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from launcher.verify.gpus import GpuSample
+
 LABELS = ("target", "host", "vmid")
 STATUSES = (
     "starting",
@@ -71,6 +73,25 @@ class Metrics:
         self.poll_success = Gauge(
             "launcher_watch_poll_success", "1 when the last poll got an answer", LABELS, registry=r
         )
+        gpu_labels = [*LABELS, "gpu"]
+        self.gpu_util = Gauge(
+            "launcher_gpu_utilization_percent",
+            "Each GPU's utilization (nvidia-smi utilization.gpu), as of the last poll",
+            gpu_labels,
+            registry=r,
+        )
+        self.gpu_memory = Gauge(
+            "launcher_gpu_memory_used_bytes",
+            "Each GPU's memory in use (by anyone), as of the last poll",
+            gpu_labels,
+            registry=r,
+        )
+        self.gpu_held = Gauge(
+            "launcher_gpu_held_by_run",
+            "1 when the run's processes have this GPU's device open",
+            gpu_labels,
+            registry=r,
+        )
         self._server: Any = None
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
@@ -111,6 +132,17 @@ class Metrics:
         for name, depths in queues.items():
             for bucket, depth in enumerate(depths):
                 self.queue.labels(**labels, queue=name, bucket=str(bucket)).set(depth)
+
+    def set_gpus(self, labels: dict[str, str], sample: GpuSample) -> None:
+        """Per-GPU gauges (label `gpu`: the index) from one poll."""
+        for index in sorted(set(sample.util) | set(sample.held)):
+            gpu = {**labels, "gpu": str(index)}
+            self.gpu_held.labels(**gpu).set(1.0 if index in sample.held else 0.0)
+            util, used = sample.util.get(index), sample.used_mib.get(index)
+            if util is not None:
+                self.gpu_util.labels(**gpu).set(float(util))
+            if used is not None:
+                self.gpu_memory.labels(**gpu).set(float(used) * 2**20)
 
 
 def _set(gauge: Gauge, labels: dict[str, str], value: float | None) -> None:

@@ -134,6 +134,8 @@ class TargetWatch:
             self.transition("reachable", self.record.status, "answering polls again")
         self.unreachable = 0
         obs = self.runs.observe(state, time.monotonic())
+        if self.hub.metrics is not None and state.gpus is not None:
+            self.hub.metrics.set_gpus(self.labels, state.gpus)
         self.on_observation(obs)
 
     def on_unreachable(self, message: str) -> None:

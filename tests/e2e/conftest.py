@@ -64,10 +64,18 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox,
     sb = Sandbox(tmp_path_factory.mktemp("sandbox"))
     try:
         info = sb.up(SANDBOX_VMIDS, gpus=SANDBOX_GPUS)
+        separate_gpus(sb)
         warm_agent_cache(sb, SANDBOX_VMIDS)
         yield sb, info
     finally:
         sb.down()
+
+
+def separate_gpus(sb: Sandbox) -> None:
+    """Each container its own 8 GPUs: the suite runs 8-GPU runs in several containers at once,
+    which one host's 8 shared GPUs would (rightly) refuse. tests/e2e/test_gpus.py shares them."""
+    for vmid in SANDBOX_VMIDS:
+        sb.set_gpu_pool(vmid, f"ct{vmid}")
 
 
 def warm_agent_cache(sb: Sandbox, vmids: tuple[int, ...]) -> None:

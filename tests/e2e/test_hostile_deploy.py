@@ -18,7 +18,7 @@ from tests.e2e.project import Project, json_out
 pytestmark = pytest.mark.e2e
 
 VMID = 202
-GPU_DEVICE = "/var/lib/sandbox-gpu/nvidia0"
+GPU_DEVICE = "/dev/nvidia0"
 
 # A trainer whose data-loader helper escaped the run: a double fork into a new session with a
 # cleared environment (`setsid env -i`), holding a GPU. Nothing ties it to the run any more.

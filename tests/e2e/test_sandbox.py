@@ -243,10 +243,22 @@ def test_nvidia_smi_and_demo_trainer(sandbox: Box, ssh: SshRunner) -> None:
         assert "loss=--- acc=--- streak=--- lr=---" in status_lines[0]
         assert "loss=---" not in status_lines[-1]
 
+        # As inside a real container: the trainer's HOST pid, its name not found in here.
         apps = ssh("pct", "exec", 200, "--", *apps_query).stdout.decode().splitlines()
         pids = {line.split(", ")[0] for line in apps}
         assert len(apps) == 2 and len(pids) == 1, apps
-        assert apps[0].endswith(", 22512") and "python3" in apps[0]
+        assert apps[0].endswith(", [Not Found], 22512"), apps
+        trainer = sb.ct_exec(200, ["pgrep", "-f", "train_demo.py"]).stdout.decode().split()
+        assert pids.isdisjoint(trainer), (pids, trainer)
+        sb.set_gpu_pid_mode(200, "bare-metal")
+        try:
+            bare = ssh("pct", "exec", 200, "--", *apps_query).stdout.decode().splitlines()
+        finally:
+            sb.set_gpu_pid_mode(200, "host")
+        assert {line.split(", ")[0] for line in bare} <= set(trainer) and "python3" in bare[0]
+        # Its device files, as fuser sees them.
+        fds = sb.ct_exec(200, ["sh", "-c", "ls -l /proc/[0-9]*/fd/ 2>/dev/null"]).stdout.decode()
+        assert "-> /dev/nvidia0" in fds and "-> /dev/nvidia1" in fds and "/dev/nvidia2" not in fds
         used = ssh(
             "pct", "exec", 200, "--", "nvidia-smi", "--query-gpu=index,memory.used",
             "--format=csv,noheader,nounits",
@@ -259,7 +271,8 @@ def test_nvidia_smi_and_demo_trainer(sandbox: Box, ssh: SshRunner) -> None:
         sb.ct_exec(200, [*tmux, "send-keys", "-t", "demo", "C-c"])
         assert wait_for(lambda: "exit=130" in pane()), pane()
         assert any(x.endswith("Interrupted; saving checkpoint...") for x in pane())
-        assert ssh("pct", "exec", 200, "--", *apps_query).stdout == b""
+        # The driver frees an exited process's memory a moment later.
+        assert wait_for(lambda: ssh("pct", "exec", 200, "--", *apps_query).stdout == b"")
     finally:
         sb.ct_exec(200, [*tmux, "kill-server"])
 

@@ -690,15 +690,18 @@ def test_failure_after_install_still_answers_with_steps(
     assert target.lock_path.read_text() == ""
 
 
+# Inside a container nvidia-smi's process list has host PIDs: asking for it is a bug.
 FAKE_NVIDIA_SMI = """#!/bin/sh
 case "$1" in
   -L) echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
-  *) echo "1234, /usr/bin/python3, 22512"; echo "99, python3, [N/A]";;
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu)
+    echo "0, GPU-1, 22512, 81559, 97"; echo "1, GPU-2, 3, 81559, 0";;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
 esac
 """
 
 
-def test_preflight_lists_gpus_and_holders(
+def test_preflight_lists_gpus_and_what_is_used_from_outside(
     target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake = tmp_path / "nvidia-smi"
@@ -706,13 +709,33 @@ def test_preflight_lists_gpus_and_holders(
     fake.chmod(0o755)
     real_which = agent.which
     monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    # This machine's /proc may show a sandbox container's GPU holders: none here.
+    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
     gpus = preflight(target, create=False, gpus=2)["gpus"]
     assert gpus["visible"] == 2 and gpus["names"] == ["NVIDIA Fake 80GB"] * 2
     assert gpus["error"] is None
-    assert gpus["holders"] == [
-        {"pid": 1234, "name": "/usr/bin/python3", "used_memory": 22512},
-        {"pid": 99, "name": "python3", "used_memory": None},
+    # No process here has /dev/nvidia0 open, so GPU 0's memory is someone else's; GPU 1's 3 MiB
+    # are the driver's own.
+    assert gpus["holders"] == []
+    assert gpus["outside"] == [{"index": 0, "used_mib": 22512}]
+
+
+def test_wanted_gpus_follow_cuda_visible_devices() -> None:
+    assert agent.wanted_gpus(2) == {0, 1}
+    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == {4, 5}
+    # UUIDs or nothing usable: the first `gpus`
+    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == {0, 1}
+
+
+def test_used_outside_ignores_gpus_held_here_and_idle_ones() -> None:
+    devices = [
+        {"index": 0, "used_mib": 22512, "total_mib": 1, "util": 0},
+        {"index": 1, "used_mib": 22512, "total_mib": 1, "util": 0},
+        {"index": 2, "used_mib": agent.GPU_IDLE_MIB, "total_mib": 1, "util": 0},
+        {"index": 3, "used_mib": 9000, "total_mib": 1, "util": 0},
     ]
+    held = {77: [1]}
+    assert agent.used_outside(devices, held, {0, 1, 2}) == [{"index": 0, "used_mib": 22512}]
 
 
 def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> None:
@@ -935,14 +958,21 @@ def test_compile_error_with_another_interpreter_quotes_the_new_script(target: Ta
 
 SLOW_NVIDIA_SMI = """#!/bin/sh
 log=%(log)s
-if [ "$1" = -L ]; then
-  echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
-  echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)"
-else
-  echo "holders start $$" >> "$log"
-  [ -e %(hang)s ] && exec sleep 30
-  sleep 0.5; echo "holders end" >> "$log"
-fi
+case "$1" in
+  -L)
+    echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
+    echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu|\
+  --query-compute-apps=gpu_uuid,used_memory)
+    what=devices; [ "$1" = --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu ] ||
+      what=contexts
+    echo "$what start $$" >> "$log"
+    [ -e %(hang)s ] && exec sleep 30
+    sleep 0.5; echo "$what end" >> "$log"
+    [ $what = devices ] && echo "0, GPU-1, 0, 81559, 0" && echo "1, GPU-2, 0, 81559, 0";;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
+esac
+exit 0
 """
 
 
@@ -955,19 +985,22 @@ def slow_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     fake.chmod(0o755)
     real_which = agent.which
     monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    # This machine's /proc may show a sandbox container's GPU holders: none here.
+    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
     return log, hang
 
 
 def test_gpu_queries_run_side_by_side_before_their_checks(
     target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Both nvidia-smi queries start with the transaction and answer while the checks before
-    theirs run: the second starts before the first ends. Their answers are still judged."""
+    """The nvidia-smi queries start with the transaction and answer while the checks before
+    theirs run: each starts before the first ends. Their answers are still judged."""
     log, _ = slow_nvidia_smi(tmp_path, monkeypatch)
     result = target.apply(gpus=2, check_resources=True)
     assert result["ok"] is True, result["error"]
     events = [line.split()[:2] for line in log.read_text().splitlines()]
-    assert sorted(events[:2]) == [["holders", "start"], ["names", "start"]], events
+    starts = [["contexts", "start"], ["devices", "start"], ["names", "start"]]
+    assert sorted(events[:3]) == starts, events
     steps = {s["name"]: s for s in result["steps"]}
     assert steps["resources"]["detail"].endswith(", 2 GPUs")
     assert steps["gpus"]["status"] == "ok" and steps["gpus"]["detail"] == "free"
@@ -985,10 +1018,11 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
     result = target.apply(gpus=2, check_resources=True, restart=False)
     assert result["error"]["kind"] == "refused" and "--restart" in result["error"]["message"]
     assert time.monotonic() - started < 10  # the 30 s query was not waited for
-    starts = [line for line in log.read_text().splitlines() if line.startswith("holders start")]
-    pid = int(starts[-1].split()[2])
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    for query in ("devices", "contexts"):
+        starts = [line for line in log.read_text().splitlines() if line.startswith(query)]
+        pid = int(starts[-1].split()[2])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> None:

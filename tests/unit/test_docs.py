@@ -29,6 +29,8 @@ OTHER_FLAGS = {
     "--user": "systemctl --user",
     "--now": "systemctl enable --now",
     "--type": "pvesh get /cluster/resources --type vm",
+    "--query-gpu": "nvidia-smi --query-gpu=…",
+    "--query-compute-apps": "nvidia-smi --query-compute-apps=…",
 }
 HELP = ("--help", "-h")  # click's own, on every command
 
