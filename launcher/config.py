@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from launcher.errors import ConfigError, UsageError
-from launcher.protocol import system_path_problem
+from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.sshconfig import JUMP_RE
 from launcher.verify.checks import ChecksSpec, StepSpec
 from launcher.verify.formats import StatusSpec
@@ -207,6 +207,13 @@ class PlaybookSpec(_Model):
     # How the trainer's status lines are read (format, preset, fields): launcher.verify.formats.
     status: StatusSpec = Field(default_factory=StatusSpec)
 
+    @model_validator(mode="after")
+    def _dest_not_launchers_own(self) -> PlaybookSpec:
+        problem = dest_problem(self.script.dest, self.checkpoints)
+        if problem:
+            raise ValueError(f"script.dest {self.script.dest!r} {problem}")
+        return self
+
     @field_validator("buckets")
     @classmethod
     def _increasing(cls, value: list[int] | None) -> list[int] | None:
@@ -265,6 +272,21 @@ class PlaybookSpec(_Model):
             if "\x00" in item:
                 raise ValueError(f"value of {key} must not contain NUL characters")
         return value
+
+
+def dest_problem(dest: str, checkpoints: str) -> str | None:
+    """Why a (normalised, workdir-relative) script destination is unusable, or None: launcher's
+    own records and the checkpoints (moved aside by a deploy) are no place for the script. The
+    container checks it again by real path (symlinks, an existing directory)."""
+    if _within(dest, STATE_DIR):
+        return f"is inside {STATE_DIR}/, where launcher keeps its deploy records, run file and log"
+    if _within(dest, checkpoints) or _within(checkpoints, dest):
+        return f"overlaps checkpoints ({checkpoints!r}), which a deploy may move aside"
+    return None
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def _relative_inside(value: str, *, allow_nested: bool) -> str:

@@ -76,9 +76,11 @@ def system_path_problem(path: str) -> str | None:
     return None
 
 
-# Error kinds an answer can carry; the client maps each onto one exit code.
+# Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
+# stopped the old run and then could not launch the new one (nothing runs; the message says what
+# was stopped and where the checkpoints are).
 ERROR_KINDS = ("refused", "locked", "unsafe_path", "corrupt", "compile", "missing", "invalid",
-               "failed")  # fmt: skip
+               "failed", "down")  # fmt: skip
 
 
 class AgentErrorInfo(TypedDict, total=False):

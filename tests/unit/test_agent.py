@@ -677,8 +677,10 @@ def test_failure_after_install_still_answers_with_steps(
 
     monkeypatch.setattr(agent.Deploy, "launch", broken_launch)
     result = target.apply(checkpoints=None, checkpoint_mode="keep")
-    assert result["ok"] is False and result["error"]["kind"] == "failed"
+    # Not "failed" (which reads as unreachable): reached, acted on, nothing running.
+    assert result["ok"] is False and result["error"]["kind"] == "down"
     assert "tmux exploded" in result["error"]["message"]
+    assert result["error"]["message"].startswith("run is down")
     statuses = {s["name"]: s["status"] for s in result["steps"]}
     assert statuses["install"] == "ok" and statuses["launch"] == "failed"
     assert statuses["checkpoints"] == "skipped"
@@ -889,6 +891,11 @@ def test_an_environment_too_large_is_refused_before_the_stop(target: Target) -> 
     assert target.apply()["ok"] is True
     pane_pid = target.state()["pane_pid"]
     result = target.apply(restart=True, env={"BIG": "z" * (2 << 20)})
+    assert result["error"]["kind"] == "invalid" and "env BIG is" in result["error"]["message"]
+    assert "MAX_ARG_STRLEN" in result["error"]["message"]
+    # Each value fits one string, all of them together not.
+    many = {f"V{i}": "z" * (100 << 10) for i in range(12)}
+    result = target.apply(restart=True, env=many)
     assert result["error"]["kind"] == "invalid" and "env is" in result["error"]["message"]
     assert pid_alive(pane_pid)
 

@@ -1,0 +1,182 @@
+"""Safety, round 3, on the sandbox: a redeploy over a long run never leaves nothing running,
+everything the launch needs is proven before the stop, launcher's own files are no script
+destination.
+
+Each case is one a user or a long run produced; none may stop a run and then fail to launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.project import Project, json_out
+
+pytestmark = pytest.mark.e2e
+
+VMID = 203
+WORKDIR = "/root/safety3"
+
+# A run that filled launcher's 100,000-line tmux history (a line a second for a day), then waits.
+LONG_HISTORY = """
+import sys, time
+for i in range(110_000):
+    sys.stdout.write("step=%d loss=1.0 filler line to fill the history\\n" % i)
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+# A run that printed one 10 MB line.
+HUGE_LINE = """
+import sys, time
+sys.stdout.write("x" * 10_000_000 + "\\n")
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def ct_ok(project: Project, *argv: str) -> str:
+    result = project.ct(VMID, *argv)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def pane_pid(project: Project, session: str) -> str:
+    return ct_ok(project, "tmux", "display-message", "-p", "-t", f"={session}:", "#{pane_pid}")
+
+
+def write_script(project: Project, name: str, text: str) -> Path:
+    path = project.root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def clean_ct(project: Project) -> Iterator[Project]:
+    yield project
+    project.ct(VMID, "tmux", "kill-server")
+    project.ct(VMID, "pkill", "-KILL", "-f", "[r]un.py|[t]rain_demo")
+    project.ct(VMID, "rm", "-rf", WORKDIR)
+
+
+def scripted(project: Project, name: str, text: str) -> dict[str, object]:
+    book = project.playbook(name, workdir=WORKDIR, gpus=0)
+    book["script"] = {"source": str(write_script(project, f"{name}.py", text)), "dest": "run.py"}
+    book["command"] = "python3 run.py"
+    return book
+
+
+def history_size(project: Project, session: str) -> int:
+    out = ct_ok(project, "tmux", "display-message", "-p", "-t", f"={session}:", "#{history_size}")
+    return int(out.strip() or 0)
+
+
+@pytest.mark.parametrize(
+    ("script", "filled"),
+    [(LONG_HISTORY, lambda n: n >= 95_000), (HUGE_LINE, lambda n: n >= 1)],
+    ids=["100k-lines", "10MB-line"],
+)
+def test_a_redeploy_over_a_long_run_leaves_the_new_run_running(
+    clean_ct: Project, script: str, filled: object
+) -> None:
+    project = clean_ct
+    book = scripted(project, "longrun", script)
+    project.write({"longrun": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    project.wait_for(
+        lambda: filled(history_size(project, "longrun")),  # type: ignore[operator]
+        timeout=60,
+        what="the run's history to fill",
+    )
+    old = pane_pid(project, "longrun")
+    for attempt in range(3):
+        result = project.launcher("deploy", "--restart", "--json")
+        assert result.returncode == 0, (attempt, result.stdout, result.stderr)
+        launched = json_out(result)["result"]["launched"]
+        assert launched and launched["pane_pid"], result.stdout
+        new = pane_pid(project, "longrun")
+        assert new != old and new.strip() == str(launched["pane_pid"])
+        project.wait_for(
+            lambda: filled(history_size(project, "longrun")),  # type: ignore[operator]
+            timeout=60,
+            what="the new run's history to fill",
+        )
+        old = new
+
+
+def test_an_env_value_over_the_per_string_limit_is_refused_before_the_stop(
+    clean_ct: Project,
+) -> None:
+    project = clean_ct
+    book = project.playbook("argmax", workdir=WORKDIR, gpus=0)
+    project.write({"argmax": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    pid = pane_pid(project, "argmax")
+    # 130 KiB: under the 1 MiB total, over Linux's 128 KiB for one string (MAX_ARG_STRLEN).
+    book["env"]["BIG"] = "v" * (130 * 1024)  # type: ignore[index]
+    project.write({"argmax": (VMID, book)})
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "BIG" in result.stderr and "131072" in result.stderr
+    assert pane_pid(project, "argmax") == pid, "the healthy run must not be stopped"
+    archived = ct_ok(project, "sh", "-c", f"ls {WORKDIR} | grep -c archived || true")
+    assert archived.strip() == "0", "checkpoints must not be moved"
+
+
+def test_an_env_value_just_under_the_limit_starts(clean_ct: Project) -> None:
+    project = clean_ct
+    book = project.playbook("argfits", workdir=WORKDIR, gpus=0)
+    # "BIG=" + value + NUL is exactly 128 KiB: exec takes it.
+    book["env"]["BIG"] = "v" * (128 * 1024 - 5)
+    project.write({"argfits": (VMID, book)})
+    result = project.launcher("deploy")
+    assert result.returncode == 0, result.stdout + result.stderr
+    project.wait_for(
+        lambda: "step=" in project.launcher("logs", "--tail", "5").stdout,
+        what="the trainer to start",
+    )
+
+
+@pytest.mark.parametrize(
+    "dest",
+    [".launcher/deploys.jsonl", ".launcher/destdir.log", "./.launcher/x.py", "checkpoints/x.py"],
+)
+def test_a_script_dest_among_launchers_own_files_is_refused(clean_ct: Project, dest: str) -> None:
+    project = clean_ct
+    book = project.playbook("destdir", workdir=WORKDIR, gpus=0)
+    project.write({"destdir": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    pid = pane_pid(project, "destdir")
+    book["script"]["dest"] = dest  # type: ignore[index]
+    project.write({"destdir": (VMID, book)})
+    for argv in (("inventory", "check"), ("deploy", "--restart")):
+        result = project.launcher(*argv)
+        assert result.returncode == 2, (argv, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr
+    assert pane_pid(project, "destdir") == pid
+    book["script"]["dest"] = "train_demo.py"  # type: ignore[index]
+    project.write({"destdir": (VMID, book)})
+    history = project.launcher("history", "--json")
+    assert history.returncode == 0 and "destdir:" in history.stdout, "deploy history kept"
+
+
+def test_a_script_dest_that_is_a_directory_or_symlinked_in_is_refused(clean_ct: Project) -> None:
+    project = clean_ct
+    book = project.playbook("destdir", workdir=WORKDIR, gpus=0)
+    project.write({"destdir": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    pid = pane_pid(project, "destdir")
+    ct_ok(project, "mkdir", "-p", f"{WORKDIR}/adir")
+    ct_ok(project, "ln", "-sfn", f"{WORKDIR}/.launcher", f"{WORKDIR}/state-link")
+    for dest, reason in (("adir", "directory"), ("state-link/x.py", ".launcher")):
+        book["script"]["dest"] = dest  # type: ignore[index]
+        project.write({"destdir": (VMID, book)})
+        result = project.launcher("deploy", "--restart")
+        assert result.returncode == 2, (dest, result.stdout + result.stderr)
+        assert reason in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert pane_pid(project, "destdir") == pid
+    assert ct_ok(project, "ls", f"{WORKDIR}/adir") == ""
