@@ -150,13 +150,21 @@ def watch_command(
     from launcher.remote import ConnectionPool
     from launcher.watch.metrics import Metrics
     from launcher.watch.monitor import Hub, Watcher, WatchSettings
-    from launcher.watch.notify import Deliver, Notifier, command, parse_exec, parse_webhook, webhook
+    from launcher.watch.notify import (
+        Deliver,
+        Notifier,
+        command,
+        parse_exec,
+        parse_webhook,
+        webhook,
+        webhook_name,
+    )
     from launcher.watch.policy import RestartPolicy
     from launcher.watch.state import WatchState, default_state_path
 
     destinations: dict[str, Deliver] = {}
     for url in webhooks:
-        destinations[f"webhook {parse_webhook(url)}"] = webhook(url)
+        destinations[webhook_name(parse_webhook(url))] = webhook(url)
     for text in commands:
         destinations[f"exec {text}"] = command(parse_exec(text))
     targets = app.targets()  # a bad inventory exits 2 here, before any connection

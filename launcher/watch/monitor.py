@@ -59,6 +59,7 @@ class Hub:
         self.say = say
 
     def emit(self, event: Event) -> None:
+        event = event.capped()  # a 300 KB pane line goes nowhere whole: log, stderr, receivers
         quiet = event.kind in QUIET_KINDS or self.notifier is None
         destinations = [] if quiet else self.notifier.names  # type: ignore[union-attr]
         self.state.add_event(event, destinations)  # persisted before it is sent

@@ -7,8 +7,17 @@ Each case is one a user or a long run produced; none may stop a run and then fai
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +189,117 @@ def test_a_script_dest_that_is_a_directory_or_symlinked_in_is_refused(clean_ct: 
         assert "Traceback" not in result.stderr
         assert pane_pid(project, "destdir") == pid
     assert ct_ok(project, "ls", f"{WORKDIR}/adir") == ""
+
+
+# A crash whose last words are one 300 KB line.
+HUGE_CRASH = """
+import sys, time
+print("starting", flush=True)
+time.sleep(2)
+sys.stdout.write("RuntimeError: " + "z" * 300_000 + "\\n")
+sys.stdout.flush()
+sys.exit(1)
+"""
+
+
+class Hooks:
+    """Three webhook receivers on 127.0.0.1: one that answers, one that trickles its answer a
+    byte every few seconds (never finishing in time), one that redirects a POST with 302."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.gets: list[str] = []
+        posts, gets = self.posts, self.gets
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.startswith("/slow"):
+                    self.wfile.write(b"H")
+                    for _ in range(30):
+                        time.sleep(2)
+                        self.wfile.write(b"T")
+                        self.wfile.flush()
+                    return
+                if self.path.startswith("/moved"):
+                    self.send_response(302)
+                    self.send_header("Location", "/landed")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                posts.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                gets.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_watch_keeps_secrets_and_delivers_past_slow_hooks_and_huge_lines(
+    clean_ct: Project, tmp_path: Path
+) -> None:
+    project = clean_ct
+    book = scripted(project, "wsafe", HUGE_CRASH)
+    book["verify"] = {"wait": 1, "interval": 1, "window": 30, "successes": 1, "lines": 500}
+    project.write({"wsafe": (VMID, book)})
+    hooks = Hooks()
+    token = "T0KEN" + "s3cr3t" * 4
+    got = tmp_path / "exec-event.json"
+    receiver = tmp_path / "receive.sh"
+    receiver.write_text(f"#!/bin/sh\ncat > {got}\n")
+    receiver.chmod(0o755)
+    state = tmp_path / "state"
+    env = {**os.environ, "XDG_STATE_HOME": str(state)}
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch", "--for", "40"]
+    argv += ["--webhook", f"{hooks.base}/slow/{token}", "--webhook", f"{hooks.base}/moved/{token}"]
+    argv += ["--webhook", f"{hooks.base}/ok/{token}", "--exec", str(receiver)]
+    try:
+        assert project.launcher("deploy").returncode == 0
+        started = time.monotonic()
+        errors = (tmp_path / "watch.err").open("w+b")
+        watch = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+        try:
+            project.wait_for(
+                lambda: got.exists() and got.stat().st_size > 0, 40, "the --exec event"
+            )
+        except AssertionError:
+            watch.kill()
+            text = (tmp_path / "watch.err").read_text()
+            raise AssertionError(re.sub("z{100,}", "z…", text)[-3000:]) from None
+        project.wait_for(lambda: hooks.posts, 40, "the webhook that answers")
+        # Neither waited for the trickling hook's 60 s: concurrent destinations, bounded tries.
+        assert time.monotonic() - started < 30
+        watch.wait(timeout=60)
+        err = (tmp_path / "watch.err").read_text()
+        assert len(err) < 100_000, "the huge line is cut on stderr too"
+    finally:
+        hooks.close()
+    event = json.loads(got.read_text())
+    assert event["kind"] == "unhealthy"
+    body = hooks.posts[0]
+    for doc in (event, body):
+        text = json.dumps(doc)
+        assert len(text) < 100_000 and "[cut: " in text, len(text)
+    assert hooks.gets == [], "a 302 must not turn the POST into a GET counted as delivered"
+    assert "HTTP 302" in err and "no answer within" in err, err
+    assert token not in err
+    files = [p for p in (state / "launcher" / "watch").iterdir()]
+    assert files and all(token not in p.read_text(errors="replace") for p in files)
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}
+    assert oct((state / "launcher" / "watch").stat().st_mode & 0o777) == "0o700"
