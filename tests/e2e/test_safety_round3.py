@@ -303,3 +303,43 @@ def test_watch_keeps_secrets_and_delivers_past_slow_hooks_and_huge_lines(
     assert files and all(token not in p.read_text(errors="replace") for p in files)
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}
     assert oct((state / "launcher" / "watch").stat().st_mode & 0o777) == "0o700"
+
+
+# Status lines whose throughput overflows to infinity (1e308 Mtok/s) among ordinary ones.
+INFINITE_RATE = """
+import time
+i = 0
+while True:
+    i += 1
+    rate = "1e308Mtok/s" if i % 2 else "%.1fKtok/s" % (10 + i)
+    print("[0m] step=%d loss=%.3f lr=1e-4 | tgt=1b/s (%s) | q_pre=[8, 6] q_hs=[4] ETA=1d"
+          % (i, 5.0 - i * 0.01, rate), flush=True)
+    time.sleep(0.3)
+"""
+
+
+def strict_json(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_and_the_report_carry_no_nan_or_infinity(clean_ct: Project, tmp_path: Path) -> None:
+    project = clean_ct
+    book = scripted(project, "infrate", INFINITE_RATE)
+    project.write({"infrate": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    time.sleep(2)
+    report = tmp_path / "report.html"
+    verify = project.launcher("verify", "--json", "--wait", "3", "--report", str(report))
+    assert verify.returncode in (0, 1), verify.stderr
+    status = project.launcher("status", "--json")
+    for result in (verify, status):
+        document = strict_json(result.stdout)
+        samples = document["samples"]
+        assert any("throughput" in (s.get("nonfinite") or []) for s in samples), samples
+        assert all(s["throughput"] is None or s["throughput"] < 1e300 for s in samples)
+    page = report.read_text()
+    assert 'nan"' not in page.lower() and 'inf"' not in page.lower()
+    assert 'class="nonfinite"' in page
