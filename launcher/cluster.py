@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from launcher.config import Cluster, HostSpec, Target
+from launcher.config import Cluster, HostSpec, Target, address_problem
 from launcher.container import HostShell
 from launcher.errors import ContainerError, LauncherError, RemoteError
 
@@ -80,6 +80,9 @@ def parse_node_ips(text: str) -> dict[str, str]:
             continue
         name, ip = row.get("name"), row.get("ip")
         if isinstance(name, str) and isinstance(ip, str) and ip:
+            problem = address_problem(ip)
+            if problem:  # it becomes the address launcher connects to
+                raise PveshError(f"/cluster/status: node {name}'s ip: {problem}"[:300])
             ips[name] = ip
     return ips
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import posixpath
@@ -22,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from launcher.bounded import regular_file_problem
 from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.sshconfig import JUMP_RE
@@ -45,6 +47,28 @@ MAX_VMID = 999_999_999  # Proxmox's largest VMID
 class _Model(BaseModel):
     # Numbers are finite: `.inf` or `.nan` as a timeout would mean "never" or a traceback.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# A training script is kilobytes; one of gigabytes is a mistake (a checkpoint, a dataset), read
+# whole into memory and sent through the container's stdin before anything could refuse it.
+SCRIPT_LIMIT = 64 << 20
+# What an address may be: a host name or IPv4 address, or an IPv6 address (no port: `port:`).
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+def address_problem(value: str) -> str | None:
+    """Why `value` is no host address (a `host:port`, a URL, spaces), or None."""
+    if ADDRESS_RE.match(value) and len(value) <= 253:
+        return None
+    try:
+        ipaddress.IPv6Address(value.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        pass
+    else:
+        return None
+    if ":" in value and value.count(":") == 1:
+        return f"{value!r} is host:port; give the port as `port:` and the host alone here"
+    return f"{value!r} is not a host name or IP address"
 
 
 def _no_control(value: str) -> str:
@@ -76,6 +100,14 @@ class HostSpec(_Model):
     @classmethod
     def _single_line(cls, value: str | None) -> str | None:
         return value if value is None else _no_control(value)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        problem = address_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value.removeprefix("[").removesuffix("]")
 
     @field_validator("jump")
     @classmethod
@@ -534,10 +566,14 @@ def _script_source(playbook: Path, value: str, document: YamlDocument) -> Path:
         source = (playbook.parent / os.path.expanduser(value)).resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop
         raise ConfigError([document.problem(where, f"cannot resolve {value}: {exc}")]) from None
-    if not source.is_file():
+    if not source.exists():
         raise ConfigError([document.problem(where, f"script not found: {source}")])
+    problem = regular_file_problem(source, SCRIPT_LIMIT)
+    if problem:
+        raise ConfigError([document.problem(where, f"script {source}: {problem}")])
     try:
-        source.open("rb").close()  # unreadable (permissions): say so now, not at upload
+        # unreadable (permissions): say so now, not at upload; non-blocking (a FIFO swapped in)
+        os.close(os.open(source, os.O_RDONLY | os.O_NONBLOCK))
     except OSError as exc:
         problem = f"cannot read script {source}: {exc.strerror or exc}"
         raise ConfigError([document.problem(where, problem)]) from None

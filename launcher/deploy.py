@@ -24,7 +24,8 @@ from typing import Any, Literal
 from launcher import __version__
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, AgentFailure
-from launcher.config import Target
+from launcher.bounded import read_regular
+from launcher.config import SCRIPT_LIMIT, Target
 from launcher.container import Container, HostConnection, PushFailed
 from launcher.errors import (
     ExitCode,
@@ -231,7 +232,7 @@ def read_script(target: Target) -> bytes:
     """The script's bytes; an unreadable file is a usage error naming it, not a traceback."""
     source = target.playbook.script_source
     try:
-        return source.read_bytes()
+        return read_regular(source, SCRIPT_LIMIT)
     except OSError as exc:
         raise UsageError(
             f"{target.playbook.path}: script.source {source} cannot be read: {exc.strerror or exc}"

@@ -343,3 +343,66 @@ def test_json_and_the_report_carry_no_nan_or_infinity(clean_ct: Project, tmp_pat
     page = report.read_text()
     assert 'nan"' not in page.lower() and 'inf"' not in page.lower()
     assert 'class="nonfinite"' in page
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_an_identity_file_that_never_ends_is_refused_at_once(
+    clean_ct: Project, tmp_path: Path, kind: str
+) -> None:
+    project = clean_ct
+    key = "/dev/zero"
+    if kind == "fifo":
+        key = str(tmp_path / "key.fifo")
+        os.mkfifo(key)
+    project.write(
+        {"keyz": (VMID, project.playbook("keyz", workdir=WORKDIR))},
+        host=project.host(identity_file=key, connect_timeout=3),
+    )
+    started = time.monotonic()
+    result = project.launcher("status", timeout=60)
+    assert time.monotonic() - started < 20
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "regular file" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["6GiB", "fifo", "dev-zero"])
+def test_a_script_source_too_large_or_not_a_file_is_refused_before_anything(
+    clean_ct: Project, tmp_path: Path, kind: str
+) -> None:
+    project = clean_ct
+    book = project.playbook("bigsrc", workdir=WORKDIR, gpus=0)
+    project.write({"bigsrc": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    pid = pane_pid(project, "bigsrc")
+    source = tmp_path / "huge.py"
+    if kind == "6GiB":
+        with source.open("wb") as handle:
+            handle.truncate(6 << 30)  # sparse: 6 GiB to read, nothing on disk
+    elif kind == "fifo":
+        os.mkfifo(source)
+    else:
+        source = Path("/dev/zero")
+    book["script"]["source"] = str(source)  # type: ignore[index]
+    project.write({"bigsrc": (VMID, book)})
+    started = time.monotonic()
+    for argv in (("inventory", "check"), ("deploy", "--restart")):
+        result = project.launcher(*argv, timeout=60)
+        assert result.returncode == 2, (argv, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+    assert pane_pid(project, "bigsrc") == pid
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:22", "host name", "ssh://127.0.0.1"])
+def test_an_address_with_a_port_or_a_scheme_is_a_config_error(
+    clean_ct: Project, address: str
+) -> None:
+    project = clean_ct
+    project.write(
+        {"addr": (VMID, project.playbook("addr", workdir=WORKDIR))},
+        host=project.host(address=address),
+    )
+    for argv in (("inventory", "check"), ("status",)):
+        result = project.launcher(*argv)
+        assert result.returncode == 2, (argv, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr and "address" in result.stderr
