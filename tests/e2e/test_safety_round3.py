@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -406,3 +407,93 @@ def test_an_address_with_a_port_or_a_scheme_is_a_config_error(
         result = project.launcher(*argv)
         assert result.returncode == 2, (argv, result.stdout + result.stderr)
         assert "Traceback" not in result.stderr and "address" in result.stderr
+
+
+API_CALLS = [
+    ("Launcher(5)", "inventory="),
+    ("l.verify(wait='ten')", "wait="),
+    ("l.verify(wait=-5)", "wait="),
+    ("l.verify(wait=float('nan'))", "wait="),
+    ("l.verify(interval=0)", "interval="),
+    ("l.verify(successes=True)", "successes="),
+    ("l.logs(tail=-1)", "tail="),
+    ("l.logs(tail='abc')", "tail="),
+    ("l.stop(grace=float('inf'))", "grace="),
+    ("l.deploy(checkpoints='shred')", "checkpoints="),
+    ("l.history(limit=2.5)", "limit="),
+    ("l.status(5)", "target="),
+]
+
+
+@pytest.mark.parametrize(("call", "named"), API_CALLS)
+def test_the_api_checks_its_arguments_as_the_cli_does(
+    clean_ct: Project, call: str, named: str
+) -> None:
+    project = clean_ct
+    project.write({"apiargs": (VMID, project.playbook("apiargs", workdir=WORKDIR))})
+    program = (
+        "import sys\n"
+        "from launcher import Launcher\n"
+        "from launcher.errors import LauncherError\n"
+        f"l = Launcher({str(project.inventory)!r})\n"
+        "try:\n"
+        f"    {call}\n"
+        "except LauncherError as exc:\n"
+        "    print(int(exc.exit_code), exc)\n"
+        "    sys.exit(0)\n"
+        "sys.exit('no LauncherError')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("2 ") and named in result.stdout, result.stdout
+
+
+def test_cli_inputs_that_were_tracebacks_are_usage_errors(
+    clean_ct: Project, tmp_path: Path
+) -> None:
+    project = clean_ct
+    project.write({"inputs": (VMID, project.playbook("inputs", workdir=WORKDIR))})
+    webhook = project.launcher("watch", "--for", "1", "--webhook", "http://[::1")
+    assert webhook.returncode == 2 and "Traceback" not in webhook.stderr, webhook.stderr
+    state = tmp_path / "state.json"
+    for damaged in ('{"targets": {"inputs": 5}}', "[1, 2]", '{"outbox": {"x": {"event": 1}}}'):
+        state.write_text(damaged)
+        result = project.launcher("watch", "--for", "1", "--state", str(state))
+        assert result.returncode == 2, (damaged, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr and "watch state" in result.stderr
+    fab = Path(sys.executable).with_name("fab")
+    workdir = tmp_path / "fab"
+    workdir.mkdir()
+    fabfile = Path(__file__).parent / "fabfile_project" / "fabfile.py"
+    (workdir / "fabfile.py").write_text(fabfile.read_text())
+    logs = subprocess.run(
+        [str(fab), "logs", "--tail", "abc", "-i", str(project.inventory)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert logs.returncode == 2, logs.stdout + logs.stderr
+    assert "Traceback" not in logs.stderr and "abc" in logs.stderr
+
+
+def test_ctrl_c_while_launcher_starts_exits_130_without_a_traceback(clean_ct: Project) -> None:
+    project = clean_ct
+    project.write({"ctrlc": (VMID, project.playbook("ctrlc", workdir=WORKDIR))})
+    for delay in (0.05, 0.1, 0.15, 0.2, 0.3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "-i", str(project.inventory), "status"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        if "init_import_site" in err:
+            continue  # Python's own start, before any line of launcher runs: not ours to catch
+        assert "Traceback" not in err, (delay, err)
+        assert proc.returncode in (130, 0, 1), (delay, proc.returncode, err)
