@@ -101,12 +101,15 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
     """Ask the entry nodes in turn where `vmid` runs; the first that answers decides."""
     errors: list[str] = []
     for name in entry_nodes(cluster):
-        conn = pool.get(connection_name(cluster.name, name), cluster.spec.nodes[name])
+        spec = cluster.spec.nodes[name]
+        conn = pool.get(connection_name(cluster.name, name), spec)
+        # The node's own deadline, as for every other command on it (at most PVESH_TIMEOUT).
+        timeout = min(PVESH_TIMEOUT, spec.command_timeout)
         try:
-            node, status = parse_resources(_pvesh(conn, RESOURCES), vmid)
+            node, status = parse_resources(_pvesh(conn, RESOURCES, timeout), vmid)
             ip = None
             if node not in cluster.spec.nodes:  # only a node the inventory does not list
-                ip = parse_node_ips(_pvesh(conn, STATUS)).get(node)
+                ip = parse_node_ips(_pvesh(conn, STATUS, timeout)).get(node)
             return Placement(vmid, node, status, ip, name)
         except ContainerError as error:
             # The cluster answered: the VMID is not there, and asking another node won't help.
@@ -122,8 +125,8 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
     )
 
 
-def _pvesh(conn: HostShell, argv: Sequence[str]) -> str:
-    result = conn.run(shlex.join(argv), timeout=PVESH_TIMEOUT)
+def _pvesh(conn: HostShell, argv: Sequence[str], timeout: float) -> str:
+    result = conn.run(shlex.join(argv), timeout=timeout)
     if not result.ok:
         detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
         raise PveshError(f"{argv[2]}: pvesh exited {result.exit_code}: {' '.join(detail)[:200]}")

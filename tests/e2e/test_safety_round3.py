@@ -497,3 +497,18 @@ def test_ctrl_c_while_launcher_starts_exits_130_without_a_traceback(clean_ct: Pr
             continue  # Python's own start, before any line of launcher runs: not ours to catch
         assert "Traceback" not in err, (delay, err)
         assert proc.returncode in (130, 0, 1), (delay, proc.returncode, err)
+
+
+def test_doctor_is_bounded_by_the_hosts_command_timeout(clean_ct: Project) -> None:
+    project = clean_ct
+    project.write(
+        {"hung": (VMID, project.playbook("hung", workdir=WORKDIR))},
+        host=project.host(command_timeout=3),
+    )
+    project.sandbox.set_faults(pct_latency=30)  # every pct call hangs for 30 s
+    started = time.monotonic()
+    result = project.launcher("doctor", timeout=90)
+    took = time.monotonic() - started
+    project.sandbox.set_faults()
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert took < 20, took
