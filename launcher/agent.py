@@ -54,6 +54,7 @@ if __name__ != "launcher_agent":
         OPS,
         PANE_HEIGHT,
         PANE_WIDTH,
+        RUN_REPLACED,
         STATE_DIR,
         STREAMING_OPS,
         system_path_problem,
@@ -1150,6 +1151,7 @@ class Deploy:
         self.content_b64 = param(request, "content_b64", str)
         self.sha256 = param(request, "sha256", str, required=True).lower()
         self.restart = param(request, "restart", bool, default=False)
+        self.expect_run = param(request, "expect_run", str)
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
@@ -1494,6 +1496,18 @@ class Deploy:
     def check_active(self):
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
+        if self.expect_run is not None and self.old_state.get("run") != self.expect_run:
+            # Checked under the deploy lock: whoever replaced the run first is the only one.
+            raise AgentError(
+                "refused",
+                "session '%s' %s %s (now %s): someone else replaced it"
+                % (
+                    self.session,
+                    RUN_REPLACED,
+                    self.expect_run,
+                    self.old_state.get("run") or "nothing",
+                ),
+            )
         if self.restart:
             return "ok", "restart requested"
         if pane_active(self.old_state):

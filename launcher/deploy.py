@@ -50,6 +50,8 @@ class DeployOptions:
     grace: float | None = None
     # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
     kill_gpu_holders: bool = False
+    # Replace only this run (a watcher's restart): refused (exit 4) if another replaced it.
+    expect_run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ def deploy_request(
             "sha256": hashlib.sha256(script).hexdigest(),
             "check_resources": True,
             "need_bytes": need_bytes(script),
+            "expect_run": options.expect_run,
         }
     )
     return request

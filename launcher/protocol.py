@@ -76,6 +76,9 @@ def system_path_problem(path: str) -> str | None:
     return None
 
 
+# The start of the refusal a deploy with expect_run gets when the run was replaced meanwhile.
+RUN_REPLACED = "no longer runs"
+
 # Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
 # stopped the old run and then could not launch the new one (nothing runs; the message says what
 # was stopped and where the checkpoints are).
@@ -200,6 +203,9 @@ class TransactionRequest(TypedDict, total=False):
     need_bytes: int
     plan: bool  # run every check, change nothing, answer the planned steps
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
+    # Replace only this run (its marker): refused when the session runs another one by now.
+    # Two watchers that saw the same crash both ask; under the deploy lock only one acts.
+    expect_run: str | None
 
 
 class StopRequest(TypedDict):

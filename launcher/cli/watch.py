@@ -231,7 +231,9 @@ def _final_code(watcher: object) -> int:
 
     assert isinstance(watcher, Watcher)
     records = watcher.statuses().values()
-    if any(r.status in ("unhealthy", "stopped") for r in records):
+    # A run that went bad during the watch and never came back healthy (a crash loop that is
+    # restarted again and again, by launcher or by the trainer's own launcher) is unhealthy.
+    if any(r.status in ("unhealthy", "stopped", "restarting") or r.bad for r in records):
         return int(ExitCode.UNHEALTHY)
     if any(not r.reachable for r in records) or watcher.errors:
         return int(ExitCode.UNREACHABLE)

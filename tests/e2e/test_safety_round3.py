@@ -512,3 +512,72 @@ def test_doctor_is_bounded_by_the_hosts_command_timeout(clean_ct: Project) -> No
     project.sandbox.set_faults()
     assert result.returncode == 3, result.stdout + result.stderr
     assert took < 20, took
+
+
+# Crashes once (its first run), then prints status lines for good.
+CRASH_ONCE = """
+import os, sys, time
+if not os.path.exists("crashed-once"):
+    open("crashed-once", "w").close()
+    print("[0m] step=1 loss=5.0 lr=1e-4 | tgt=1b/s (10.0Ktok/s)", flush=True)
+    time.sleep(2)
+    print("RuntimeError: NCCL error (crash once)", flush=True)
+    sys.exit(1)
+i = 0
+while True:
+    i += 1
+    print("[0m] step=%d loss=%.3f lr=1e-4 | tgt=1b/s (%.1fKtok/s) | "
+          "q_pre=[8, 6, 6, 5, 4, 4] q_hs=[4]" % (i, 5.0 - i * 0.01, 10.0 + i), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_two_watchers_with_their_own_state_restart_a_crash_once(
+    clean_ct: Project, tmp_path: Path
+) -> None:
+    project = clean_ct
+    ct_ok(project, "rm", "-rf", WORKDIR)
+    book = scripted(project, "twowatch", CRASH_ONCE)
+    book["verify"] = {"wait": 1, "interval": 1, "window": 30, "successes": 1, "lines": 200}
+    project.write({"twowatch": (VMID, book)})
+    watchers = []
+    for n in range(2):
+        env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / f"state{n}")}
+        argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch"]
+        argv += ["--restart-on-failure", "--restart-backoff", "0", "--for", "25"]
+        err = (tmp_path / f"watch{n}.err").open("w")
+        watchers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env))
+    time.sleep(3)  # both watching before the run starts
+    assert project.launcher("deploy").returncode == 0
+    for watcher in watchers:
+        watcher.wait(timeout=90)
+    errors = [(tmp_path / f"watch{n}.err").read_text() for n in range(2)]
+    history = json_out(project.launcher("history", "--json"))
+    records = history["records"] if isinstance(history, dict) else history
+    assert len(records) == 2, (records, errors)  # the deploy and one restart, not two
+    assert sum("restart not needed" in e for e in errors) <= 1, errors
+
+
+CRASH_ALWAYS = """
+import sys, time
+print("starting", flush=True)
+time.sleep(1.5)
+print("RuntimeError: CUDA error (crash loop)", flush=True)
+sys.exit(1)
+"""
+
+
+def test_watch_for_exits_non_zero_while_the_target_crash_loops(
+    clean_ct: Project, tmp_path: Path
+) -> None:
+    project = clean_ct
+    book = scripted(project, "crashloop", CRASH_ALWAYS)
+    book["verify"] = {"wait": 1, "interval": 1, "window": 30, "successes": 1, "lines": 200}
+    project.write({"crashloop": (VMID, book)})
+    assert project.launcher("deploy").returncode == 0
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch", "--for", "14"]
+    argv += ["--restart-on-failure", "--max-restarts", "50", "--restart-backoff", "0"]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=90, check=False)
+    assert "restart" in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
