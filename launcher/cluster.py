@@ -25,6 +25,9 @@ RESOURCES = ["pvesh", "get", "/cluster/resources", "--type", "vm", "--output-for
 STATUS = ["pvesh", "get", "/cluster/status", "--output-format", "json"]
 # pvesh answers from the cluster's own database: a few seconds is plenty, even on a busy node.
 PVESH_TIMEOUT = 30.0
+# A cluster's VM list is about 300 bytes a guest: 8 MiB is tens of thousands of them.
+PVESH_ANSWER_LIMIT = 8 << 20
+EXIT_MARK = "launcher-pvesh-exit"
 
 
 class Pool(Protocol):
@@ -125,11 +128,25 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
     )
 
 
+def pvesh_command(argv: Sequence[str]) -> str:
+    """pvesh's answer cut on the node at PVESH_ANSWER_LIMIT + 1 bytes (a runaway answer never
+    crosses the link whole, or fills memory here); its exit status goes to stderr, marked,
+    since a pipeline's own status is head's."""
+    return f"{{ {shlex.join(argv)}; echo {EXIT_MARK} $? >&2; }} | head -c {PVESH_ANSWER_LIMIT + 1}"
+
+
 def _pvesh(conn: HostShell, argv: Sequence[str], timeout: float) -> str:
-    result = conn.run(shlex.join(argv), timeout=timeout)
-    if not result.ok:
-        detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise PveshError(f"{argv[2]}: pvesh exited {result.exit_code}: {' '.join(detail)[:200]}")
+    result = conn.run(pvesh_command(argv), timeout=timeout)
+    detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    code = result.exit_code
+    marks = [line for line in detail if line.startswith(EXIT_MARK + " ")]
+    if marks:
+        code = int(marks[-1].split()[-1]) if marks[-1].split()[-1].isdigit() else 1
+        detail = [line for line in detail if not line.startswith(EXIT_MARK + " ")]
+    if len(result.stdout) > PVESH_ANSWER_LIMIT:
+        raise PveshError(f"{argv[2]}: pvesh answered more than {PVESH_ANSWER_LIMIT} bytes")
+    if code != 0:
+        raise PveshError(f"{argv[2]}: pvesh exited {code}: {' '.join(detail)[:200]}")
     return result.stdout.decode("utf-8", "replace")
 
 
