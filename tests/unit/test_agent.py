@@ -1026,3 +1026,27 @@ def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> N
         os.utime(root / f"f{i}", (old, old))
     os.utime(root, (old, old))
     assert agent.tree_age(str(root), limit=3) == 0.0
+
+
+def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert target.apply()["ok"] is True
+    ckpt = target.workdir / "checkpoints"
+    ckpt.mkdir()
+    calls: list[str] = []
+
+    def unstartable(self: agent.Deploy, marker: str) -> list[str]:
+        calls.append(marker)
+        return ["no-such-tmux-command"]
+
+    monkeypatch.setattr(agent.Deploy, "launch_args", unstartable)
+    result = target.apply(restart=True, checkpoint_mode="archive")
+    assert len(calls) == 2, "tried, then retried once"
+    error = result["error"]
+    assert error["kind"] == "down", error  # exit 1: reached, acted on, nothing running
+    assert error["message"].startswith("run is down: session")
+    assert "the old run was stopped (pids" in error["message"]
+    assert "checkpoints archived to " + str(ckpt) + ".archived-" in error["message"]
+    assert any("retrying once" in w for w in result["warnings"])
+    assert target.state()["exists"] is False
