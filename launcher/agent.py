@@ -54,6 +54,7 @@ if __name__ != "launcher_agent":
         OPS,
         PANE_HEIGHT,
         PANE_WIDTH,
+        RUN_REPLACED,
         STATE_DIR,
         STREAMING_OPS,
         system_path_problem,
@@ -96,6 +97,12 @@ COMMAND_VAR = "LAUNCHER_COMMAND"
 # ARG_MAX with it: refuse what could not start, before anything is stopped.
 COMMAND_LIMIT = 100000
 ENV_LIMIT = 1 << 20
+# Linux: one argv or environment string, its NUL included (fs/exec.c: valid_arg_len,
+# MAX_ARG_STRLEN = 32 pages); exec fails with E2BIG ("Argument list too long") above it.
+ARG_STRLEN = 32 * 4096
+# Sources the staged run file and execs the shell with its environment: proves exec takes it
+# (E2BIG shows here, before the stop, not as a run that dies at once after it).
+DRY_LAUNCH = '. "$1" && exec "$2" -c :'
 # Stop grace is bounded: a trainer that ignores C-c must not hold the deploy lock forever.
 GRACE_LIMIT = 3600.0
 
@@ -427,6 +434,19 @@ def dest_path(workdir, rel):
     if reason:
         raise AgentError("unsafe_path", "script destination %r is unsafe: %s" % (rel, reason))
     return path
+
+
+def dest_problem(workdir, dest):
+    """Why the script may not be installed at `dest`, judged by real paths, or None: not over a
+    directory (the install would fail half-way), not among launcher's own records (the deploy
+    history, the run file and the log would be overwritten)."""
+    if os.path.isdir(dest):
+        return "it is an existing directory"
+    real = os.path.join(os.path.realpath(os.path.dirname(dest)), os.path.basename(dest))
+    real_state = os.path.realpath(state_dir(workdir))
+    if real == real_state or is_strict_child(real, real_state):
+        return "it is inside %s, launcher's own records" % state_dir(workdir)
+    return None
 
 
 def tmp_path(workdir, tmp):
@@ -1121,7 +1141,7 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
     if not report["forced"]:
         confirm()
     if state["exists"]:
-        tmux(["kill-session", "-t", "=%s" % session])
+        kill_session(session, warnings)
     seen.update(run_pids(pane_pid, session))
     # Killing the session sends SIGHUP: give what it ends a moment to exit before calling
     # anything left "forced" (an interactive shell, the pane's own process).
@@ -1142,6 +1162,33 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
         report["gpu_holders"], report["gpu_others"] = holder_entries(ours), holder_entries(others)
         report["gpu_outside"] = outside
     return report
+
+
+LAUNCH_RETRY_PAUSE = 0.5
+# How long a tmux server that lost its last session may take to exit (it frees the panes' history
+# first: a 100,000-line history or one 10 MB line takes it a while) before it is ended.
+SERVER_EXIT_WAIT = 20.0
+
+
+def kill_session(session, warnings, timeout=SERVER_EXIT_WAIT):
+    """Kill the session; when it was the server's last one, return only once the server is gone.
+
+    A server whose last session is killed exits on its own, but only after it has freed every
+    pane: a client started meanwhile (the next launch) connects to the exiting server and fails
+    with "server exited unexpectedly", leaving nothing running. Waiting for the server's pid to
+    end closes that window. A server still there after `timeout` is left alone (a session may
+    have been started on it since): the launch retries once."""
+    rc, out, _ = tmux(["list-sessions", "-F", "#{pid}"])
+    servers = set(as_int(line) for line in out.split()) - {None} if rc == 0 else set()
+    tmux(["kill-session", "-t", "=%s" % session])
+    if len(out.split()) != 1 or len(servers) != 1:
+        return  # other sessions keep the server running: it does not exit
+    server = set(servers)
+    if wait_for(lambda: not alive(server), timeout, pids=lambda: alive(server)):
+        return
+    warnings.append(
+        "tmux server %s still running %g s after its last session" % (min(server), timeout)
+    )
 
 
 def stop_report(was_running, session_existed, pids):
@@ -1298,6 +1345,7 @@ class Deploy:
         self.content_b64 = param(request, "content_b64", str)
         self.sha256 = (param(request, "sha256", str, required=not project) or "").lower()
         self.restart = param(request, "restart", bool, default=False)
+        self.expect_run = param(request, "expect_run", str)
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
@@ -1363,6 +1411,15 @@ class Deploy:
                 "command is %d bytes; at most %d can be run"
                 % (len(self.command.encode()), COMMAND_LIMIT),
             )
+        for key, value in sorted(self.env.items()):
+            size = len(key.encode()) + len(value.encode()) + 2  # "KEY=value" and its NUL
+            if size > ARG_STRLEN:
+                raise AgentError(
+                    "invalid",
+                    "env %s is %d bytes as KEY=value; exec takes at most %d for one string "
+                    "(MAX_ARG_STRLEN): put large values in a file the trainer reads"
+                    % (key, size, ARG_STRLEN),
+                )
         env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env.items())
         if env_bytes > ENV_LIMIT:
             raise AgentError(
@@ -1419,8 +1476,11 @@ class Deploy:
                 return None, self.result
             self.step("install", self.install)
             self.step("stop", self.stop_old)
-            self.step("checkpoints", self.set_checkpoints_aside)
-            self.step("launch", self.launch)
+            try:
+                self.step("checkpoints", self.set_checkpoints_aside)
+                self.step("launch", self.launch)
+            except AgentError as exc:
+                raise self.run_down(exc) from None  # the old run is stopped: say what is left
             self.step("record", self.write_record)
             error = None
         except AgentError as exc:
@@ -1536,6 +1596,12 @@ class Deploy:
             self.tmp = tmp_path(self.workdir, self.tmp)
             # Proven inside the workdir: from here on the temp file is ours to remove on failure.
             self.tmp_ok = True
+        # (A dest in the checkpoints is refused by the checkpoint guard: it protects the script.)
+        reason = dest_problem(self.workdir, self.dest)
+        if reason:
+            raise AgentError(
+                "unsafe_path", "script destination %r is refused: %s" % (self.dest_rel, reason)
+            )
         return "ok", self.dest
 
     def remove_stale_temps(self):
@@ -1671,6 +1737,18 @@ class Deploy:
     def check_active(self):
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
+        if self.expect_run is not None and self.old_state.get("run") != self.expect_run:
+            # Checked under the deploy lock: whoever replaced the run first is the only one.
+            raise AgentError(
+                "refused",
+                "session '%s' %s %s (now %s): someone else replaced it"
+                % (
+                    self.session,
+                    RUN_REPLACED,
+                    self.expect_run,
+                    self.old_state.get("run") or "nothing",
+                ),
+            )
         if self.restart:
             # Said as what is there: doctor plans with restart too, and asked for nothing.
             if pane_active(self.old_state) or self.old_pids:
@@ -1776,9 +1854,23 @@ class Deploy:
         marker = "%s:%s" % (self.session, self.run_id)
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
         write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
+        self.dry_launch()
         with open(log_path(self.workdir, self.session), "a"):
             pass
         return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
+
+    def dry_launch(self):
+        argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]
+        try:
+            rc, _, err = run(argv, timeout=10.0)
+        except OSError as exc:
+            rc, err = 126, str(exc)
+        if rc != 0:
+            raise AgentError(
+                "invalid",
+                "the run's environment cannot be started (a dry launch of %s with it failed, "
+                "exit %s): %s" % (self.shell, rc, err.strip()[-500:]),
+            )
 
     # -- destructive steps
 
@@ -1898,6 +1990,14 @@ class Deploy:
             log.write("\n=== launcher run %s at %s ===\n" % (marker, utc_iso()))
         rc, out, err = tmux(self.launch_args(marker))
         if rc != 0:
+            # Once more, on a clean slate: the old run is already stopped, so giving up here
+            # leaves nothing running. What the failed chain created of the session goes first.
+            self.warnings.append("launch failed (%s): retrying once" % err.strip())
+            if session_state(self.session)["exists"]:
+                kill_session(self.session, self.warnings)
+            time.sleep(LAUNCH_RETRY_PAUSE)
+            rc, out, err = tmux(self.launch_args(marker))
+        if rc != 0:
             raise AgentError("failed", "tmux could not start the session: %s" % err.strip())
         parts = out.strip().split()
         pane_pid = as_int(parts[1]) if len(parts) > 1 else None
@@ -1913,6 +2013,32 @@ class Deploy:
             "run": marker,
         }
         return "ok", "session %s, pane pid %s" % (self.session, pane_pid)
+
+    def run_down(self, exc):
+        """The error of a launch (or the checkpoint move before it) that failed after the stop:
+        nothing is running, so say so, with what was stopped and where the checkpoints are."""
+        stopped = self.result["stopped"] or {}
+        if stopped.get("was_running"):
+            pids = ", ".join(str(p) for p in stopped.get("pids") or ()) or "none left"
+            was = "the old run was stopped (pids %s)" % pids
+        else:
+            was = "no run was running before"
+        moved = self.result["checkpoints"] or {}
+        action = moved.get("action")
+        if action == "archive":
+            where = "checkpoints archived to %s" % moved.get("to")
+        elif action == "purge":
+            where = "checkpoints purged from %s" % moved.get("from")
+        elif self.checkpoints is not None:
+            where = "checkpoints left in %s" % self.checkpoints
+        else:
+            where = "no checkpoints directory"
+        # A refusal keeps its kind (and exit code); a plain failure is "down", not unreachable.
+        return AgentError(
+            "down" if exc.kind == "failed" else exc.kind,
+            "run is down: session '%s' is not running: %s; %s; %s failed: %s"
+            % (self.session, was, where, self.steps[-1]["name"], exc.message),
+        )
 
     def launch_args(self, marker):
         """One tmux command chain, so the session never exists half-configured.

@@ -38,6 +38,7 @@ from launcher.errors import (
     RefusedError,
     RemoteError,
     TransferError,
+    UnhealthyError,
     UnsafePathError,
     UsageError,
 )
@@ -114,6 +115,7 @@ ERROR_KINDS: dict[str, type[LauncherError]] = {
     "missing": ContainerError,
     "invalid": UsageError,
     "failed": RemoteError,
+    "down": UnhealthyError,  # reached, acted on, and the run is not running: not "unreachable"
 }
 assert set(ERROR_KINDS) == set(p.ERROR_KINDS), "every agent error kind has an exit code"
 

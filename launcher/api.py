@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import apiargs as args
+from launcher.cli import params
 from launcher.cluster import place
 from launcher.config import Inventory, Target, inventory_path, load_inventory
 from launcher.deploy import CheckpointMode, DeployOptions, DeployReport, Step, deploy
@@ -43,6 +45,7 @@ from launcher.verify.prober import ProbeResult
 from launcher.verify.workflows import ProbeOverrides, run_probe, status_work
 
 LineSink = Callable[[str], None]
+CHECKPOINT_MODES = ("archive", "purge", "keep")
 
 
 @dataclass
@@ -80,10 +83,9 @@ class Launcher:
         Without a path: $LAUNCHER_INVENTORY, else ./inventory.yaml, as for the CLI.
         `on_line` receives the progress lines the CLI would print (steps, polls).
         """
-        self.inventory: Inventory = load_inventory(
-            inventory_path(None if inventory is None else os.fspath(inventory))
-        )
-        self._say: LineSink = on_line or (lambda line: None)
+        where = args.path("inventory", inventory)
+        self._say: LineSink = args.callback("on_line", on_line) or (lambda line: None)
+        self.inventory: Inventory = load_inventory(inventory_path(where))
         self._pool = ConnectionPool()
 
     # -- targets and connections ------------------------------------------------------------
@@ -94,6 +96,7 @@ class Launcher:
 
     def target(self, name: str | None = None) -> Target:
         """The target's settings (host, VMID, playbook); an unknown name is a UsageError."""
+        name = args.target_name(name)
         resolved = self.inventory.resolve_names([name] if name else [])
         if len(resolved) != 1:
             raise UsageError(f"{name!r} names {len(resolved)} targets; pass a single target")
@@ -125,14 +128,15 @@ class Launcher:
 
         An active run without `restart` raises RefusedError (exit code 4).
         """
-        resolved, conn = self._connect(target)
         options = DeployOptions(
-            restart=restart,
-            dry_run=dry_run,
-            checkpoint_mode=checkpoints,
-            grace=grace,
-            kill_gpu_holders=kill_gpu_holders,
+            restart=args.flag("restart", restart),
+            dry_run=args.flag("dry_run", dry_run),
+            checkpoint_mode=args.choice("checkpoints", checkpoints, CHECKPOINT_MODES),
+            grace=args.duration("grace", grace, params.GRACE),
+            kill_gpu_holders=args.flag("kill_gpu_holders", kill_gpu_holders),
         )
+        on_step = args.callback("on_step", on_step)
+        resolved, conn = self._connect(target)
         return deploy(resolved, conn, options, on_step=on_step or (lambda step: None))
 
     def verify(
@@ -151,7 +155,14 @@ class Launcher:
         The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
-        overrides = ProbeOverrides(wait, interval, window, successes, failure_threshold)
+        overrides = ProbeOverrides(
+            args.duration("wait", wait, params.WAIT),
+            args.duration("interval", interval, params.INTERVAL),
+            args.duration("window", window, params.WINDOW),
+            args.optional_count("successes", successes, params.SUCCESSES),
+            args.optional_count("failure_threshold", failure_threshold, params.SUCCESSES),
+        )
+        check = args.flag("check", check)
         result = run_probe(self._context(target), overrides)
         if check and result.exit_code != ExitCode.OK:
             raise UnhealthyError(f"{result.verdict}: {result.reason}")
@@ -168,6 +179,7 @@ class Launcher:
 
     def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
         """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
+        grace = args.duration("grace", grace, params.GRACE)
         resolved, conn = self._connect(target)
         return stop(resolved, conn, grace=grace)
 
@@ -182,6 +194,9 @@ class Launcher:
     ) -> LogsResult:
         """The last `tail` lines of the run's log (result.lines); `follow` streams new lines to
         `on_line` until the run ends."""
+        tail = args.count("tail", tail, params.LINES)
+        raw, follow = args.flag("raw", raw), args.flag("follow", follow)
+        on_line = args.callback("on_line", on_line)
         resolved, conn = self._connect(target)
         return logs(
             resolved, conn, tail=tail, raw=raw, follow=follow, on_line=on_line or (lambda _: None)
@@ -189,6 +204,7 @@ class Launcher:
 
     def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
         """The deploy records kept in the container, newest first."""
+        limit = args.count("limit", limit, params.LINES)
         resolved, conn = self._connect(target)
         return history(resolved, conn, limit=limit)
 
@@ -203,6 +219,10 @@ class Launcher:
     ) -> RollbackResult:
         """Put the previous script version back and relaunch; refuses (exit code 4) without
         one, or with an active run and no `restart`."""
+        restart = args.flag("restart", restart)
+        grace = args.duration("grace", grace, params.GRACE)
+        keep_checkpoints = args.flag("keep_checkpoints", keep_checkpoints)
+        on_step = args.callback("on_step", on_step)
         resolved, conn = self._connect(target)
         return rollback(
             resolved,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from launcher.config import Cluster, HostSpec, Target
+from launcher.config import Cluster, HostSpec, Target, address_problem
 from launcher.container import HostShell
 from launcher.errors import ContainerError, LauncherError, RemoteError
 
@@ -25,6 +25,9 @@ RESOURCES = ["pvesh", "get", "/cluster/resources", "--type", "vm", "--output-for
 STATUS = ["pvesh", "get", "/cluster/status", "--output-format", "json"]
 # pvesh answers from the cluster's own database: a few seconds is plenty, even on a busy node.
 PVESH_TIMEOUT = 30.0
+# A cluster's VM list is about 300 bytes a guest: 8 MiB is tens of thousands of them.
+PVESH_ANSWER_LIMIT = 8 << 20
+EXIT_MARK = "launcher-pvesh-exit"
 
 
 class Pool(Protocol):
@@ -80,6 +83,9 @@ def parse_node_ips(text: str) -> dict[str, str]:
             continue
         name, ip = row.get("name"), row.get("ip")
         if isinstance(name, str) and isinstance(ip, str) and ip:
+            problem = address_problem(ip)
+            if problem:  # it becomes the address launcher connects to
+                raise PveshError(f"/cluster/status: node {name}'s ip: {problem}"[:300])
             ips[name] = ip
     return ips
 
@@ -98,12 +104,15 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
     """Ask the entry nodes in turn where `vmid` runs; the first that answers decides."""
     errors: list[str] = []
     for name in entry_nodes(cluster):
-        conn = pool.get(connection_name(cluster.name, name), cluster.spec.nodes[name])
+        spec = cluster.spec.nodes[name]
+        conn = pool.get(connection_name(cluster.name, name), spec)
+        # The node's own deadline, as for every other command on it (at most PVESH_TIMEOUT).
+        timeout = min(PVESH_TIMEOUT, spec.command_timeout)
         try:
-            node, status = parse_resources(_pvesh(conn, RESOURCES), vmid)
+            node, status = parse_resources(_pvesh(conn, RESOURCES, timeout), vmid)
             ip = None
             if node not in cluster.spec.nodes:  # only a node the inventory does not list
-                ip = parse_node_ips(_pvesh(conn, STATUS)).get(node)
+                ip = parse_node_ips(_pvesh(conn, STATUS, timeout)).get(node)
             return Placement(vmid, node, status, ip, name)
         except ContainerError as error:
             # The cluster answered: the VMID is not there, and asking another node won't help.
@@ -119,11 +128,25 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
     )
 
 
-def _pvesh(conn: HostShell, argv: Sequence[str]) -> str:
-    result = conn.run(shlex.join(argv), timeout=PVESH_TIMEOUT)
-    if not result.ok:
-        detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise PveshError(f"{argv[2]}: pvesh exited {result.exit_code}: {' '.join(detail)[:200]}")
+def pvesh_command(argv: Sequence[str]) -> str:
+    """pvesh's answer cut on the node at PVESH_ANSWER_LIMIT + 1 bytes (a runaway answer never
+    crosses the link whole, or fills memory here); its exit status goes to stderr, marked,
+    since a pipeline's own status is head's."""
+    return f"{{ {shlex.join(argv)}; echo {EXIT_MARK} $? >&2; }} | head -c {PVESH_ANSWER_LIMIT + 1}"
+
+
+def _pvesh(conn: HostShell, argv: Sequence[str], timeout: float) -> str:
+    result = conn.run(pvesh_command(argv), timeout=timeout)
+    detail = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    code = result.exit_code
+    marks = [line for line in detail if line.startswith(EXIT_MARK + " ")]
+    if marks:
+        code = int(marks[-1].split()[-1]) if marks[-1].split()[-1].isdigit() else 1
+        detail = [line for line in detail if not line.startswith(EXIT_MARK + " ")]
+    if len(result.stdout) > PVESH_ANSWER_LIMIT:
+        raise PveshError(f"{argv[2]}: pvesh answered more than {PVESH_ANSWER_LIMIT} bytes")
+    if code != 0:
+        raise PveshError(f"{argv[2]}: pvesh exited {code}: {' '.join(detail)[:200]}")
     return result.stdout.decode("utf-8", "replace")
 
 

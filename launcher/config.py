@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import posixpath
@@ -22,8 +23,9 @@ from pydantic import (
     model_validator,
 )
 
+from launcher.bounded import regular_file_problem
 from launcher.errors import ConfigError, UsageError
-from launcher.protocol import system_path_problem
+from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.sshconfig import JUMP_RE
 from launcher.verify.checks import ChecksSpec, StepSpec
 from launcher.verify.formats import StatusSpec
@@ -45,6 +47,28 @@ MAX_VMID = 999_999_999  # Proxmox's largest VMID
 class _Model(BaseModel):
     # Numbers are finite: `.inf` or `.nan` as a timeout would mean "never" or a traceback.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# A training script is kilobytes; one of gigabytes is a mistake (a checkpoint, a dataset), read
+# whole into memory and sent through the container's stdin before anything could refuse it.
+SCRIPT_LIMIT = 64 << 20
+# What an address may be: a host name or IPv4 address, or an IPv6 address (no port: `port:`).
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+def address_problem(value: str) -> str | None:
+    """Why `value` is no host address (a `host:port`, a URL, spaces), or None."""
+    if ADDRESS_RE.match(value) and len(value) <= 253:
+        return None
+    try:
+        ipaddress.IPv6Address(value.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        pass
+    else:
+        return None
+    if ":" in value and value.count(":") == 1:
+        return f"{value!r} is host:port; give the port as `port:` and the host alone here"
+    return f"{value!r} is not a host name or IP address"
 
 
 def _no_control(value: str) -> str:
@@ -76,6 +100,14 @@ class HostSpec(_Model):
     @classmethod
     def _single_line(cls, value: str | None) -> str | None:
         return value if value is None else _no_control(value)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        problem = address_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value.removeprefix("[").removesuffix("]")
 
     @field_validator("jump")
     @classmethod
@@ -257,6 +289,15 @@ class PlaybookSpec(_Model):
             raise ValueError("setup runs in a project's release: it needs project")
         return self
 
+    @model_validator(mode="after")
+    def _dest_not_launchers_own(self) -> PlaybookSpec:
+        if self.script is None:
+            return self
+        problem = dest_problem(self.script.dest, self.checkpoints)
+        if problem:
+            raise ValueError(f"script.dest {self.script.dest!r} {problem}")
+        return self
+
     @field_validator("buckets")
     @classmethod
     def _increasing(cls, value: list[int] | None) -> list[int] | None:
@@ -315,6 +356,21 @@ class PlaybookSpec(_Model):
             if "\x00" in item:
                 raise ValueError(f"value of {key} must not contain NUL characters")
         return value
+
+
+def dest_problem(dest: str, checkpoints: str) -> str | None:
+    """Why a (normalised, workdir-relative) script destination is unusable, or None: launcher's
+    own records and the checkpoints (moved aside by a deploy) are no place for the script. The
+    container checks it again by real path (symlinks, an existing directory)."""
+    if _within(dest, STATE_DIR):
+        return f"is inside {STATE_DIR}/, where launcher keeps its deploy records, run file and log"
+    if _within(dest, checkpoints) or _within(checkpoints, dest):
+        return f"overlaps checkpoints ({checkpoints!r}), which a deploy may move aside"
+    return None
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def _relative_inside(value: str, *, allow_nested: bool) -> str:
@@ -582,13 +638,17 @@ def _script_source(playbook: Path, value: str, document: YamlDocument) -> Path:
         source = (playbook.parent / os.path.expanduser(value)).resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop
         raise ConfigError([document.problem(where, f"cannot resolve {value}: {exc}")]) from None
-    if not source.is_file():
+    if not source.exists():
         raise ConfigError(
             [document.problem(where, f"script not found: {source}")],
             hint="script.source is relative to the playbook file's directory",
         )
+    problem = regular_file_problem(source, SCRIPT_LIMIT)
+    if problem:
+        raise ConfigError([document.problem(where, f"script {source}: {problem}")])
     try:
-        source.open("rb").close()  # unreadable (permissions): say so now, not at upload
+        # unreadable (permissions): say so now, not at upload; non-blocking (a FIFO swapped in)
+        os.close(os.open(source, os.O_RDONLY | os.O_NONBLOCK))
     except OSError as exc:
         problem = f"cannot read script {source}: {exc.strerror or exc}"
         raise ConfigError([document.problem(where, problem)]) from None

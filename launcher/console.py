@@ -25,6 +25,22 @@ GLOBAL_FLAGS = frozenset(("--debug", "-q", "--quiet"))
 
 
 def main() -> NoReturn:
+    try:
+        _main()
+    except KeyboardInterrupt:
+        interrupted()
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C before the CLI's own handler is in place (while the libraries load): exit 130
+    like a later Ctrl-C, not with the interpreter's KeyboardInterrupt traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+    os._exit(130)  # ExitCode.INTERRUPTED (errors.py is not imported yet)
+
+
+def _main() -> NoReturn:
     argv = sys.argv[1:]
     if _asks_version_only(argv):
         _version()

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from launcher import __version__
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, AgentFailure
-from launcher.config import Target
+from launcher.bounded import read_regular
+from launcher.config import SCRIPT_LIMIT, Target
 from launcher.container import Container, HostConnection, PushFailed
 from launcher.errors import (
     ExitCode,
@@ -60,6 +61,8 @@ class DeployOptions:
     command: str | None = None
     message: str | None = None
     diff: bool = False  # with a project: text diffs of the changed files
+    # Replace only this run (a watcher's restart): refused (exit 4) if another replaced it.
+    expect_run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,7 @@ def deploy_request(
             "check_resources": True,
             "need_bytes": need_bytes(script),
             "wait_lock": options.wait_lock,
+            "expect_run": options.expect_run,
         }
     )
     return request
@@ -366,7 +370,7 @@ def read_script(target: Target) -> bytes:
     if source is None:
         raise UsageError(f"{target.playbook.path}: the playbook has no script")
     try:
-        return source.read_bytes()
+        return read_regular(source, SCRIPT_LIMIT)
     except OSError as exc:
         raise UsageError(
             f"{target.playbook.path}: script.source {source} cannot be read: {exc.strerror or exc}"

@@ -102,7 +102,7 @@ def _host(target: Target, conn: HostConnection, checks: _Checks) -> bool:
     ep = conn.endpoint
     where = f"{ep.user}@{ep.hostname}:{ep.port}"
     try:
-        found = conn.run(host_command(["command", "-v", "pct"]), timeout=30)
+        found = conn.run(host_command(["command", "-v", "pct"]), timeout=ep.command_timeout)
     except HostKeyError as exc:
         checks.ok("reachable", f"{where} answers")
         checks.fail("host key", exc.message, exc.hint or "add the host key to known_hosts")
@@ -136,7 +136,10 @@ def _host(target: Target, conn: HostConnection, checks: _Checks) -> bool:
 
 def _container(target: Target, conn: HostConnection, checks: _Checks) -> bool:
     vmid = target.vmid
-    status = conn.run(host_command(["pct", "status", str(vmid)]), timeout=60)
+    # The host's own deadline: a hung `pct status` costs command_timeout, not a fixed minute.
+    status = conn.run(
+        host_command(["pct", "status", str(vmid)]), timeout=conn.endpoint.command_timeout
+    )
     text = (status.out + status.err).strip()
     if not status.ok:
         checks.fail(
@@ -196,7 +199,9 @@ def _inside(target: Target, conn: HostConnection, checks: _Checks) -> None:
     if spec.project is not None:
         request["release"] = _release_plan(target)
     try:
-        answer = AgentClient(container_for(target, conn)).transaction(request, timeout=120)
+        answer = AgentClient(container_for(target, conn)).transaction(
+            request, timeout=conn.endpoint.command_timeout
+        )
     except AgentFailure as failure:
         answer = cast(TransactionAnswer, failure.response)
     except ContainerError as exc:

@@ -193,7 +193,7 @@ def svg_chart(
 ) -> str:
     """One line chart, y from zero (so a flat line looks flat), as an inline <svg>."""
     x0, x1 = x_range
-    finite = [y for s in series for _, y in s.points if math.isfinite(y)]
+    finite = [y for s in series for _, y in s.points if _drawable(y)]
     top = _nice(max([*finite, 0.0]) * 1.05) if finite else 1.0
     bottom = min(0.0, *finite) if finite else 0.0
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -266,19 +266,29 @@ def _warmup_mark(warmup: float | None, x0: float, x1: float, px: Any, plot_h: fl
     ]
 
 
+# A value this large is drawn as non-finite: scaling the axis to it would overflow to inf and
+# every coordinate on the chart to NaN.
+LARGEST = 1e300
+
+
+def _drawable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= LARGEST
+
+
 def _polyline(line: Series, colour: str, px: Any, py: Any, top: float) -> list[str]:
-    finite = [(x, y) for x, y in line.points if math.isfinite(y)]
+    placed = [(px(x), py(y), y) for x, y in line.points if math.isfinite(x)]
+    drawn = [(x, y) for x, y, value in placed if _drawable(value) and math.isfinite(y)]
     out = []
-    if finite:
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in finite)
+    if drawn:
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in drawn)
         out.append(
             f'<polyline class="series" data-label="{text(line.label)}" fill="none" '
             f'stroke="{colour}" stroke-width="1.5" points="{points}"/>'
         )
-    for x, y in line.points:
-        if not math.isfinite(y):  # a NaN or inf reading: marked on the top edge
+    for x, _, y in placed:
+        if not _drawable(y) and math.isfinite(x):  # a NaN or inf reading: marked on the top edge
             out.append(
-                f'<text class="nonfinite" x="{px(x):.1f}" y="{top + 10}" fill="#c62828" '
+                f'<text class="nonfinite" x="{x:.1f}" y="{top + 10}" fill="#c62828" '
                 f'text-anchor="middle">×<title>{text(y)}</title></text>'
             )
     return out

@@ -9,6 +9,7 @@ Only json and click are imported here; the result models live in launcher.schema
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,19 @@ def envelope(
     return document
 
 
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity (not JSON: `JSON.parse` fails on Python's bare
+    `Infinity`) replaced by null. The documents flag what they know to be non-finite; this is
+    the net under every field that has no flag of its own."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def emit(document: Mapping[str, Any]) -> None:
     """One document on stdout; progress and errors never go there."""
-    click.echo(json.dumps(document, indent=2))
+    click.echo(json.dumps(finite(document), indent=2, allow_nan=False))

@@ -76,9 +76,14 @@ def system_path_problem(path: str) -> str | None:
     return None
 
 
-# Error kinds an answer can carry; the client maps each onto one exit code.
+# The start of the refusal a deploy with expect_run gets when the run was replaced meanwhile.
+RUN_REPLACED = "no longer runs"
+
+# Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
+# stopped the old run and then could not launch the new one (nothing runs; the message says what
+# was stopped and where the checkpoints are).
 ERROR_KINDS = ("refused", "locked", "unsafe_path", "corrupt", "compile", "missing", "invalid",
-               "failed")  # fmt: skip
+               "failed", "down")  # fmt: skip
 
 
 class AgentErrorInfo(TypedDict, total=False):
@@ -255,6 +260,9 @@ class TransactionRequest(TypedDict, total=False):
     plan: bool  # run every check, change nothing, answer the planned steps
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
     wait_lock: float  # seconds to wait for another deploy's lock before refusing (0: at once)
+    # Replace only this run (its marker): refused when the session runs another one by now.
+    # Two watchers that saw the same crash both ask; under the deploy lock only one acts.
+    expect_run: str | None
 
 
 class StopRequest(TypedDict, total=False):

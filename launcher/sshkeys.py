@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.errors import AuthError
+from launcher.bounded import read_regular, regular_file_problem
+from launcher.errors import AuthError, UsageError
 from launcher.sshlibs import paramiko
 
 if TYPE_CHECKING:
@@ -44,6 +45,21 @@ def candidates(ep: Endpoint) -> list[Path]:
     """The key files paramiko offers for this endpoint."""
     paths = ep.identity_files or tuple(os.path.expanduser(p) for p in DEFAULT_KEYS)
     return [Path(p) for p in paths if Path(p).is_file()]
+
+
+# A private key is a few KB (16384-bit RSA: about 12 KB); paramiko reads a key file whole.
+KEY_LIMIT = 1 << 20
+
+
+def check_identity_files(ep: Endpoint) -> None:
+    """Refuse (exit 2) an identity file paramiko would read without end (/dev/zero, a FIFO)
+    or into gigabytes of memory, before it is handed one: a wrong path in the inventory."""
+    for name in ep.identity_files:
+        if not os.path.lexists(name):
+            continue  # ssh_config's defaults name keys that need not exist
+        problem = regular_file_problem(name, KEY_LIMIT)
+        if problem:
+            raise UsageError(f"{ep.name}: identity_file {name}: {problem}")
 
 
 def locked_keys(ep: Endpoint) -> list[Path]:
@@ -129,7 +145,7 @@ def _load(path: Path, key_type: str | None, passphrase: str) -> paramiko.PKey | 
 def read_key_file(path: Path) -> KeyFile | None:
     """Whether a private key file is encrypted, and its public key, without a passphrase."""
     try:
-        text = path.read_text(encoding="ascii")
+        text = read_regular(path, KEY_LIMIT).decode("ascii")
     except (OSError, UnicodeDecodeError):
         return None
     if "-----BEGIN OPENSSH PRIVATE KEY-----" in text:

@@ -87,6 +87,7 @@ def fabric_connection(ep: Endpoint, gateway: BoundedConnection | str | None) -> 
 
     ssh_config was already read the OpenSSH way (launcher.sshconfig): Fabric gets an empty
     one, and no Fabric config files, so the inventory and ssh_config are the only sources."""
+    sshkeys.check_identity_files(ep)
     config = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
     conn = BoundedConnection(
         ep.hostname,

@@ -140,7 +140,9 @@ def logs(
     c: Context,
     target: str | None = None,
     inventory: str | None = None,
-    tail: int = 50,
+    # A string, checked by the CLI's own option (exit 2 for `--tail abc`): with an int default,
+    # invoke would convert it itself and fail with a ValueError traceback.
+    tail: str = "50",
     follow: bool = False,
 ) -> None:
     """Show the run's log file, or follow it (-f)."""

@@ -150,13 +150,21 @@ def watch_command(
     from launcher.remote import ConnectionPool
     from launcher.watch.metrics import Metrics
     from launcher.watch.monitor import Hub, Watcher, WatchSettings
-    from launcher.watch.notify import Deliver, Notifier, command, parse_exec, parse_webhook, webhook
+    from launcher.watch.notify import (
+        Deliver,
+        Notifier,
+        command,
+        parse_exec,
+        parse_webhook,
+        webhook,
+        webhook_name,
+    )
     from launcher.watch.policy import RestartPolicy
     from launcher.watch.state import WatchState, default_state_path
 
     destinations: dict[str, Deliver] = {}
     for url in webhooks:
-        destinations[f"webhook {parse_webhook(url)}"] = webhook(url)
+        destinations[webhook_name(parse_webhook(url))] = webhook(url)
     for text in commands:
         destinations[f"exec {text}"] = command(parse_exec(text))
     targets = app.targets()  # a bad inventory exits 2 here, before any connection
@@ -223,10 +231,15 @@ def _final_code(watcher: object) -> int:
 
     assert isinstance(watcher, Watcher)
     records = watcher.statuses().values()
-    # A run left down: unhealthy, failed, or stopped by the watcher after its last restart. A
-    # finished run (exit 0) and one a person stopped are not failures.
-    down = ("unhealthy", "failed")
-    if any(r.status in down or (r.status == "stopped" and r.gave_up_run == r.run) for r in records):
+    # A run left down: unhealthy, failed, stopped by the watcher after its last restart, or one
+    # that went bad during the watch and never came back healthy (a crash loop restarted again
+    # and again, by launcher or by the trainer's own launcher). A finished run (exit 0) and one a
+    # person stopped are not failures.
+    down = ("unhealthy", "failed", "restarting")
+    if any(
+        r.status in down or r.bad or (r.status == "stopped" and r.gave_up_run == r.run)
+        for r in records
+    ):
         return int(ExitCode.UNHEALTHY)
     if any(not r.reachable for r in records) or watcher.errors:
         return int(ExitCode.UNREACHABLE)

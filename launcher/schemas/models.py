@@ -58,7 +58,12 @@ class SampleDoc(Closed):
     loss: float | str | None = Field(description="a non-finite loss is a string: 'nan', 'inf'")
     throughput: float | None
     eta_seconds: float | None
-    queues: dict[str, list[float] | None]
+    queues: dict[str, list[float | None] | None]
+    nonfinite: list[str] | None = Field(
+        None,
+        description="JSON has no NaN or Infinity: the fields read as one (elapsed_min, "
+        "throughput, eta_seconds, queues.<name>) are null here and named in this list",
+    )
 
 
 class Timings(Open):

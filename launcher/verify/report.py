@@ -24,16 +24,33 @@ def _finite(value: float | None) -> float | None:
 
 def sample_summary(sample: Sample, queue_names: Sequence[str]) -> dict[str, Any]:
     loss = sample.loss
-    return {
+    nonfinite: list[str] = []
+
+    def finite(name: str, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            nonfinite.append(name)
+            return None
+        return value
+
+    queues: dict[str, list[float | None] | None] = {}
+    for name in queue_names:
+        values = sample.numbers(name)
+        queues[name] = None if values is None else [_finite(v) for v in values]
+        if values and not all(math.isfinite(v) for v in values):
+            nonfinite.append(f"queues.{name}")
+    document: dict[str, Any] = {
         "index": sample.index,
-        "elapsed_min": sample.elapsed_min,
+        "elapsed_min": finite("elapsed_min", sample.elapsed_min),
         "step": sample.step,
         # JSON has no NaN: a non-finite loss is reported as a string so it stays visible.
         "loss": loss if loss is None or math.isfinite(loss) else str(loss),
-        "throughput": sample.throughput,
+        "throughput": finite("throughput", sample.throughput),
         "eta_seconds": _finite(sample.eta_seconds),
-        "queues": {name: sample.numbers(name) for name in queue_names},
+        "queues": queues,
     }
+    if nonfinite:
+        document["nonfinite"] = nonfinite
+    return document
 
 
 def check_json(result: CheckResult) -> dict[str, str]:

@@ -24,7 +24,7 @@ Schema `launcher.watch.event/1` (fields are only ever added within a version):
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +44,18 @@ KINDS = (
 # Noticed and recorded, but not worth waking anyone: a run that became healthy as expected.
 QUIET_KINDS = frozenset({"healthy"})
 LAST_LINES = 15
+# What a notification carries of one pane line and of the reason: a crash can print a line of
+# hundreds of KB, which would make every --exec fail ("Argument list too long") and every
+# webhook body huge. The cut is marked, so nobody mistakes it for the whole line.
+LINE_LIMIT = 2000
+REASON_LIMIT = 4000
+
+
+def cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [cut: {len(text) - limit} more characters]"
+
 
 _ICONS = {
     "new_run": "🆕",
@@ -83,6 +95,13 @@ class Event:
         run = f" run {self.run}" if self.run else ""
         step = f", step {self.step}" if self.step is not None else ""
         return f"{icon} {where}{run}: {self.kind.replace('_', ' ')}{step} — {self.reason}"
+
+    def capped(self) -> Event:
+        """This event with its reason and pane lines cut to their limits (the cut marked)."""
+        lines = [cut(line, LINE_LIMIT) for line in self.last_lines[-LAST_LINES:]]
+        if lines == self.last_lines and len(self.reason) <= REASON_LIMIT:
+            return self
+        return replace(self, reason=cut(self.reason, REASON_LIMIT), last_lines=lines)
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)

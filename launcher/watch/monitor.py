@@ -9,6 +9,7 @@ reported, never a reason to restart.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +19,9 @@ from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
-from launcher.errors import LauncherError, RemoteError
+from launcher.errors import LauncherError, RefusedError, RemoteError
 from launcher.operate import stop
+from launcher.protocol import RUN_REPLACED
 from launcher.verify.lifecycle import State
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import UNREACHABLE_LIMIT
@@ -62,6 +64,7 @@ class Hub:
         self.say = say
 
     def emit(self, event: Event) -> None:
+        event = event.capped()  # a 300 KB pane line goes nowhere whole: log, stderr, receivers
         quiet = event.kind in QUIET_KINDS or self.notifier is None
         destinations = [] if quiet else self.notifier.names  # type: ignore[union-attr]
         self.state.add_event(event, destinations)  # persisted before it is sent
@@ -208,8 +211,26 @@ class TargetWatch:
         self.record.restarts = [*policy.recent(self.record.restarts, now), time.time()]
         self.record.status = "restarting"
         count = len(self.record.restarts)
+        # Counted before it starts: a watcher killed mid-restart must not get one more.
+        self.hub.state.update(self.target.name, self.record)
+        # Only the crashed run is replaced: a second watcher (any state file) that saw the same
+        # crash is refused in the container, under the deploy lock, once the first replaced it.
+        options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run)
         try:
-            report = deploy(self.target, self.conn, RESTART_OPTIONS)
+            report = deploy(self.target, self.conn, options)
+        except RefusedError as error:
+            if self.record.run is not None and RUN_REPLACED in error.message:
+                self.record.restarts = self.record.restarts[:-1]  # not ours: not counted
+                self.restart_due = False
+                self.hub.state.update(self.target.name, self.record)
+                self.hub.say(self._note(f"restart not needed: {error.message}"))
+                return
+            self.transition(
+                "restart",
+                "unhealthy",
+                f"restart {count} of {policy.max_restarts} failed: {error.message}",
+            )
+            return
         except LauncherError as error:
             self.transition(
                 "restart",

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,50 @@ def default_state_path(inventory: Path) -> Path:
     """One state file per inventory (two inventories watched side by side do not mix)."""
     key = hashlib.sha256(str(inventory.resolve()).encode()).hexdigest()[:12]
     return state_dir() / f"{inventory.stem}-{key}.json"
+
+
+STATE_LIMIT = 64 << 20  # a state file larger than this is not one a watcher wrote
+
+
+def open_private(path: Path, mode: str) -> IO[str]:
+    """Open (creating) `path` readable by its owner only, also when it existed with 0644."""
+    flags = os.O_CREAT | (os.O_RDWR if "+" in mode else os.O_WRONLY)
+    flags |= os.O_APPEND if mode.startswith("a") else 0
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, mode, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _typed(record: Any) -> Any:
+    """`record` with every field of the type its dataclass declares (a hand-edited or damaged
+    state file fails here, as a usage error, not as a TypeError in a watcher thread later)."""
+    checks: dict[str, Any] = {
+        "run": (str, type(None)),
+        "gave_up_run": (str, type(None)),
+        "status": str,
+        "reachable": bool,
+        "bad": bool,
+        "restarts": list,
+        "event": dict,
+        "destinations": list,
+    }
+    for name in record.__dataclass_fields__:
+        value = getattr(record, name)
+        if name in checks and not isinstance(value, checks[name]):
+            raise ValueError(f"{name} is {type(value).__name__}")
+    for item in getattr(record, "restarts", ()):
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            raise ValueError("restarts holds a non-number")
+    for item in getattr(record, "destinations", ()):
+        if not isinstance(item, str):
+            raise ValueError("destinations holds a non-string")
+    return record
 
 
 @dataclass
@@ -72,8 +117,11 @@ class WatchState:
     def open(self) -> WatchState:
         """Take the file's lock (refused, exit 4, if another watcher holds it) and load it."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path.with_suffix(".lock"), "a+", encoding="utf-8")  # noqa: SIM115
+            # The events hold pane lines and the outbox the destinations: owner only.
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.path.parent == state_dir():
+                os.chmod(self.path.parent, 0o700)  # made by an earlier version with 0755
+            handle = open_private(self.path.with_suffix(".lock"), "a+")
         except OSError as exc:
             raise UsageError(f"watch state {self.path}: {exc.strerror or exc}") from None
         try:
@@ -95,7 +143,13 @@ class WatchState:
 
     def _load(self) -> None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            with open(self.path, encoding="utf-8") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise ValueError("not a regular file")
+                text = handle.read(STATE_LIMIT + 1)
+            if len(text) > STATE_LIMIT:
+                raise ValueError(f"larger than {STATE_LIMIT} bytes")
+            data = json.loads(text)
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
@@ -104,10 +158,15 @@ class WatchState:
             ) from None
         try:
             self.targets = {
-                name: TargetRecord(**record) for name, record in data.get("targets", {}).items()
+                str(name): _typed(TargetRecord(**record))
+                for name, record in data.get("targets", {}).items()
             }
-            self._outbox = {key: _Pending(**entry) for key, entry in data.get("outbox", {}).items()}
-        except TypeError as exc:
+            self._outbox = {
+                str(key): _typed(_Pending(**entry)) for key, entry in data.get("outbox", {}).items()
+            }
+            for pending in self._outbox.values():
+                Event.from_json(pending.event)
+        except (TypeError, AttributeError, ValueError) as exc:
             raise UsageError(
                 f"watch state {self.path} has an unknown layout ({exc}); move it away"
             ) from None
@@ -119,7 +178,9 @@ class WatchState:
             "outbox": {key: asdict(entry) for key, entry in self._outbox.items()},
         }
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
+        with open_private(tmp, "w") as handle:
+            handle.truncate()
+            handle.write(json.dumps(doc, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
 
     # -- targets --------------------------------------------------------------------------
@@ -139,7 +200,7 @@ class WatchState:
     def add_event(self, event: Event, destinations: list[str]) -> None:
         """Log the event and, when it is to be sent, queue it for every destination."""
         with self._lock:
-            with self.events_path.open("a", encoding="utf-8") as log:
+            with open_private(self.events_path, "a") as log:
                 log.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
             if destinations:
                 self._outbox[event.id] = _Pending(event.to_json(), list(destinations))

@@ -680,8 +680,10 @@ def test_failure_after_install_still_answers_with_steps(
 
     monkeypatch.setattr(agent.Deploy, "launch", broken_launch)
     result = target.apply(checkpoints=None, checkpoint_mode="keep")
-    assert result["ok"] is False and result["error"]["kind"] == "failed"
+    # Not "failed" (which reads as unreachable): reached, acted on, nothing running.
+    assert result["ok"] is False and result["error"]["kind"] == "down"
     assert "tmux exploded" in result["error"]["message"]
+    assert result["error"]["message"].startswith("run is down")
     statuses = {s["name"]: s["status"] for s in result["steps"]}
     assert statuses["install"] == "ok" and statuses["launch"] == "failed"
     assert statuses["checkpoints"] == "skipped"
@@ -915,6 +917,11 @@ def test_an_environment_too_large_is_refused_before_the_stop(target: Target) -> 
     assert target.apply()["ok"] is True
     pane_pid = target.state()["pane_pid"]
     result = target.apply(restart=True, env={"BIG": "z" * (2 << 20)})
+    assert result["error"]["kind"] == "invalid" and "env BIG is" in result["error"]["message"]
+    assert "MAX_ARG_STRLEN" in result["error"]["message"]
+    # Each value fits one string, all of them together not.
+    many = {f"V{i}": "z" * (100 << 10) for i in range(12)}
+    result = target.apply(restart=True, env=many)
     assert result["error"]["kind"] == "invalid" and "env is" in result["error"]["message"]
     assert pid_alive(pane_pid)
 
@@ -1056,3 +1063,27 @@ def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> N
         os.utime(root / f"f{i}", (old, old))
     os.utime(root, (old, old))
     assert agent.tree_age(str(root), limit=3) == 0.0
+
+
+def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert target.apply()["ok"] is True
+    ckpt = target.workdir / "checkpoints"
+    ckpt.mkdir()
+    calls: list[str] = []
+
+    def unstartable(self: agent.Deploy, marker: str) -> list[str]:
+        calls.append(marker)
+        return ["no-such-tmux-command"]
+
+    monkeypatch.setattr(agent.Deploy, "launch_args", unstartable)
+    result = target.apply(restart=True, checkpoint_mode="archive")
+    assert len(calls) == 2, "tried, then retried once"
+    error = result["error"]
+    assert error["kind"] == "down", error  # exit 1: reached, acted on, nothing running
+    assert error["message"].startswith("run is down: session")
+    assert "the old run was stopped (pids" in error["message"]
+    assert "checkpoints archived to " + str(ckpt) + ".archived-" in error["message"]
+    assert any("retrying once" in w for w in result["warnings"])
+    assert target.state()["exists"] is False

@@ -79,7 +79,10 @@ def test_cluster_target_is_placed_on_the_node_that_runs_it(tmp_path: Path) -> No
     placed = place(target, pool)
     assert placed.host_name == "lab/pve2" and placed.host.port == 2222
     assert placed.label == "prod (lab/pve2 CT 200)"
-    assert pool.log == ["lab/pve1: pvesh get /cluster/resources --type vm --output-format json"]
+    assert pool.log == [
+        "lab/pve1: { pvesh get /cluster/resources --type vm --output-format json; "
+        "echo launcher-pvesh-exit $? >&2; } | head -c 8388609"
+    ]
 
 
 def test_a_node_missing_from_the_inventory_is_reached_at_its_cluster_ip(tmp_path: Path) -> None:
@@ -137,3 +140,35 @@ def test_bad_cluster_inventories_name_file_line_and_key(
     with pytest.raises(ConfigError) as error:
         load_inventory(path)
     assert f"{path}{problem}" in str(error.value)
+
+
+class RunawayNode(FakeNode):
+    """An entry node whose pvesh answers more than launcher reads, or fails behind the pipe."""
+
+    def __init__(self, name: str, log: list[str], answer: bytes, stderr: bytes) -> None:
+        super().__init__(name, log)
+        self.answer, self.stderr = answer, stderr
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        assert "| head -c" in command and timeout is not None and timeout <= 30
+        return CommandResult(command, 0, self.answer, self.stderr, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "stderr", "message"),
+    [
+        (b"[" * (8 << 20) + b"[", b"launcher-pvesh-exit 141\n", "more than 8388608 bytes"),
+        (b"", b"no quorum\nlauncher-pvesh-exit 255\n", "pvesh exited 255: no quorum"),
+    ],
+)
+def test_pvesh_answers_are_bounded_and_their_exit_status_kept(
+    answer: bytes, stderr: bytes, message: str
+) -> None:
+    from launcher.cluster import _pvesh
+
+    node = RunawayNode("n", [], answer, stderr)
+    with pytest.raises(PveshError) as raised:
+        _pvesh(node, ["pvesh", "get", "/cluster/resources"], 5.0)
+    assert message in raised.value.message

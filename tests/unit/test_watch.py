@@ -218,3 +218,30 @@ def test_watch_judges_the_step_by_the_run_s_own_cadence() -> None:
     assert runs.observe(pane(shown), 6.0).verdict == "healthy"  # 2 s: within twice 1 s
     late = runs.observe(pane(shown), 7.0)
     assert late.verdict == "pending" and "usual gap 1 s" in late.reason
+
+
+def test_webhook_urls_are_never_shown_whole() -> None:
+    from launcher.watch.notify import redact_url, webhook_name
+
+    url = "https://hooks.slack.com/services/T000/B000/s3cr3tT0ken"
+    assert redact_url(url) == "https://hooks.slack.com/…"
+    assert redact_url("http://[::1]:8080/x?token=abc") == "http://[::1]:8080/…"
+    name = webhook_name(url)
+    assert "s3cr3t" not in name and name.startswith("webhook https://hooks.slack.com/… #")
+    assert name != webhook_name(url + "x")  # two hooks on one host stay apart
+    with pytest.raises(UsageError) as raised:
+        parse_webhook("http://[::1/s3cr3t")
+    assert "s3cr3t" not in raised.value.message
+
+
+def test_long_pane_lines_are_cut_and_marked() -> None:
+    event = Event("unhealthy", "p", "h", 1, "r", "unhealthy", "healthy", "x" * 10_000,
+                  ["z" * 300_000, "short"])  # fmt: skip
+    capped = event.capped()
+    assert capped.last_lines[1] == "short"
+    first = capped.last_lines[0]
+    assert len(first) < 2100 and "[cut: 298000 more characters]" in first
+    assert "[cut: " in capped.reason and capped.id == event.id
+    assert sum(len(v) for v in capped.environment().values()) < 100_000
+    small = Event("healthy", "p", "h", 1, "r", "healthy", "starting", "ok", ["a"])
+    assert small.capped() is small
