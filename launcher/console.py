@@ -1,11 +1,10 @@
 """The `launcher` console script and `python -m launcher`.
 
-Before the command line is parsed (or click, pydantic and the SSH libraries are imported), the
-hint the last run of this exact command line left is acted on (prefetch.py): the host's
-connection and the agent start while the configuration loads. Then the CLI runs, and the
-process ends at once with its exit code: by then the command has closed its connections and
-joined every thread it started, and what would follow is the interpreter's teardown (freeing
-every module: paramiko, pydantic, ... ~0.05 s), which nothing needs.
+The CLI runs, then the process ends at once with its exit code, after flushing its output and
+shutting logging down: by then the command has closed its connections and joined every thread
+it started, and what would follow is the interpreter's teardown (freeing every module:
+paramiko, pydantic, ... ~0.05 s), which nothing needs. This is the one place launcher calls
+os._exit.
 
 Standard library only until the CLI is imported.
 """
@@ -17,7 +16,6 @@ import os
 import sys
 from typing import NoReturn
 
-HELP = frozenset(("-h", "--help", "--version"))
 VERSION = (["--version"], ["-V"])
 # The group's global options (cli/main.py), which may come before --version.
 GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target"))
@@ -28,10 +26,6 @@ def main() -> NoReturn:
     argv = sys.argv[1:]
     if _asks_version_only(argv):
         _version()
-    if argv and not HELP.intersection(argv):  # help and version never act on a target
-        from launcher import prefetch
-
-        prefetch.begin(argv)
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
@@ -46,6 +40,8 @@ def main() -> NoReturn:
     flush_stdout()  # a reader that went away: exits 141 here, the usual way
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
+    if "logging" in sys.modules:  # handlers `--debug` added: flushed, closed, as at exit
+        sys.modules["logging"].shutdown()
     os._exit(code or 0)
 
 

@@ -52,9 +52,6 @@ from launcher.errors import (
     RemoteError,
 )
 
-# launcher.remote (and so the config models and pydantic) is imported only by what needs it:
-# `launcher status` asks a persisted connection before its configuration is loaded
-# (prefetch.py) with nothing but this module and the standard library.
 if TYPE_CHECKING:
     from launcher.remote import CommandResult, Endpoint
 
@@ -224,24 +221,19 @@ def run(
     endpoint: Endpoint, command: str, *, stdin: bytes | None, timeout: float
 ) -> CommandResult | None:
     """Run `command` through the host's persisted connection; None when there is none (the
-    caller then connects by itself). `launcher status` may have sent it already (prefetch)."""
-    from launcher import prefetch
-
+    caller then connects by itself)."""
     path = socket_path(endpoint)
     if path is None:
         return None
     started = time.monotonic()
     try:
-        answer = prefetch.take(path, command, stdin, timeout) or exchange(
-            path, command, stdin, timeout
-        )
+        answer = exchange(path, command, stdin, timeout)
     except BrokenOff as exc:
         raise ConnectError(
             f"{endpoint.name}: the persisted connection broke off during a command: {exc}"
         ) from None
     if answer is None:
         return None
-    prefetch.record(path, command, stdin, timeout)
     return answer_result(answer, command, time.monotonic() - started)
 
 

@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from launcher import prefetch, sshconfig
+from launcher import sshconfig
 from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
 
 if TYPE_CHECKING:
@@ -128,9 +127,8 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     """
     aliases = [name, host.address] if name != host.address else [host.address]
     # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
-    # whose connection may be persisted, nor while a child process polls for this command
-    # (prefetch), where the command usually needs none.
-    meanwhile = None if host.control_persist or prefetch.polling() else _load_ssh_stack
+    # whose connection may be persisted, where the command usually needs none.
+    meanwhile = None if host.control_persist else _load_ssh_stack
     found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)
@@ -256,9 +254,7 @@ class Connection:
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
-        self._prestarted: dict[str, paramiko.Channel] = {}  # command -> its channel (prestart)
         self._relay: Relay | None = None  # use_relay(): one channel carries every command
-        self._early_socket: socket.socket | None = None  # give_socket()
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -357,15 +353,6 @@ class Connection:
             or "check the address and port in the inventory, and that sshd is running",
         )
 
-    def give_socket(self, sock: socket.socket) -> None:
-        """A TCP connection to this endpoint, started before the SSH libraries were loaded
-        (prefetch, non-blocking): the first attempt waits for it within its budget and runs
-        over it, the server's banner already waiting; if it failed, the attempt opens its own."""
-        if self._jump is None and not self.endpoint.proxy_command:
-            self._early_socket = sock
-        else:
-            sock.close()
-
     def _socket(self, deadline: float) -> Sock:
         """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""
         from launcher import sshopen
@@ -374,9 +361,6 @@ class Connection:
             return self._jump.tunnel(self.endpoint, deadline)
         if self.endpoint.proxy_command:
             return sshopen.proxy_socket(self.endpoint)
-        early, self._early_socket = self._early_socket, None
-        if early is not None and sshopen.finish_connect(early, self.endpoint, deadline):
-            return early
         return sshopen.open_socket(self.endpoint, deadline)
 
     def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
@@ -454,31 +438,6 @@ class Connection:
         STATS.count("commands")
         return channel
 
-    def prestart(self, command: str) -> None:
-        """Start `command` now, its stdin left open, for a later run() or stream() of the same
-        command, which then only sends stdin. Only for a command that does nothing before its
-        stdin arrives (the agent's; prefetch.py): it holds a session slot until used or closed."""
-        limit = self.endpoint.connect_timeout
-        channel = self._exec(command, limit, limit)
-        with self._lock:
-            old = self._prestarted.pop(command, None)
-            self._prestarted[command] = channel
-        if old is not None:
-            old.close()
-            self._sessions.release()
-
-    def _started(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
-        """A channel running `command`: the prestarted one if it is still open, else a new one
-        (a session slot within `wait` s, the command started within `exec_timeout` s)."""
-        with self._lock:
-            channel = self._prestarted.pop(command, None)
-        if channel is not None:
-            if not channel.closed and not channel.exit_status_ready():
-                return channel
-            channel.close()  # the agent is gone (container stopped, link lost): start anew
-            self._sessions.release()
-        return self._exec(command, wait, exec_timeout)
-
     def _exec(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
         """A new channel with `command` started on it (its slot released if that fails)."""
         channel = self._take_session(command, wait)
@@ -515,11 +474,6 @@ class Connection:
             persisted = persist.run(ep, command, stdin=stdin, timeout=limit)
             if persisted is not None:
                 return persisted
-        if ep.control_persist <= 0:  # else the next run's hint is its persisted connection
-            prefetch.record_direct(ep, command, stdin, limit)
-        early = prefetch.take_direct(self, command, stdin, limit)
-        if early is not None:
-            return early
         started = time.monotonic()
         out, err = io.BytesIO(), io.BytesIO()
         code = self._relayed(command, _sink(out), _sink(err), stdin=stdin, timeout=limit)
@@ -529,7 +483,7 @@ class Connection:
         return self.run_direct(command, stdin=stdin, timeout=limit)
 
     def run_direct(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
-        """run() over this connection itself: no persisted connection, no early answer."""
+        """run() over this connection itself: no persisted connection, no relay."""
         from launcher import sshopen
 
         ep = self.endpoint
@@ -538,7 +492,7 @@ class Connection:
         out, err = io.BytesIO(), io.BytesIO()
         channel: paramiko.Channel | None = None
         try:
-            channel = self._started(command, timeout, timeout)
+            channel = self._exec(command, timeout, timeout)
             channel.settimeout(max(0.001, deadline - time.monotonic()))
             if stdin:
                 channel.sendall(stdin)
@@ -583,9 +537,6 @@ class Connection:
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        prefetch.record_direct(
-            ep, command, stdin, ep.command_timeout if timeout is None else timeout
-        )
         if close_stdin:  # what the relay runs gets all its stdin at once
             code = self._relayed(
                 command,
@@ -599,7 +550,7 @@ class Connection:
                 return code
         channel: paramiko.Channel | None = None
         try:
-            channel = self._started(command, timeout, ep.connect_timeout)
+            channel = self._exec(command, timeout, ep.connect_timeout)
             channel.settimeout(ep.connect_timeout)
             if stdin:
                 channel.sendall(stdin)
@@ -633,10 +584,6 @@ class Connection:
         if self._relay is not None:
             self._relay.close()
         with self._lock:
-            unused, self._prestarted = list(self._prestarted.values()), {}
-            for channel in unused:
-                channel.close()  # its agent reads end of file and does nothing
-                self._sessions.release()
             if self._fab is not None:
                 self._fab.close()  # SFTP sessions Fabric opened, then the client
                 self._fab.client.close()  # also a client whose link had already dropped
@@ -757,8 +704,7 @@ class ConnectionPool:
             conn = self._connections.get(name)
             if conn is None:
                 endpoint = resolve_endpoint(name, host, self._ssh_config)
-                # The connection this command's first step opened while its config loaded.
-                conn = prefetch.adopt(endpoint) or Connection(endpoint)
+                conn = Connection(endpoint)
                 self._connections[name] = conn
         if targets > 1:
             conn.use_relay()

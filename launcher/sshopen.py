@@ -231,27 +231,6 @@ def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
         raise RetryableConnect(str(exc) or type(exc).__name__) from None
 
 
-def finish_connect(sock: socket.socket, ep: Endpoint, deadline: float) -> bool:
-    """Whether the non-blocking connect started on `sock` earlier completed, waited for until
-    `deadline` at most (then it is a timed-out attempt, like open_socket's). A connect that
-    failed (refused, unreachable) closes it: False, and the caller opens a socket of its own."""
-    try:
-        writable = select.select([], [sock], [], time_left(ep, deadline))[1]
-        if not writable:
-            raise timed_out_error(ep, "tcp")
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
-            sock.close()
-            return False
-    except OSError:
-        sock.close()
-        return False
-    except BaseException:  # timed out, or interrupted
-        sock.close()
-        raise
-    sock.setblocking(True)
-    return True
-
-
 def time_left(ep: Endpoint, deadline: float) -> float:
     """Seconds left of the connect budget (an attempt that has none left fails)."""
     left = deadline - time.monotonic()

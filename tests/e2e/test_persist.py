@@ -1,4 +1,4 @@
-"""Persisted connections (`control_persist:`) and the status prefetch, against the sandbox."""
+"""Persisted connections (`control_persist:`) against the sandbox."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +74,7 @@ def test_later_commands_use_the_persisted_connection(
         code, doc = status(project)
         assert code == 0 and doc["verdict"] == "healthy"
     assert accepted(project) == before  # no new SSH connection: all through the background one
-    assert project.sandbox.pct_calls() - pct0 == 3  # one poll each, the prefetched one too
+    assert project.sandbox.pct_calls() - pct0 == 3  # one poll each
 
     # `logs` (a plain command) goes through it too; a streamed deploy connects by itself.
     assert project.launcher("logs", "-t", NAME, "-n", "5").returncode == 0
@@ -146,48 +145,3 @@ def test_a_changed_inventory_gets_a_connection_of_its_own(
     code, _ = status(project)
     assert code == 0
     project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a second one")
-
-
-def test_status_prefetch_is_used_only_for_the_same_request(
-    persisted: Project, _private_runtime_dir: Path
-) -> None:
-    """The hint's command goes out before the config loads; it is used only when it is exactly
-    what status would send, else status sends its own (the early one is dropped)."""
-    project = persisted
-    status(project)  # leaves the hint
-    # The deploy that started the run left a hint too (its connection, never its request).
-    hints = sorted((_private_runtime_dir / "launcher").glob("hint-*.json"))
-    [hint_path] = [h for h in hints if "socket" in json.loads(h.read_text())]
-    assert hint_path.stat().st_mode & 0o777 == 0o600
-    hint = json.loads(hint_path.read_text())
-
-    pct0 = project.sandbox.pct_calls()
-    assert status(project)[0] == 0
-    assert project.sandbox.pct_calls() - pct0 == 1  # the early poll was the poll
-
-    # A hint whose command differs (same files, so it is sent): dropped, and status polls.
-    marker = "/tmp/launcher-prefetch-test-marker"
-    Path(marker).unlink(missing_ok=True)
-    hint["command"] = f"touch {marker}"
-    hint_path.write_text(json.dumps(hint))
-    pct0 = project.sandbox.pct_calls()
-    code, doc = status(project)
-    assert code == 0 and doc["verdict"] == "healthy"
-    assert project.sandbox.pct_calls() - pct0 == 1
-    deadline = time.monotonic() + 10
-    while not Path(marker).exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert Path(marker).exists()  # the early command did go out, and its answer was dropped
-    Path(marker).unlink()
-
-    # A changed playbook makes the hint stale: nothing is sent early.
-    book = project.root / "playbooks" / f"{NAME}.yaml"
-    doc_book = yaml.safe_load(book.read_text())
-    doc_book["verify"] = {**doc_book.get("verify", {}), "lines": 150}
-    book.write_text(yaml.safe_dump(doc_book))
-    hint = json.loads(hint_path.read_text())
-    hint["command"] = f"touch {marker}"
-    hint_path.write_text(json.dumps(hint))
-    assert status(project)[0] == 0
-    time.sleep(1)
-    assert not Path(marker).exists()
