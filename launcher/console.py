@@ -63,7 +63,7 @@ def _asks_version_only(argv: list[str]) -> bool:
 def _version() -> NoReturn:
     """`launcher --version` alone: the line click's version option prints (cli/main.py), with
     nothing but the standard library imported (click alone takes longer than Python's start)."""
-    from launcher import __version__
+    from launcher.version import __version__
 
     try:
         sys.stdout.write(f"launcher, version {__version__}\n")

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from launcher import __version__
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, AgentFailure
 from launcher.config import Target
@@ -34,6 +33,7 @@ from launcher.errors import (
 from launcher.fleet import FleetContext, Outcome
 from launcher.localhistory import append_local_history
 from launcher.ui import step_line
+from launcher.version import __version__
 
 CheckpointMode = Literal["archive", "purge", "keep"]
 DISK_MARGIN = 16 * 1024 * 1024

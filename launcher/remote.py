@@ -28,6 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from launcher import sshconfig
+from launcher.endpoint import (
+    CommandResult,
+    Endpoint,
+    busy_error,
+    deadline_error,
+    idle_error,
+    link_error,
+    short,
+)
 from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
 
 if TYPE_CHECKING:
@@ -50,33 +59,6 @@ POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    """What one remote command did (modelled on invoke's Result)."""
-
-    command: str
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    duration: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def out(self) -> str:
-        return self.stdout.decode("utf-8", "replace")
-
-    @property
-    def err(self) -> str:
-        return self.stderr.decode("utf-8", "replace")
-
-    def tail(self, lines: int = 10) -> str:
-        text = (self.err or self.out).rstrip("\n")
-        return "\n".join(text.splitlines()[-lines:])
-
-
 @dataclass
 class ConnectionStats:
     connects: int = 0
@@ -90,31 +72,6 @@ class ConnectionStats:
 
 
 STATS = ConnectionStats()
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect, after merging the inventory with ssh_config."""
-
-    name: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    known_hosts: Path
-    accept_new: bool
-    jump: str | None  # ProxyJump as configured (hops by alias, nearest first)
-    connect_timeout: float
-    command_timeout: float
-    proxy_command: str | None = None  # with its %-tokens expanded
-    via: Endpoint | None = None  # the jump host this one is reached through (resolved)
-    passphrase: Literal["agent", "prompt"] = "agent"
-    max_sessions: int = 8  # commands at once on the connection (sshd's MaxSessions)
-    control_persist: float = 0.0  # idle seconds a background process keeps it (persist.py)
-
-    @property
-    def known_hosts_key(self) -> str:
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
 
 def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) -> Endpoint:
@@ -568,7 +525,7 @@ class Connection:
             if expired == "idle":
                 raise idle_error(ep, idle_timeout, command)
             if not channel.status_event.wait(ep.connect_timeout):
-                raise CommandTimeout(f"{ep.name}: no exit status after EOF: {_short(command)}")
+                raise CommandTimeout(f"{ep.name}: no exit status after EOF: {short(command)}")
             return channel.recv_exit_status()
         except _SinkFailed as failed:
             # Not the connection's fault (e.g. stdout's reader went away): the caller's error.
@@ -661,32 +618,6 @@ def _sink(buffer: io.BytesIO) -> Callable[[bytes], None]:
 def _alive(client: paramiko.SSHClient) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
-
-
-# What a command that failed on the way raises, on a channel of its own or through a relay.
-def busy_error(ep: Endpoint, wait: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(
-        f"{ep.name}: no free SSH session within {wait:g} s (max_sessions "
-        f"{ep.max_sessions} all busy): {_short(command)}"
-    )
-
-
-def deadline_error(ep: Endpoint, timeout: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(
-        f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
-    )
-
-
-def idle_error(ep: Endpoint, idle_timeout: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}")
-
-
-def link_error(ep: Endpoint, reason: object) -> ConnectError:
-    return ConnectError(f"{ep.name}: connection failed during a command: {reason}")
-
-
-def _short(command: str, limit: int = 120) -> str:
-    return command if len(command) <= limit else command[: limit - 3] + "..."
 
 
 class ConnectionPool:

@@ -24,7 +24,7 @@ from launcher.errors import AuthError, ConfigError, HostKeyError
 from launcher.sshlibs import fabric, paramiko
 
 if TYPE_CHECKING:
-    from launcher.remote import Endpoint
+    from launcher.endpoint import Endpoint
 
 KEEPALIVE_SECONDS = 15
 # What a command may raise from the channel once connected.

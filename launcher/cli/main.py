@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 import click
 
-from launcher import __version__
 from launcher.cli.context import TARGET_HELP, AppContext, complete_targets, print_error
 from launcher.errors import ExitCode, LauncherError
+from launcher.version import __version__
 
 
 class OutputClosed(Exception):

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from launcher import __version__
 from launcher.errors import UsageError
+from launcher.version import __version__
 from launcher.watch.events import Event
 from launcher.watch.state import WatchState
 

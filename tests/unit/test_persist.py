@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from launcher import persist
+from launcher import persist, persistserver
+from launcher.endpoint import CommandResult, Endpoint
 from launcher.errors import CommandTimeout, ConnectError
-from launcher.remote import CommandResult, Endpoint
 
 
 def endpoint(**overrides: Any) -> Endpoint:
@@ -77,7 +77,7 @@ def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
     ep = endpoint()
     path = persist.socket_path(ep)
     assert path is not None and path.parent == runtime / "launcher"
-    server = persist.Server(ep, path)
+    server = persistserver.Server(ep, path)
     fake = FakeConnection()
     server.conn = fake  # type: ignore[assignment]
     listener = socket.socket(socket.AF_UNIX)
@@ -193,7 +193,7 @@ def test_server_answers_only_its_own_user() -> None:
     open_dir = Path(tempfile.mkdtemp(prefix="lu-peer", dir="/tmp"))
     open_dir.chmod(0o755)  # reachable by anyone, unlike the runtime directory
     path = open_dir / "s.sock"
-    server = persist.Server(ep, path)
+    server = persistserver.Server(ep, path)
     fake = FakeConnection()
     server.conn = fake  # type: ignore[assignment]
     listener = socket.socket(socket.AF_UNIX)

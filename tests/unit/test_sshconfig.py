@@ -14,8 +14,9 @@ import pytest
 
 from launcher import sshconfig, sshkeys
 from launcher.config import HostSpec, parse_jumps
+from launcher.endpoint import Endpoint
 from launcher.errors import AuthError, ConfigError, ExitCode
-from launcher.remote import Endpoint, resolve_endpoint
+from launcher.remote import resolve_endpoint
 from launcher.sshconfig import Hop, HostOptions, expand_proxy_command, split_jump
 
 HAS_SSH = shutil.which("ssh") is not None
