@@ -41,6 +41,7 @@ from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherE
 
 if TYPE_CHECKING:
     import paramiko
+    import tenacity
 
     from launcher.config import HostSpec
     from launcher.relay import Relay
@@ -285,30 +286,44 @@ class Connection:
         return self._fab
 
     def _connect(self, deadline: float | None = None) -> paramiko.SSHClient:
-        """Connect within the budget: attempts share one deadline, each gets what is left."""
+        """Connect within the budget: attempts share one deadline, each gets what is left; the
+        pause between them doubles, and no pause is taken that would end past the deadline."""
+        import tenacity
+
         from launcher import sshopen
 
         ep = self.endpoint
         if deadline is None:
             deadline = time.monotonic() + ep.connect_timeout
         fab = self._fabric_connection()
-        pause = RETRY_PAUSE
-        for attempt in range(1, CONNECT_ATTEMPTS + 1):
-            try:
-                client = sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
-                STATS.count("connects")
-                return client
-            except sshopen.RetryableConnect as exc:
-                failure = exc
-            if attempt == CONNECT_ATTEMPTS or time.monotonic() + pause >= deadline:
-                break
-            time.sleep(pause)
-            pause = min(pause * 2, MAX_RETRY_PAUSE)
-        raise ConnectError(
-            f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
-            hint=failure.hint
-            or "check the address and port in the inventory, and that sshd is running",
+
+        def attempt() -> paramiko.SSHClient:
+            assert deadline is not None
+            return sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            """The last attempt, or a pause that would end past the one deadline (an attempt
+            started then would have no time left)."""
+            assert deadline is not None
+            last = state.attempt_number >= CONNECT_ATTEMPTS
+            return last or time.monotonic() + state.upcoming_sleep >= deadline
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(sshopen.RetryableConnect),
+            stop=stop,
+            wait=tenacity.wait_exponential(multiplier=RETRY_PAUSE, max=MAX_RETRY_PAUSE),
+            reraise=True,  # the last attempt's own error, not tenacity's RetryError
         )
+        try:
+            client: paramiko.SSHClient = retrying(attempt)
+        except sshopen.RetryableConnect as failure:
+            raise ConnectError(
+                f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
+                hint=failure.hint
+                or "check the address and port in the inventory, and that sshd is running",
+            ) from None
+        STATS.count("connects")
+        return client
 
     def _socket(self, deadline: float) -> Sock:
         """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""

@@ -37,7 +37,8 @@ def servers() -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"launcher.persist" in cmdline and f"XDG_RUNTIME_DIR={runtime}".encode() in environ:
+        mine = f"XDG_RUNTIME_DIR={runtime}".encode() in environ
+        if b"launcher.persistserver" in cmdline and mine:
             pids.append(int(proc.name))
     return pids
 
