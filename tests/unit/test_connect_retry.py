@@ -53,6 +53,7 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> Attempts:
     return made
 
 
+@pytest.mark.timing
 def test_a_retryable_failure_is_retried_with_a_doubling_pause(attempts: Attempts) -> None:
     attempts.failures = [sshopen.RetryableConnect("reset"), sshopen.RetryableConnect("reset")]
     connects = remote.STATS.connects
@@ -71,6 +72,7 @@ def test_attempts_end_at_the_limit_with_the_last_failure_worded(attempts: Attemp
     assert len(attempts.times) == remote.CONNECT_ATTEMPTS
 
 
+@pytest.mark.timing
 def test_no_pause_is_taken_that_ends_past_the_deadline(attempts: Attempts) -> None:
     """0.3 s budget: the first pause (0.2 s) fits, the second (0.4 s) does not."""
     attempts.failures = [sshopen.RetryableConnect("timed out") for _ in range(5)]
