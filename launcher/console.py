@@ -26,6 +26,7 @@ def main() -> NoReturn:
     argv = sys.argv[1:]
     if _asks_version_only(argv):
         _version()
+    _persist_when_interactive()
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
@@ -43,6 +44,22 @@ def main() -> NoReturn:
     if "logging" in sys.modules:  # handlers `--debug` added: flushed, closed, as at exit
         sys.modules["logging"].shutdown()
     os._exit(code or 0)
+
+
+def _persist_when_interactive() -> None:
+    """On an interactive terminal, a host whose inventory sets no control_persist keeps its
+    connection 60 s for the next command (persist.default_idle), as Ansible's ssh connection
+    does with ControlPersist; not under CI=true, nor for scripts (no terminal): each of their
+    runs stands alone and leaves no process behind. The user's own setting wins."""
+    if os.environ.get("CI", "").lower() == "true":
+        return
+    try:
+        interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return
+    if interactive:
+        # persist.DEFAULT_ENV and INTERACTIVE_IDLE, named here without importing persist.py
+        os.environ.setdefault("LAUNCHER_CONTROL_PERSIST", "60")
 
 
 def _asks_version_only(argv: list[str]) -> bool:

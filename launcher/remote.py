@@ -84,13 +84,19 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     Raises ConfigError (exit 2) for ssh_config that OpenSSH rejects or a jump chain that loops.
     """
     aliases = [name, host.address] if name != host.address else [host.address]
+    explicit = host.model_fields_set
+    if "control_persist" in explicit:
+        control_persist = host.control_persist
+    else:
+        from launcher import persist
+
+        control_persist = persist.default_idle(host.passphrase)
     # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
     # whose connection may be persisted, where the command usually needs none.
-    meanwhile = None if host.control_persist else _load_ssh_stack
+    meanwhile = None if control_persist else _load_ssh_stack
     found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)
-    explicit = host.model_fields_set
     identities = (host.identity_file,) if host.identity_file else options.identity_files
     known_hosts = host.known_hosts or options.known_hosts or "~/.ssh/known_hosts"
     endpoint = Endpoint(
@@ -106,7 +112,7 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
         command_timeout=host.command_timeout,
         passphrase=host.passphrase,
         max_sessions=host.max_sessions,
-        control_persist=host.control_persist,
+        control_persist=control_persist,
     )
     if "jump" in explicit:
         jump, proxy = (None if host.jump == "none" else host.jump), None

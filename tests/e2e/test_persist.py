@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -146,3 +147,39 @@ def test_a_changed_inventory_gets_a_connection_of_its_own(
     code, _ = status(project)
     assert code == 0
     project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a second one")
+
+
+def test_on_an_interactive_terminal_the_connection_persists_by_default(
+    project: Project, _private_runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that sets no control_persist: `launcher status` on a terminal (a pty, through
+    script(1)) leaves a background process for the next command; the same command under CI=true,
+    or with its output captured (a script), leaves none."""
+    project.deploy_healthy(NAME, VMID)  # no control_persist in the inventory
+    assert servers() == []
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "status", "-t", NAME]
+    monkeypatch.delenv("LAUNCHER_CONTROL_PERSIST", raising=False)
+
+    def on_a_terminal(ci: bool) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "CI"}
+        if ci:
+            env["CI"] = "true"
+        command = ["script", "-qec", shlex.join(argv), "/dev/null"]
+        done = subprocess.run(command, env=env, capture_output=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")
+
+    monkeypatch.delenv("CI", raising=False)
+    assert status(project)[0] == 0  # captured output: no terminal
+    on_a_terminal(ci=True)
+    # A background process is started before the command ends: none now means none at all.
+    assert servers() == [] and sockets(_private_runtime_dir) == []
+
+    on_a_terminal(ci=False)
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="the persisted connection")
+    [pid] = servers()
+    before = accepted(project)
+    assert status(project)[0] == 0  # no terminal, but the default is the terminal's only
+    assert accepted(project) == before + 1
+    on_a_terminal(ci=False)
+    assert accepted(project) == before + 1  # through the background process
+    assert servers() == [pid]

@@ -4,6 +4,7 @@ OpenSSH client is installed, and how it merges with the inventory (inventory val
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
 import sys
@@ -283,3 +284,55 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
         " if m in sys.modules))\n"
     )
     assert fresh_python(code)[:1] == ["[]"]
+
+
+def test_control_persist_defaults_to_launcher_control_persist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that sets no control_persist gets LAUNCHER_CONTROL_PERSIST's seconds (the console
+    script sets 60 on an interactive terminal); the inventory's own value wins, 0 included; a
+    host whose key is unlocked on the terminal never gets a default; a bad value means off."""
+    config = write(tmp_path / "config", "")
+    monkeypatch.delenv("LAUNCHER_CONTROL_PERSIST", raising=False)
+    assert endpoint(config, address="h").control_persist == 0.0
+    monkeypatch.setenv("LAUNCHER_CONTROL_PERSIST", "60")
+    assert endpoint(config, address="h").control_persist == 60.0
+    assert endpoint(config, address="h", control_persist=0).control_persist == 0.0
+    assert endpoint(config, address="h", control_persist=5).control_persist == 5.0
+    assert endpoint(config, address="h", passphrase="prompt").control_persist == 0.0
+    for bad in ("soon", "-1", "nan", "1e9", ""):
+        monkeypatch.setenv("LAUNCHER_CONTROL_PERSIST", bad)
+        assert endpoint(config, address="h").control_persist == 0.0, bad
+
+
+def test_the_console_sets_the_default_only_on_an_interactive_terminal_and_not_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launcher import console, persist
+
+    class Tty:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    for ci, stdin, stderr, expected in (
+        (None, True, True, "60"),
+        ("true", True, True, None),
+        (None, False, True, None),  # piped into: a script
+        (None, True, False, None),  # its errors captured: a script
+    ):
+        monkeypatch.delenv(persist.DEFAULT_ENV, raising=False)
+        if ci is None:
+            monkeypatch.delenv("CI", raising=False)
+        else:
+            monkeypatch.setenv("CI", ci)
+        monkeypatch.setattr("sys.stdin", Tty(stdin))
+        monkeypatch.setattr("sys.stderr", Tty(stderr))
+        console._persist_when_interactive()
+        assert os.environ.get(persist.DEFAULT_ENV) == expected
+    assert float("60") == persist.INTERACTIVE_IDLE
+    monkeypatch.setenv(persist.DEFAULT_ENV, "0")  # the user's own setting wins
+    console._persist_when_interactive()
+    assert os.environ[persist.DEFAULT_ENV] == "0"
