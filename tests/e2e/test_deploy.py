@@ -13,7 +13,14 @@ import pytest
 
 from launcher.deploy import INLINE_LIMIT
 from launcher.protocol import LOCK_PATH
-from tests.e2e.project import DEMO_TRAINER, Project, host_tmp_files, json_out, tree
+from tests.e2e.project import (
+    DEMO_TRAINER,
+    Project,
+    host_tmp_files,
+    json_out,
+    new_host_tmp_files,
+    tree,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +70,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
     assert sha == TRAINER_SHA
     record = project.ct_text(VMID, "cat", "/root/fresh/.launcher/current.json")
     assert TRAINER_SHA in record
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "fresh")
 
 
@@ -110,7 +117,7 @@ def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
     assert project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0] == old_sha
     leftovers = project.ct_text(VMID, "sh", "-c", "ls -a /root/corrupt | grep launcher- || true")
     assert leftovers.strip() == ""
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "corrupt")
 
 
@@ -155,7 +162,7 @@ def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     assert first.returncode == 0, first_err
     assert second.returncode == 4, second.stderr
     assert "another deploy is running" in second.stderr
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "race")
 
 
