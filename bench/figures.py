@@ -282,7 +282,7 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
     )
     master = ("-o", "ControlMaster=auto", "-o", "ControlPersist=600")
     check(env.run(env.ssh_argv("true", mux=True, options=master)), "ssh ControlMaster")
-    for _ in range(2):  # the background connection, the agent cache and the prefetch hint
+    for _ in range(2):  # the background connection and the agent cache
         check(env.launcher(persisted, "-t", "demo", "status"), "status", codes=(0, 1))
     times: dict[str, list[float]] = {"direct": [], "persisted": [], "A": [], "B": []}
     pct: dict[str, list[int]] = {"direct": [], "persisted": []}
@@ -305,8 +305,8 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
         (
             "persisted",
             "launcher status, connection persisted (control_persist)",
-            f"no SSH connection ({new_connections} opened in {runs} runs); the poll sent "
-            "while the config loads (prefetch)",
+            f"no SSH connection ({new_connections} opened in {runs} runs); through the "
+            "background process",
         ),
     ):
         mine = median(times[way])

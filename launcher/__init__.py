@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from launcher.version import __version__
+
 __all__ = ["Launcher", "__version__"]
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from launcher import protocol as p
 from launcher.container import Container, HostShell, exec_command
+from launcher.endpoint import CommandResult
 from launcher.errors import (
     ContainerError,
     LauncherError,
@@ -43,7 +44,6 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
-from launcher.remote import CommandResult
 
 if TYPE_CHECKING:
     from launcher.config import Target

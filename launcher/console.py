@@ -1,11 +1,10 @@
 """The `launcher` console script and `python -m launcher`.
 
-Before the command line is parsed (or click, pydantic and the SSH libraries are imported), the
-hint the last run of this exact command line left is acted on (prefetch.py): the host's
-connection and the agent start while the configuration loads. Then the CLI runs, and the
-process ends at once with its exit code: by then the command has closed its connections and
-joined every thread it started, and what would follow is the interpreter's teardown (freeing
-every module: paramiko, pydantic, ... ~0.05 s), which nothing needs.
+The CLI runs, then the process ends at once with its exit code, after flushing its output and
+shutting logging down: by then the command has closed its connections and joined every thread
+it started, and what would follow is the interpreter's teardown (freeing every module:
+paramiko, pydantic, ... ~0.05 s), which nothing needs. This is the one place launcher calls
+os._exit.
 
 Standard library only until the CLI is imported.
 """
@@ -17,7 +16,6 @@ import os
 import sys
 from typing import NoReturn
 
-HELP = frozenset(("-h", "--help", "--version"))
 VERSION = (["--version"], ["-V"])
 # The group's global options (cli/main.py), which may come before --version.
 GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target"))
@@ -44,10 +42,7 @@ def _main() -> NoReturn:
     argv = sys.argv[1:]
     if _asks_version_only(argv):
         _version()
-    if argv and not HELP.intersection(argv):  # help and version never act on a target
-        from launcher import prefetch
-
-        prefetch.begin(argv)
+    _persist_when_interactive()
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
@@ -62,7 +57,25 @@ def _main() -> NoReturn:
     flush_stdout()  # a reader that went away: exits 141 here, the usual way
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
+    if "logging" in sys.modules:  # handlers `--debug` added: flushed, closed, as at exit
+        sys.modules["logging"].shutdown()
     os._exit(code or 0)
+
+
+def _persist_when_interactive() -> None:
+    """On an interactive terminal, a host whose inventory sets no control_persist keeps its
+    connection 60 s for the next command (persist.default_idle), as Ansible's ssh connection
+    does with ControlPersist; not under CI=true, nor for scripts (no terminal): each of their
+    runs stands alone and leaves no process behind. The user's own setting wins."""
+    if os.environ.get("CI", "").lower() == "true":
+        return
+    try:
+        interactive = sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return
+    if interactive:
+        # persist.DEFAULT_ENV and INTERACTIVE_IDLE, named here without importing persist.py
+        os.environ.setdefault("LAUNCHER_CONTROL_PERSIST", "60")
 
 
 def _asks_version_only(argv: list[str]) -> bool:
@@ -83,7 +96,7 @@ def _asks_version_only(argv: list[str]) -> bool:
 def _version() -> NoReturn:
     """`launcher --version` alone: the line click's version option prints (cli/main.py), with
     nothing but the standard library imported (click alone takes longer than Python's start)."""
-    from launcher import __version__
+    from launcher.version import __version__
 
     try:
         sys.stdout.write(f"launcher, version {__version__}\n")

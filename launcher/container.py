@@ -11,8 +11,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
+from launcher.endpoint import CommandResult, Endpoint
 from launcher.errors import ContainerError
-from launcher.remote import CommandResult, Endpoint
 
 NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
 NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")

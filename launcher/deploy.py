@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from launcher import __version__
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, AgentFailure
 from launcher.bounded import read_regular
@@ -35,6 +34,7 @@ from launcher.errors import (
 from launcher.fleet import FleetContext, Outcome
 from launcher.localhistory import append_local_history
 from launcher.ui import step_line
+from launcher.version import __version__
 
 if TYPE_CHECKING:
     from launcher.releases import PreparedRelease

@@ -24,9 +24,9 @@ from launcher.deploy import (
     run_transaction,
     transaction_request,
 )
+from launcher.endpoint import Endpoint
 from launcher.errors import ExitCode, LauncherError
 from launcher.localhistory import append_local_history
-from launcher.remote import Endpoint
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.verify.poll import poll_once
 

@@ -1,7 +1,7 @@
 """Persisted connections: a host's SSH connection kept open between commands.
 
 With `control_persist: SECONDS` on a host, the first command that connects to it also starts a
-small background process (`python -m launcher.persist`) that opens a connection of its own and
+small background process (`python -m launcher.persistserver`) that opens a connection of its own and
 runs later commands' remote commands over a Unix socket, until nothing used it for SECONDS.
 A later `launcher status` then skips importing the SSH libraries and the SSH handshake, as
 OpenSSH's ControlPersist lets a later `ssh` skip them.
@@ -29,16 +29,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,11 +49,8 @@ from launcher.errors import (
     RemoteError,
 )
 
-# launcher.remote (and so the config models and pydantic) is imported only by what needs it:
-# `launcher status` asks a persisted connection before its configuration is loaded
-# (prefetch.py) with nothing but this module and the standard library.
 if TYPE_CHECKING:
-    from launcher.remote import CommandResult, Endpoint
+    from launcher.endpoint import CommandResult, Endpoint
 
 VERSION = 1
 ANSWER_MARGIN = 10.0  # seconds past the command's own deadline before the answer is given up
@@ -104,7 +98,7 @@ def endpoint_doc(endpoint: Endpoint) -> dict[str, Any]:
 
 
 def endpoint_from_doc(doc: dict[str, Any]) -> Endpoint:
-    from launcher.remote import Endpoint
+    from launcher.endpoint import Endpoint
 
     via = endpoint_from_doc(doc["via"]) if doc.get("via") else None
     fields = {**doc, "via": via, "known_hosts": Path(doc["known_hosts"])}
@@ -131,17 +125,37 @@ def unattended(endpoint: Endpoint) -> bool:
     return True
 
 
+# The idle seconds for a host whose inventory sets no control_persist. The console script sets
+# it to INTERACTIVE_IDLE on an interactive terminal (console.py); a user may set it (0: off).
+DEFAULT_ENV = "LAUNCHER_CONTROL_PERSIST"
+INTERACTIVE_IDLE = 60.0  # as Ansible's ssh connection (ControlPersist=60s)
+MAX_IDLE = 24 * 3600.0  # what the inventory allows (config.HostSpec.control_persist)
+
+
+def default_idle(passphrase: str) -> float:
+    """control_persist for a host whose inventory leaves it unset: LAUNCHER_CONTROL_PERSIST's
+    seconds, if it is a number within 0..MAX_IDLE (anything else: off); always off for a host
+    whose key is unlocked on the terminal, which a background process cannot do."""
+    if passphrase == "prompt":
+        return 0.0
+    try:
+        seconds = float(os.environ.get(DEFAULT_ENV, "0"))
+    except ValueError:
+        return 0.0
+    return seconds if 0.0 <= seconds <= MAX_IDLE else 0.0
+
+
 def persistable(endpoint: Endpoint) -> bool:
     """A host whose connection a background process can open (and is asked to keep)."""
     return unattended(endpoint) and endpoint.control_persist > 0
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket) -> int:
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     return int(_PEERCRED.unpack(data)[1])
 
 
-class _Lines:
+class Lines:
     """Newline-ended messages from a socket, one at a time (a read may hold more than one)."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -161,11 +175,11 @@ class _Lines:
         return line
 
 
-def _read_line(sock: socket.socket, limit: int) -> bytes:
-    return _Lines(sock).next(limit)
+def read_line(sock: socket.socket, limit: int) -> bytes:
+    return Lines(sock).next(limit)
 
 
-def _b64(data: bytes | None) -> str | None:
+def b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
 
@@ -178,7 +192,7 @@ def _connect(path: Path) -> socket.socket | None:
     try:
         sock.settimeout(2.0)
         sock.connect(str(path))
-        if _peer_uid(sock) != os.geteuid():
+        if peer_uid(sock) != os.geteuid():
             raise OSError("the socket is served by another user")
         return sock
     except OSError:
@@ -199,10 +213,10 @@ def exchange(
     sock = _connect(path) if path.exists() else None
     if sock is None:
         return None
-    request = {"v": VERSION, "op": "run", "command": command, "stdin": _b64(stdin)}
+    request = {"v": VERSION, "op": "run", "command": command, "stdin": b64(stdin)}
     request["timeout"] = timeout
     with sock:
-        lines = _Lines(sock)
+        lines = Lines(sock)
         try:
             sock.sendall(json.dumps(request).encode() + b"\n")
             sock.settimeout(ACK_TIMEOUT)
@@ -224,24 +238,19 @@ def run(
     endpoint: Endpoint, command: str, *, stdin: bytes | None, timeout: float
 ) -> CommandResult | None:
     """Run `command` through the host's persisted connection; None when there is none (the
-    caller then connects by itself). `launcher status` may have sent it already (prefetch)."""
-    from launcher import prefetch
-
+    caller then connects by itself)."""
     path = socket_path(endpoint)
     if path is None:
         return None
     started = time.monotonic()
     try:
-        answer = prefetch.take(path, command, stdin, timeout) or exchange(
-            path, command, stdin, timeout
-        )
+        answer = exchange(path, command, stdin, timeout)
     except BrokenOff as exc:
         raise ConnectError(
             f"{endpoint.name}: the persisted connection broke off during a command: {exc}"
         ) from None
     if answer is None:
         return None
-    prefetch.record(path, command, stdin, timeout)
     return answer_result(answer, command, time.monotonic() - started)
 
 
@@ -250,8 +259,8 @@ def result_answer(result: CommandResult) -> dict[str, Any]:
     return {
         "ok": True,
         "exit": result.exit_code,
-        "out": _b64(result.stdout),
-        "err": _b64(result.stderr),
+        "out": b64(result.stdout),
+        "err": b64(result.stderr),
     }
 
 
@@ -263,7 +272,7 @@ def error_answer(error: LauncherError) -> dict[str, Any]:
 def answer_result(answer: dict[str, Any], command: str, duration: float) -> CommandResult:
     """The result another process handed over (result_answer), or its failure raised (the
     same kind of error, with its message and hint: error_answer)."""
-    from launcher.remote import CommandResult
+    from launcher.endpoint import CommandResult
 
     if not answer.get("ok"):
         error = ERRORS.get(str(answer.get("kind")), RemoteError)
@@ -283,7 +292,7 @@ def start(endpoint: Endpoint) -> bool:
         live.close()
         return False
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.persist"],
+        [sys.executable, "-m", "launcher.persistserver"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -307,137 +316,6 @@ def stop_all() -> list[Path]:
             continue
         with sock, contextlib.suppress(OSError):
             sock.sendall(json.dumps({"v": VERSION, "op": "exit"}).encode() + b"\n")
-            _read_line(sock, 4096)
+            read_line(sock, 4096)
             asked.append(path)
     return asked
-
-
-# -- the background process --------------------------------------------------------------------
-
-
-class Server:
-    """Serves one endpoint's commands over its socket until idle for `control_persist` s."""
-
-    def __init__(self, endpoint: Endpoint, path: Path) -> None:
-        from launcher.remote import Connection
-
-        self.endpoint = endpoint
-        # Its own connection never starts another background process.
-        self.conn = Connection(dataclasses.replace(endpoint, control_persist=0.0))
-        self.path = path
-        self.busy = 0
-        self.last_used = time.monotonic()
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-
-    def serve(self, listener: socket.socket) -> None:
-        listener.settimeout(0.5)
-        while not self.stopping.is_set():
-            with self.lock:
-                idle = self.busy == 0 and (
-                    time.monotonic() - self.last_used >= self.endpoint.control_persist
-                )
-            if idle:
-                break
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            threading.Thread(target=self.handle, args=(client,), daemon=True).start()
-
-    def handle(self, client: socket.socket) -> None:
-        with self.lock:
-            self.busy += 1
-        try:
-            with client:
-                if _peer_uid(client) != os.geteuid():
-                    return
-                client.settimeout(30.0)
-                request = json.loads(_read_line(client, MAX_REQUEST) or b"null")
-                if self.stopping.is_set():
-                    return  # closed unacknowledged: the client connects by itself
-                client.sendall(json.dumps(ACK).encode() + b"\n")  # raises if it gave up
-                answer = self.answer(request)
-                client.settimeout(30.0)
-                client.sendall(json.dumps(answer).encode() + b"\n")
-        except (OSError, ValueError):
-            pass  # the client went away or sent nonsense: nothing to answer
-        finally:
-            with self.lock:
-                self.busy -= 1
-                self.last_used = time.monotonic()
-
-    def answer(self, request: object) -> dict[str, Any]:
-        if not isinstance(request, dict) or request.get("v") != VERSION:
-            return {"ok": False, "kind": "RemoteError", "message": "unknown request"}
-        if request.get("op") == "exit":
-            self.stopping.set()
-            return {"ok": True}
-        try:
-            stdin = request.get("stdin")
-            result = self.conn.run(
-                str(request["command"]),
-                stdin=None if stdin is None else base64.b64decode(stdin),
-                timeout=float(request["timeout"]),
-            )
-        except LauncherError as error:
-            if not isinstance(error, CommandTimeout):
-                # The connection itself failed (dropped and not back, a key no longer offered):
-                # end, so that the next command connects by itself and says why, instead of
-                # every command failing here while keeping this process from going idle.
-                self.stopping.set()
-            return error_answer(error)
-        except (KeyError, TypeError, ValueError) as exc:
-            return {"ok": False, "kind": "RemoteError", "message": f"bad request: {exc}"}
-        return result_answer(result)
-
-
-def serve(endpoint: Endpoint) -> int:
-    """The background process: one per endpoint (a lock file decides), connected before it
-    listens, gone when idle, when asked to end (`launcher disconnect`) or on SIGTERM."""
-    path = socket_path(endpoint)
-    if path is None or not persistable(endpoint):
-        return 2
-    lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0  # another one serves this endpoint
-    server = Server(endpoint, path)
-    try:
-        server.conn.run("true", timeout=endpoint.connect_timeout + 30)  # connect before listening
-    except LauncherError:
-        return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # left by a process that was killed: we hold the lock now
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    listener.listen(64)
-    try:
-        server.serve(listener)
-    finally:
-        listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        server.conn.close()
-        os.close(lock)
-    return 0
-
-
-def main() -> int:
-    try:
-        endpoint = endpoint_from_doc(json.loads(sys.stdin.read()))
-    except (ValueError, TypeError, KeyError):
-        return 2
-    return serve(endpoint)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

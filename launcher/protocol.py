@@ -34,10 +34,10 @@ HISTORY_LIMIT = 100_000
 
 # How the client starts the agent: `pct exec VMID -- AGENT_ARGV`, where BOOT reads one JSON line
 # from stdin and runs the loader in it (agentclient.LOADER). Until that line arrives it does
-# nothing, which is what lets a client start it before the request is known (prefetch.py).
+# nothing.
 # The trailing comment names the process in `ps` (and for `pkill -f launcher_agent`).
 # BOOT also imports the standard modules the agent and its loader use (a test keeps the list in
-# step with agent.py) before it waits: a prestarted agent has them when its request comes.
+# step with agent.py) before it waits: they load while the request is on its way.
 AGENT_MODULES = (
     "base64", "contextlib", "datetime", "fcntl", "hashlib", "marshal", "os", "re", "select",
     "shlex", "shutil", "signal", "subprocess", "time",

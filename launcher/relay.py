@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from launcher import remote
+from launcher import endpoint as failures
 
 if TYPE_CHECKING:
     import paramiko
@@ -219,7 +219,7 @@ class Relay:
             if ours:
                 self._channel = None
             calls, self._calls = self._calls, {}
-        error = remote.link_error(self.conn.endpoint, reason)
+        error = failures.link_error(self.conn.endpoint, reason)
         for call in calls.values():
             call.items.put(("broken", error))
         if ours:
@@ -248,7 +248,7 @@ class Relay:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         if not self._slots.acquire(timeout=timeout):
-            raise remote.busy_error(ep, timeout, command)
+            raise failures.busy_error(ep, timeout, command)
         rid = next(self._ids)
         call = _Call()
         with self._lock:
@@ -265,7 +265,7 @@ class Relay:
                 self._send(channel, request)
             except OSError as exc:
                 finished = True  # nothing reached the relay
-                raise remote.link_error(ep, exc) from None
+                raise failures.link_error(ep, exc) from None
             quiet_since = time.monotonic()
             while True:
                 waits = [NO_TIMEOUT]
@@ -277,8 +277,8 @@ class Relay:
                     kind, value = call.items.get(timeout=max(0.0, min(waits)))
                 except queue.Empty:
                     if deadline is not None and time.monotonic() >= deadline:
-                        raise remote.deadline_error(ep, timeout, command) from None
-                    raise remote.idle_error(ep, idle_timeout, command) from None
+                        raise failures.deadline_error(ep, timeout, command) from None
+                    raise failures.idle_error(ep, idle_timeout, command) from None
                 if kind != "data":
                     finished = True
                     if kind == "broken":

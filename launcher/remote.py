@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,11 +27,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from launcher import prefetch, sshconfig
+from launcher import sshconfig
+from launcher.endpoint import (
+    CommandResult,
+    Endpoint,
+    busy_error,
+    deadline_error,
+    idle_error,
+    link_error,
+    short,
+)
 from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
 
 if TYPE_CHECKING:
     import paramiko
+    import tenacity
 
     from launcher.config import HostSpec
     from launcher.relay import Relay
@@ -51,33 +60,6 @@ POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    """What one remote command did (modelled on invoke's Result)."""
-
-    command: str
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    duration: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def out(self) -> str:
-        return self.stdout.decode("utf-8", "replace")
-
-    @property
-    def err(self) -> str:
-        return self.stderr.decode("utf-8", "replace")
-
-    def tail(self, lines: int = 10) -> str:
-        text = (self.err or self.out).rstrip("\n")
-        return "\n".join(text.splitlines()[-lines:])
-
-
 @dataclass
 class ConnectionStats:
     connects: int = 0
@@ -91,31 +73,6 @@ class ConnectionStats:
 
 
 STATS = ConnectionStats()
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect, after merging the inventory with ssh_config."""
-
-    name: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    known_hosts: Path
-    accept_new: bool
-    jump: str | None  # ProxyJump as configured (hops by alias, nearest first)
-    connect_timeout: float
-    command_timeout: float
-    proxy_command: str | None = None  # with its %-tokens expanded
-    via: Endpoint | None = None  # the jump host this one is reached through (resolved)
-    passphrase: Literal["agent", "prompt"] = "agent"
-    max_sessions: int = 8  # commands at once on the connection (sshd's MaxSessions)
-    control_persist: float = 0.0  # idle seconds a background process keeps it (persist.py)
-
-    @property
-    def known_hosts_key(self) -> str:
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
 
 def known_hosts_override() -> str | None:
@@ -133,14 +90,19 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     Raises ConfigError (exit 2) for ssh_config that OpenSSH rejects or a jump chain that loops.
     """
     aliases = [name, host.address] if name != host.address else [host.address]
+    explicit = host.model_fields_set
+    if "control_persist" in explicit:
+        control_persist = host.control_persist
+    else:
+        from launcher import persist
+
+        control_persist = persist.default_idle(host.passphrase)
     # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
-    # whose connection may be persisted, nor while a child process polls for this command
-    # (prefetch), where the command usually needs none.
-    meanwhile = None if host.control_persist or prefetch.polling() else _load_ssh_stack
+    # whose connection may be persisted, where the command usually needs none.
+    meanwhile = None if control_persist else _load_ssh_stack
     found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)
-    explicit = host.model_fields_set
     identities = (host.identity_file,) if host.identity_file else options.identity_files
     known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
     known_hosts = known_hosts or "~/.ssh/known_hosts"
@@ -157,7 +119,7 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
         command_timeout=host.command_timeout,
         passphrase=host.passphrase,
         max_sessions=host.max_sessions,
-        control_persist=host.control_persist,
+        control_persist=control_persist,
     )
     if "jump" in explicit:
         jump, proxy = (None if host.jump == "none" else host.jump), None
@@ -264,9 +226,7 @@ class Connection:
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
-        self._prestarted: dict[str, paramiko.Channel] = {}  # command -> its channel (prestart)
         self._relay: Relay | None = None  # use_relay(): one channel carries every command
-        self._early_socket: socket.socket | None = None  # give_socket()
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -340,39 +300,44 @@ class Connection:
         return self._fab
 
     def _connect(self, deadline: float | None = None) -> paramiko.SSHClient:
-        """Connect within the budget: attempts share one deadline, each gets what is left."""
+        """Connect within the budget: attempts share one deadline, each gets what is left; the
+        pause between them doubles, and no pause is taken that would end past the deadline."""
+        import tenacity
+
         from launcher import sshopen
 
         ep = self.endpoint
         if deadline is None:
             deadline = time.monotonic() + ep.connect_timeout
         fab = self._fabric_connection()
-        pause = RETRY_PAUSE
-        for attempt in range(1, CONNECT_ATTEMPTS + 1):
-            try:
-                client = sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
-                STATS.count("connects")
-                return client
-            except sshopen.RetryableConnect as exc:
-                failure = exc
-            if attempt == CONNECT_ATTEMPTS or time.monotonic() + pause >= deadline:
-                break
-            time.sleep(pause)
-            pause = min(pause * 2, MAX_RETRY_PAUSE)
-        raise ConnectError(
-            f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
-            hint=failure.hint
-            or "check the address and port in the inventory, and that sshd is running",
-        )
 
-    def give_socket(self, sock: socket.socket) -> None:
-        """A TCP connection to this endpoint, started before the SSH libraries were loaded
-        (prefetch, non-blocking): the first attempt waits for it within its budget and runs
-        over it, the server's banner already waiting; if it failed, the attempt opens its own."""
-        if self._jump is None and not self.endpoint.proxy_command:
-            self._early_socket = sock
-        else:
-            sock.close()
+        def attempt() -> paramiko.SSHClient:
+            assert deadline is not None
+            return sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            """The last attempt, or a pause that would end past the one deadline (an attempt
+            started then would have no time left)."""
+            assert deadline is not None
+            last = state.attempt_number >= CONNECT_ATTEMPTS
+            return last or time.monotonic() + state.upcoming_sleep >= deadline
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(sshopen.RetryableConnect),
+            stop=stop,
+            wait=tenacity.wait_exponential(multiplier=RETRY_PAUSE, max=MAX_RETRY_PAUSE),
+            reraise=True,  # the last attempt's own error, not tenacity's RetryError
+        )
+        try:
+            client: paramiko.SSHClient = retrying(attempt)
+        except sshopen.RetryableConnect as failure:
+            raise ConnectError(
+                f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
+                hint=failure.hint
+                or "check the address and port in the inventory, and that sshd is running",
+            ) from None
+        STATS.count("connects")
+        return client
 
     def _socket(self, deadline: float) -> Sock:
         """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""
@@ -382,9 +347,6 @@ class Connection:
             return self._jump.tunnel(self.endpoint, deadline)
         if self.endpoint.proxy_command:
             return sshopen.proxy_socket(self.endpoint)
-        early, self._early_socket = self._early_socket, None
-        if early is not None and sshopen.finish_connect(early, self.endpoint, deadline):
-            return early
         return sshopen.open_socket(self.endpoint, deadline)
 
     def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
@@ -462,31 +424,6 @@ class Connection:
         STATS.count("commands")
         return channel
 
-    def prestart(self, command: str) -> None:
-        """Start `command` now, its stdin left open, for a later run() or stream() of the same
-        command, which then only sends stdin. Only for a command that does nothing before its
-        stdin arrives (the agent's; prefetch.py): it holds a session slot until used or closed."""
-        limit = self.endpoint.connect_timeout
-        channel = self._exec(command, limit, limit)
-        with self._lock:
-            old = self._prestarted.pop(command, None)
-            self._prestarted[command] = channel
-        if old is not None:
-            old.close()
-            self._sessions.release()
-
-    def _started(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
-        """A channel running `command`: the prestarted one if it is still open, else a new one
-        (a session slot within `wait` s, the command started within `exec_timeout` s)."""
-        with self._lock:
-            channel = self._prestarted.pop(command, None)
-        if channel is not None:
-            if not channel.closed and not channel.exit_status_ready():
-                return channel
-            channel.close()  # the agent is gone (container stopped, link lost): start anew
-            self._sessions.release()
-        return self._exec(command, wait, exec_timeout)
-
     def _exec(self, command: str, wait: float | None, exec_timeout: float) -> paramiko.Channel:
         """A new channel with `command` started on it (its slot released if that fails)."""
         channel = self._take_session(command, wait)
@@ -523,11 +460,6 @@ class Connection:
             persisted = persist.run(ep, command, stdin=stdin, timeout=limit)
             if persisted is not None:
                 return persisted
-        if ep.control_persist <= 0:  # else the next run's hint is its persisted connection
-            prefetch.record_direct(ep, command, stdin, limit)
-        early = prefetch.take_direct(self, command, stdin, limit)
-        if early is not None:
-            return early
         started = time.monotonic()
         out, err = io.BytesIO(), io.BytesIO()
         code = self._relayed(command, _sink(out), _sink(err), stdin=stdin, timeout=limit)
@@ -537,7 +469,7 @@ class Connection:
         return self.run_direct(command, stdin=stdin, timeout=limit)
 
     def run_direct(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
-        """run() over this connection itself: no persisted connection, no early answer."""
+        """run() over this connection itself: no persisted connection, no relay."""
         from launcher import sshopen
 
         ep = self.endpoint
@@ -546,7 +478,7 @@ class Connection:
         out, err = io.BytesIO(), io.BytesIO()
         channel: paramiko.Channel | None = None
         try:
-            channel = self._started(command, timeout, timeout)
+            channel = self._exec(command, timeout, timeout)
             channel.settimeout(max(0.001, deadline - time.monotonic()))
             if stdin:
                 channel.sendall(stdin)
@@ -591,9 +523,6 @@ class Connection:
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        prefetch.record_direct(
-            ep, command, stdin, ep.command_timeout if timeout is None else timeout
-        )
         if close_stdin:  # what the relay runs gets all its stdin at once
             code = self._relayed(
                 command,
@@ -607,7 +536,7 @@ class Connection:
                 return code
         channel: paramiko.Channel | None = None
         try:
-            channel = self._started(command, timeout, ep.connect_timeout)
+            channel = self._exec(command, timeout, ep.connect_timeout)
             channel.settimeout(ep.connect_timeout)
             if stdin:
                 channel.sendall(stdin)
@@ -625,7 +554,7 @@ class Connection:
             if expired == "idle":
                 raise idle_error(ep, idle_timeout, command)
             if not channel.status_event.wait(ep.connect_timeout):
-                raise CommandTimeout(f"{ep.name}: no exit status after EOF: {_short(command)}")
+                raise CommandTimeout(f"{ep.name}: no exit status after EOF: {short(command)}")
             return channel.recv_exit_status()
         except _SinkFailed as failed:
             # Not the connection's fault (e.g. stdout's reader went away): the caller's error.
@@ -641,10 +570,6 @@ class Connection:
         if self._relay is not None:
             self._relay.close()
         with self._lock:
-            unused, self._prestarted = list(self._prestarted.values()), {}
-            for channel in unused:
-                channel.close()  # its agent reads end of file and does nothing
-                self._sessions.release()
             if self._fab is not None:
                 self._fab.close()  # SFTP sessions Fabric opened, then the client
                 self._fab.client.close()  # also a client whose link had already dropped
@@ -724,32 +649,6 @@ def _alive(client: paramiko.SSHClient) -> bool:
     return transport is not None and transport.is_active()
 
 
-# What a command that failed on the way raises, on a channel of its own or through a relay.
-def busy_error(ep: Endpoint, wait: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(
-        f"{ep.name}: no free SSH session within {wait:g} s (max_sessions "
-        f"{ep.max_sessions} all busy): {_short(command)}"
-    )
-
-
-def deadline_error(ep: Endpoint, timeout: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(
-        f"{ep.name}: command did not finish within {timeout:g} s: {_short(command)}"
-    )
-
-
-def idle_error(ep: Endpoint, idle_timeout: float | None, command: str) -> CommandTimeout:
-    return CommandTimeout(f"{ep.name}: no output for {idle_timeout:g} s: {_short(command)}")
-
-
-def link_error(ep: Endpoint, reason: object) -> ConnectError:
-    return ConnectError(f"{ep.name}: connection failed during a command: {reason}")
-
-
-def _short(command: str, limit: int = 120) -> str:
-    return command if len(command) <= limit else command[: limit - 3] + "..."
-
-
 class ConnectionPool:
     """One lazily opened connection per host, shared by every target on that host."""
 
@@ -765,8 +664,7 @@ class ConnectionPool:
             conn = self._connections.get(name)
             if conn is None:
                 endpoint = resolve_endpoint(name, host, self._ssh_config)
-                # The connection this command's first step opened while its config loaded.
-                conn = prefetch.adopt(endpoint) or Connection(endpoint)
+                conn = Connection(endpoint)
                 self._connections[name] = conn
         if targets > 1:
             conn.use_relay()

@@ -21,7 +21,7 @@ from launcher.errors import AuthError, UsageError
 from launcher.sshlibs import paramiko
 
 if TYPE_CHECKING:
-    from launcher.remote import Endpoint
+    from launcher.endpoint import Endpoint
 
 # What paramiko's look_for_keys tries when no identity file is configured.
 DEFAULT_KEYS = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")

@@ -24,7 +24,7 @@ from launcher.errors import AuthError, ConfigError, HostKeyError
 from launcher.sshlibs import fabric, paramiko
 
 if TYPE_CHECKING:
-    from launcher.remote import Endpoint
+    from launcher.endpoint import Endpoint
 
 KEEPALIVE_SECONDS = 15
 # What a command may raise from the channel once connected.
@@ -252,27 +252,6 @@ def socket_hint(ep: Endpoint, exc: OSError) -> str | None:
     if isinstance(exc, socket.gaierror):
         return f"the name {ep.hostname} does not resolve: check the address in the inventory"
     return None
-
-
-def finish_connect(sock: socket.socket, ep: Endpoint, deadline: float) -> bool:
-    """Whether the non-blocking connect started on `sock` earlier completed, waited for until
-    `deadline` at most (then it is a timed-out attempt, like open_socket's). A connect that
-    failed (refused, unreachable) closes it: False, and the caller opens a socket of its own."""
-    try:
-        writable = select.select([], [sock], [], time_left(ep, deadline))[1]
-        if not writable:
-            raise timed_out_error(ep, "tcp")
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
-            sock.close()
-            return False
-    except OSError:
-        sock.close()
-        return False
-    except BaseException:  # timed out, or interrupted
-        sock.close()
-        raise
-    sock.setblocking(True)
-    return True
 
 
 def time_left(ep: Endpoint, deadline: float) -> float:

@@ -7,11 +7,12 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def main(report: str) -> int:
-    root = ET.parse(report).getroot()
+def main(reports: list[str]) -> int:
+    """The JUnit reports of one run (one per tier, see ./run test)."""
     e2e_run = 0
     skipped: list[str] = []
-    for case in root.iter("testcase"):
+    cases = [case for report in reports for case in ET.parse(report).getroot().iter("testcase")]
+    for case in cases:
         if ".e2e." not in f".{case.get('classname', '')}.":
             continue
         if case.find("skipped") is not None:
@@ -28,4 +29,4 @@ def main(report: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else ".test-report.xml"))
+    sys.exit(main(sys.argv[1:] or [".test-report.xml"]))

@@ -174,7 +174,7 @@ KNOWN_HOSTS_ENV = "LAUNCHER_KNOWN_HOSTS"
 
 
 def _set_known_hosts(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    # Through the environment: endpoints are resolved in several places (prefetch, persist's
+    # Through the environment: endpoints are resolved in several places (persist's
     # background process, attach's ssh), and each reads it there.
     if value:
         os.environ[KNOWN_HOSTS_ENV] = os.path.abspath(os.path.expanduser(value))

@@ -15,7 +15,6 @@ from typing import Any, NoReturn
 
 import click
 
-from launcher import __version__
 from launcher.cli.context import (
     TARGET_HELP,
     AppContext,
@@ -24,6 +23,7 @@ from launcher.cli.context import (
     print_error,
 )
 from launcher.errors import ExitCode, LauncherError
+from launcher.version import __version__
 
 
 class OutputClosed(Exception):

@@ -60,7 +60,6 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
     Exit codes: 0 shown, 1 nothing to show (no log, or no session with --raw), 2 --raw-bytes
     on a terminal, 3 unreachable, 141 the reader went away (`| head`).
     """
-    from launcher import prefetch
     from launcher.cluster import place
     from launcher.errors import UsageError
     from launcher.operate import logs
@@ -92,7 +91,6 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
             on_line=show,
             raw_bytes=write if raw_bytes else None,
         )
-        prefetch.finish([app.inventory().path, target.playbook.path])
     if result.exit_code or follow:
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))

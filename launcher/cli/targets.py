@@ -31,7 +31,6 @@ def run_on_targets(
     """One target: run in this thread, its error printed once on stderr (with its hint).
     Several: in parallel, with progress per target (the caller prints the closing table).
     `live`: the progress is polls (one updating line on a terminal), not steps to keep."""
-    from launcher import prefetch
     from launcher.cluster import place
     from launcher.remote import ConnectionPool
     from launcher.ui import FleetDisplay, LiveLine, progress_line
@@ -49,7 +48,6 @@ def run_on_targets(
                 target = place(target, pool)
                 conn = pool.get(target.host_name, target.host)
                 outcome = work(FleetContext(target, conn, threading.Event(), say))
-                prefetch.finish([app.inventory().path, target.playbook.path])
                 return [outcome]
             except LauncherError as error:
                 print_error(error, debug=app.debug)

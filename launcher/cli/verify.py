@@ -209,10 +209,6 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     Exit codes: 0 healthy, 1 unhealthy (or no run), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
-    from launcher import prefetch
-
-    prefetch.keep_request()  # the next run sends this poll while its config loads
-
     from launcher.cli.targets import exit_with, run_on_targets
     from launcher.verify.workflows import status_work
 

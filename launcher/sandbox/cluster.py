@@ -12,10 +12,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
 from launcher.sandbox import sshd
-from launcher.sandbox.manager import HERE, Sandbox
+
+if TYPE_CHECKING:  # manager.py imports this module (Sandbox.down stops the second node)
+    from launcher.sandbox.manager import Sandbox
+
+HERE = Path(__file__).resolve().parent  # the stand-ins' sources, as manager.HERE
 
 FIRST = "pve1"  # the sandbox's own sshd
 SECOND = "pve2"

@@ -164,6 +164,16 @@ def host_tmp_files() -> list[str]:
     return sorted(p.name for p in Path("/tmp").glob(".launcher-*"))
 
 
+def new_host_tmp_files(before: list[str], settle: float = 15.0) -> list[str]:
+    """Upload temp files on the host that were not there `before` and stay: another test run
+    on this machine (another xdist worker's sandbox) has its own in /tmp for the moment of a
+    push, which its shell's trap removes; one that outlives `settle` seconds was left."""
+    deadline = time.monotonic() + settle
+    while (new := sorted(set(host_tmp_files()) - set(before))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return new
+
+
 def verify_json(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
     """`launcher verify --json ARGS`: exit code, the report (checked against its shipped schema)
     and how long it took."""

@@ -14,8 +14,9 @@ import pytest
 from launcher.agentclient import AgentClient, bundle
 from launcher.config import HostSpec
 from launcher.container import Container
+from launcher.endpoint import CommandResult, Endpoint
 from launcher.protocol import FollowRequest
-from launcher.remote import CommandResult, Connection, Endpoint, resolve_endpoint
+from launcher.remote import Connection, resolve_endpoint
 from launcher.sandbox import Sandbox, SandboxInfo
 from tests.e2e.project import Project
 

@@ -12,7 +12,15 @@ import time
 import pytest
 
 from launcher.deploy import INLINE_LIMIT
-from tests.e2e.project import DEMO_TRAINER, Project, host_tmp_files, json_out, tree
+from launcher.protocol import LOCK_PATH
+from tests.e2e.project import (
+    DEMO_TRAINER,
+    Project,
+    host_tmp_files,
+    json_out,
+    new_host_tmp_files,
+    tree,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +70,7 @@ def test_fresh_deploy_then_restart(project: Project) -> None:
     assert sha == TRAINER_SHA
     record = project.ct_text(VMID, "cat", "/root/fresh/.launcher/current.json")
     assert TRAINER_SHA in record
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "fresh")
 
 
@@ -109,7 +117,7 @@ def test_corrupted_push_leaves_old_run_alone(project: Project) -> None:
     assert project.ct_text(VMID, "sha256sum", "/root/corrupt/train_demo.py").split()[0] == old_sha
     leftovers = project.ct_text(VMID, "sh", "-c", "ls -a /root/corrupt | grep launcher- || true")
     assert leftovers.strip() == ""
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "corrupt")
 
 
@@ -130,6 +138,16 @@ def test_large_script_first_deploy_by_push(project: Project) -> None:
     project.kill_session(VMID, "bigpush")
 
 
+def wait_for_lock_held_by(project: Project, pid: int) -> None:
+    """Until the container's deploy lock names client `pid` (written once it took the lock)."""
+
+    def held() -> bool:
+        lock = project.ct(VMID, "cat", LOCK_PATH).stdout
+        return f'"client_pid": {pid}'.encode() in lock
+
+    project.wait_for(held, timeout=60, what=f"the lock held by the deploy of pid {pid}")
+
+
 def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     tmp_before = host_tmp_files()
     book = project.playbook("race", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=4)
@@ -137,13 +155,14 @@ def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     deploy_ok(project)
     cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # the first one is now inside its stop grace period, holding the lock
+    # The first one holds the lock, then stops the old run (which ignores SIGINT: 4 s).
+    wait_for_lock_held_by(project, first.pid)
     second = project.launcher("deploy", "--restart")
     _, first_err = first.communicate(timeout=60)
     assert first.returncode == 0, first_err
     assert second.returncode == 4, second.stderr
     assert "another deploy is running" in second.stderr
-    assert host_tmp_files() == tmp_before, "upload temp files left on the host"
+    assert new_host_tmp_files(tmp_before) == [], "upload temp files left on the host"
     project.kill_session(VMID, "race")
 
 
@@ -177,7 +196,8 @@ def test_lock_left_by_killed_deployer_is_broken(project: Project) -> None:
     deploy_ok(project)
     cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.5)
+    # Its transaction holds the lock (then stops the old run, which ignores SIGINT: 5 s).
+    wait_for_lock_held_by(project, first.pid)
     # Kill the deployer and its transaction in the container (as a crash or OOM kill would).
     first.send_signal(signal.SIGKILL)
     first.wait()

@@ -109,6 +109,7 @@ def test_a_duration_with_a_unit_is_accepted(running: Project) -> None:
     assert (timings["wait"], timings["interval"], timings["window"]) == (3.0, 1.0, 30.0)
 
 
+@pytest.mark.timing
 def test_billion_laughs_fails_in_under_a_second(project: Project) -> None:
     book = project.playbook("laughs")
     project.write({"laughs": (VMID, book)})

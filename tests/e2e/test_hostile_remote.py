@@ -142,6 +142,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("command", ["status", "deploy"])
 def test_a_port_that_never_speaks_ssh_costs_one_connect_timeout(
     stalled: tuple[str, StallingServer], tmp_path: Path, command: str
@@ -158,6 +159,7 @@ def test_a_port_that_never_speaks_ssh_costs_one_connect_timeout(
     assert "hint:" in result.stderr
 
 
+@pytest.mark.timing
 def test_verify_does_not_multiply_the_connect_wait(
     stalled: tuple[str, StallingServer], tmp_path: Path
 ) -> None:
@@ -175,6 +177,7 @@ def test_verify_does_not_multiply_the_connect_wait(
     assert len(server.accepted) == 1, "one connection attempt for the whole probe"
 
 
+@pytest.mark.timing
 def test_a_jump_host_that_stalls_shares_the_budget(silent: StallingServer, tmp_path: Path) -> None:
     inventory = stalled_inventory(
         tmp_path / "project", 22, address="10.255.255.1", jump=f"root@127.0.0.1:{silent.port}"
@@ -197,6 +200,7 @@ def test_debug_shows_paramikos_log(silent: StallingServer, tmp_path: Path) -> No
     assert "no SSH banner" in result.stderr or "paramiko" in result.stderr
 
 
+@pytest.mark.timing
 def test_a_failed_connection_fails_fast_afterwards(silent: StallingServer) -> None:
     """Every later use in the process (and every thread waiting for it) gets the same error
     at once instead of a connect_timeout each."""

@@ -69,6 +69,7 @@ def agents_in(project: Project, vmid: int) -> list[str]:
     return [line for line in out.splitlines() if "launcher_agent" in line or "json,sys" in line]
 
 
+@pytest.mark.timing  # the crash must come after following began (4 s after the start)
 def test_logs_follow_returns_when_the_run_ends(project: Project) -> None:
     book = project.playbook("opscrash", env={"DEMO_MODE": "crash", "DEMO_CRASH_AFTER": "10"})
     project.write({"opscrash": (VMID, book)})

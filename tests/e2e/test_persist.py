@@ -1,13 +1,13 @@
-"""Persisted connections (`control_persist:`) and the status prefetch, against the sandbox."""
+"""Persisted connections (`control_persist:`) against the sandbox."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -38,7 +38,8 @@ def servers() -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"launcher.persist" in cmdline and f"XDG_RUNTIME_DIR={runtime}".encode() in environ:
+        mine = f"XDG_RUNTIME_DIR={runtime}".encode() in environ
+        if b"launcher.persistserver" in cmdline and mine:
             pids.append(int(proc.name))
     return pids
 
@@ -75,7 +76,7 @@ def test_later_commands_use_the_persisted_connection(
         code, doc = status(project)
         assert code == 0 and doc["verdict"] == "healthy"
     assert accepted(project) == before  # no new SSH connection: all through the background one
-    assert project.sandbox.pct_calls() - pct0 == 3  # one poll each, the prefetched one too
+    assert project.sandbox.pct_calls() - pct0 == 3  # one poll each
 
     # `logs` (a plain command) goes through it too; a streamed deploy connects by itself.
     assert project.launcher("logs", "-t", NAME, "-n", "5").returncode == 0
@@ -148,46 +149,37 @@ def test_a_changed_inventory_gets_a_connection_of_its_own(
     project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a second one")
 
 
-def test_status_prefetch_is_used_only_for_the_same_request(
-    persisted: Project, _private_runtime_dir: Path
+def test_on_an_interactive_terminal_the_connection_persists_by_default(
+    project: Project, _private_runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The hint's command goes out before the config loads; it is used only when it is exactly
-    what status would send, else status sends its own (the early one is dropped)."""
-    project = persisted
-    status(project)  # leaves the hint
-    # The deploy that started the run left a hint too (its connection, never its request).
-    hints = sorted((_private_runtime_dir / "launcher").glob("hint-*.json"))
-    [hint_path] = [h for h in hints if "socket" in json.loads(h.read_text())]
-    assert hint_path.stat().st_mode & 0o777 == 0o600
-    hint = json.loads(hint_path.read_text())
+    """A host that sets no control_persist: `launcher status` on a terminal (a pty, through
+    script(1)) leaves a background process for the next command; the same command under CI=true,
+    or with its output captured (a script), leaves none."""
+    project.deploy_healthy(NAME, VMID)  # no control_persist in the inventory
+    assert servers() == []
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "status", "-t", NAME]
+    monkeypatch.delenv("LAUNCHER_CONTROL_PERSIST", raising=False)
 
-    pct0 = project.sandbox.pct_calls()
-    assert status(project)[0] == 0
-    assert project.sandbox.pct_calls() - pct0 == 1  # the early poll was the poll
+    def on_a_terminal(ci: bool) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "CI"}
+        if ci:
+            env["CI"] = "true"
+        command = ["script", "-qec", shlex.join(argv), "/dev/null"]
+        done = subprocess.run(command, env=env, capture_output=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")
 
-    # A hint whose command differs (same files, so it is sent): dropped, and status polls.
-    marker = "/tmp/launcher-prefetch-test-marker"
-    Path(marker).unlink(missing_ok=True)
-    hint["command"] = f"touch {marker}"
-    hint_path.write_text(json.dumps(hint))
-    pct0 = project.sandbox.pct_calls()
-    code, doc = status(project)
-    assert code == 0 and doc["verdict"] == "healthy"
-    assert project.sandbox.pct_calls() - pct0 == 1
-    deadline = time.monotonic() + 10
-    while not Path(marker).exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert Path(marker).exists()  # the early command did go out, and its answer was dropped
-    Path(marker).unlink()
+    monkeypatch.delenv("CI", raising=False)
+    assert status(project)[0] == 0  # captured output: no terminal
+    on_a_terminal(ci=True)
+    # A background process is started before the command ends: none now means none at all.
+    assert servers() == [] and sockets(_private_runtime_dir) == []
 
-    # A changed playbook makes the hint stale: nothing is sent early.
-    book = project.root / "playbooks" / f"{NAME}.yaml"
-    doc_book = yaml.safe_load(book.read_text())
-    doc_book["verify"] = {**doc_book.get("verify", {}), "lines": 150}
-    book.write_text(yaml.safe_dump(doc_book))
-    hint = json.loads(hint_path.read_text())
-    hint["command"] = f"touch {marker}"
-    hint_path.write_text(json.dumps(hint))
-    assert status(project)[0] == 0
-    time.sleep(1)
-    assert not Path(marker).exists()
+    on_a_terminal(ci=False)
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="the persisted connection")
+    [pid] = servers()
+    before = accepted(project)
+    assert status(project)[0] == 0  # no terminal, but the default is the terminal's only
+    assert accepted(project) == before + 1
+    on_a_terminal(ci=False)
+    assert accepted(project) == before + 1  # through the background process
+    assert servers() == [pid]

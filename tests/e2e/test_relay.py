@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,7 +90,7 @@ def test_a_command_given_up_is_cut_off_as_a_dropped_channel_would_cut_it(
 ) -> None:
     """Its output pipe closes (a writer dies of SIGPIPE, as under sshd), it is not killed: a
     command that outlives its client on purpose (a deploy transaction) still completes."""
-    marker = "/tmp/relay-outlived-its-client"
+    marker = f"/tmp/relay-outlived-its-client-{uuid.uuid4().hex}"
     direct.run(f"rm -f {marker}", timeout=10)
     started = time.monotonic()
     with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
@@ -150,7 +151,9 @@ def test_a_relay_killed_on_the_host_fails_its_calls_and_the_next_starts_anew(
     thread = threading.Thread(target=long)
     thread.start()
     time.sleep(1.0)
-    direct.run("pkill -KILL -f '[l]auncher_relay'", timeout=10)
+    # This relay only (the one running the sleep), not every relay on the machine: another
+    # sandbox's tests may be using theirs.
+    assert direct.run(KILL_RELAY_OF.format(pattern="[s]leep 49[.]5"), timeout=10).ok
     thread.join(15)
     assert not thread.is_alive()
     assert len(failures) == 1 and isinstance(failures[0], ConnectError), failures
@@ -165,6 +168,16 @@ def test_a_host_that_cannot_run_the_relay_gets_channels_of_its_own(
     assert outcome(relayed, ["sh", "-c", "echo fine; exit 3"]) == (3, b"fine\n", b"")
     assert outcome(relayed, ["true"]) == (0, b"", b"")
     assert relayed._relay.unavailable and STATS.relayed == before  # type: ignore[union-attr]
+
+
+# Kill the launcher_relay process that is an ancestor of the process matching {pattern}.
+KILL_RELAY_OF = (
+    "p=$(pgrep -f '{pattern}' | head -n 1); "
+    'while [ -n "$p" ] && [ "$p" != 1 ]; do '
+    "if tr '\\0' ' ' < /proc/$p/cmdline | grep -q '[l]auncher_relay'; "
+    "then kill -KILL $p; exit; fi; "
+    "p=$(cut -d' ' -f4 /proc/$p/stat); done; exit 1"
+)
 
 
 def host_processes(conn: Connection) -> str:

@@ -73,6 +73,7 @@ def test_large_output_on_both_streams_does_not_hang(conn: Connection) -> None:
         assert len(result.stdout) == 3_000_000 and len(result.stderr) == 3_000_000
 
 
+@pytest.mark.timing
 def test_command_deadline(conn: Connection) -> None:
     started = time.monotonic()
     with pytest.raises(CommandTimeout, match="did not finish within 1 s"):

@@ -304,6 +304,7 @@ def test_proxy_command(
     assert time.monotonic() - started < 10, "a proxy that fails fails at once"
 
 
+@pytest.mark.timing
 def test_a_proxy_command_that_stalls_costs_one_connect_timeout(home: Path) -> None:
     ssh_config(home, "Host stalls\n  ProxyCommand sleep 60\n")
     spec = HostSpec(address="stalls", connect_timeout=1)

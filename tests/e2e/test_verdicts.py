@@ -59,6 +59,7 @@ DEFINITE = [
 ]  # fmt: skip
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(("mode", "env", "verify_cfg", "check", "reason"), DEFINITE)
 def test_definite_failure_ends_verify_within_the_threshold(
     project: Project,
@@ -177,6 +178,7 @@ def test_run_replaced_while_verify_polls(project: Project) -> None:
     project.kill_session(VMID, "replaced")
 
 
+@pytest.mark.timing
 def test_hung_pct_holds_neither_verify_nor_status_past_their_deadlines(project: Project) -> None:
     host = project.host(command_timeout=2)
     project.write({"hung": (VMID, project.playbook("hung"))}, host=host)

@@ -887,7 +887,9 @@ def test_purge_rechecks_right_before_deleting(
 
 
 def test_env_and_command_travel_in_a_private_file_not_in_argv(target: Target) -> None:
-    secret = "s3cr3t-" + "x" * 20000  # 20 KB: too long for tmux's command line
+    # Unique: the scan below reads every process on the machine, other test runs' too.
+    token = f"s3cr3t{uuid.uuid4().hex}"
+    secret = token + "-" + "x" * (20000 - len(token))  # 20 KB: too long for tmux's command line
     script = (
         "import os, time\nprint('KEY', len(os.environ['API_KEY']), flush=True)\ntime.sleep(60)\n"
     )
@@ -895,13 +897,13 @@ def test_env_and_command_travel_in_a_private_file_not_in_argv(target: Target) ->
     assert result["ok"] is True, result["error"]
     run_file = target.workdir / ".launcher" / f"{target.session}.run"
     assert run_file.stat().st_mode & 0o777 == 0o600
-    assert wait_until(lambda: "KEY 20007" in target.poll()["capture"])
+    assert wait_until(lambda: "KEY 20001" in target.poll()["capture"])
     start_command = tmux_format(target, "#{pane_start_command}")
-    assert "s3cr3t" not in start_command
+    assert token not in start_command
     for name in os.listdir("/proc"):
         if name.isdigit():
             with contextlib.suppress(OSError):
-                assert b"s3cr3t" not in Path(f"/proc/{name}/cmdline").read_bytes()
+                assert token.encode() not in Path(f"/proc/{name}/cmdline").read_bytes()
 
 
 def test_a_command_too_long_to_run_is_refused_before_the_stop(target: Target) -> None:

@@ -33,8 +33,8 @@ from launcher.agentclient import (
     payload,
 )
 from launcher.container import Container
+from launcher.endpoint import CommandResult
 from launcher.protocol import FollowRequest
-from launcher.remote import CommandResult
 
 PYTHON = shutil.which("python3") or "python3"
 TEXT, DIGEST = bundle()
@@ -116,7 +116,7 @@ def module_imports(path: Path) -> set[str]:
 
 
 def test_boot_preloads_exactly_the_standard_modules_the_agent_imports() -> None:
-    """BOOT imports them before it waits for its request (a prestarted agent has them ready);
+    """BOOT imports them before it waits for its request (they load while it is on its way);
     a module the agent stops importing, or starts to, changes the list."""
     package = Path(agent.__file__).parent
     wanted = module_imports(package / "agent.py") | module_imports(package / "protocol.py")

@@ -301,6 +301,7 @@ def timed_error(path: Path) -> tuple[str, float]:
     return str(error.value), time.monotonic() - started
 
 
+@pytest.mark.timing
 def test_billion_laughs_fails_fast_through_the_cli(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -316,6 +317,7 @@ def test_billion_laughs_fails_fast_through_the_cli(
     assert elapsed < 1.0
 
 
+@pytest.mark.timing
 def test_lists_nested_1000_deep_are_refused_without_recursion(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text("a: " + "[" * 1000 + "]" * 1000 + "\n")
@@ -360,6 +362,7 @@ def test_depth_counts_what_aliases_stand_for(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("loader", ["libyaml", "python"])
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -411,6 +414,7 @@ def test_merge_keys_still_work_and_lines_point_at_what_was_written(tmp_path: Pat
     assert document.line_of(["c", "y"]) == 4
 
 
+@pytest.mark.timing
 def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "huge.yaml"
     with path.open("wb") as handle:

@@ -1,4 +1,4 @@
-"""Persisted connections and the status prefetch, with a fake connection behind a real socket
+"""Persisted connections, with a fake connection behind a real socket
 (the sandbox tests in tests/e2e/test_persist.py run the real background process)."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from launcher import persist, prefetch
+from launcher import persist, persistserver
+from launcher.endpoint import CommandResult, Endpoint
 from launcher.errors import CommandTimeout, ConnectError
-from launcher.remote import CommandResult, Endpoint
 
 
 def endpoint(**overrides: Any) -> Endpoint:
@@ -77,7 +77,7 @@ def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
     ep = endpoint()
     path = persist.socket_path(ep)
     assert path is not None and path.parent == runtime / "launcher"
-    server = persist.Server(ep, path)
+    server = persistserver.Server(ep, path)
     fake = FakeConnection()
     server.conn = fake  # type: ignore[assignment]
     listener = socket.socket(socket.AF_UNIX)
@@ -193,7 +193,7 @@ def test_server_answers_only_its_own_user() -> None:
     open_dir = Path(tempfile.mkdtemp(prefix="lu-peer", dir="/tmp"))
     open_dir.chmod(0o755)  # reachable by anyone, unlike the runtime directory
     path = open_dir / "s.sock"
-    server = persist.Server(ep, path)
+    server = persistserver.Server(ep, path)
     fake = FakeConnection()
     server.conn = fake  # type: ignore[assignment]
     listener = socket.socket(socket.AF_UNIX)
@@ -255,160 +255,12 @@ def test_an_answer_that_breaks_off(runtime: Path, acknowledged: bool) -> None:
     listener.close()
 
 
-# --------------------------------------------------------------------------- prefetch
-
-
-@pytest.fixture
-def fresh_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (
-        ("_key", None),
-        ("_early", None),
-        ("_early_agent", None),
-        ("_early_poll", None),
-        ("_adopted", None),
-        ("_send_request", False),
-        ("_recorded", None),
-    ):
-        monkeypatch.setattr(prefetch, name, value)
-
-
-def poll_line(**request: Any) -> bytes:
-    """An agent stdin line carrying a poll (what status sends)."""
-    return json.dumps({"boot": "...", "request": {"op": "poll", **request}}).encode()
-
-
-def test_prefetch_sends_the_hinted_command_once_and_uses_it_only_if_identical(
-    served: tuple[Endpoint, FakeConnection],
-    tmp_path: Path,
-    fresh_prefetch: None,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    ep, fake = served
-    playbook = tmp_path / "book.yaml"
-    playbook.write_text("a: 1\n")
-    fake.answers["poll"] = ok(b"first")
-    monkeypatch.chdir(tmp_path)
-    argv = ["status", "-t", "t"]
-    req = poll_line(session="s")
-
-    prefetch.begin(argv)  # no hint yet: nothing sent
-    prefetch.keep_request()
-    assert persist.run(ep, "poll", stdin=req, timeout=9.0) is not None
-    prefetch.finish([playbook])
-    assert len(fake.ran) == 1
-
-    monkeypatch.setattr(prefetch, "_recorded", None)
-    prefetch.begin(argv)  # the hint: sent at once
-    fake.answers["poll"] = ok(b"second")
-    result = persist.run(ep, "poll", stdin=req, timeout=9.0)
-    assert result is not None and result.stdout == b"second"
-    assert len(fake.ran) == 2  # the early one was the one
-
-    monkeypatch.setattr(prefetch, "_recorded", None)
-    prefetch.begin(argv)
-    early = prefetch._early
-    fake.answers["poll2"] = ok(b"other")
-    result = persist.run(ep, "poll2", stdin=req, timeout=9.0)  # not what was hinted
-    assert result is not None and result.stdout == b"other"
-    assert early is not None and early.wait() is not None  # it went out, and was dropped
-    assert [c for c, _, _ in fake.ran[2:]] in (["poll", "poll2"], ["poll2", "poll"])
-
-    prefetch.finish([playbook])
-    playbook.write_text("a: 2, changed\n")
-    monkeypatch.setattr(prefetch, "_recorded", None)
-    prefetch.begin(argv)  # a changed file: the hint is stale, nothing sent
-    assert prefetch._early is None
-    prefetch.begin(["status", "-t", "other-target"])  # another command line: no hint
-    assert prefetch._early is None
-    monkeypatch.setenv("LAUNCHER_INVENTORY", "other.yaml")
-    prefetch.begin(argv)  # the same words, another inventory: no hint
-    assert prefetch._early is None
-
-
-def test_only_a_poll_is_ever_sent_early(
-    served: tuple[Endpoint, FakeConnection],
-    tmp_path: Path,
-    fresh_prefetch: None,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A command that did not keep its request leaves no persisted hint; a hint whose request
-    is not a poll (say, a stop) is never sent, whatever wrote it."""
-    ep, fake = served
-    monkeypatch.chdir(tmp_path)
-    fake.answers["agent"] = ok(b"stopped")
-    stop_line = json.dumps({"boot": "...", "request": {"op": "stop"}}).encode()
-
-    prefetch.begin(["stop", "-t", "t"])  # no keep_request(): stop's request is not kept
-    assert persist.run(ep, "agent", stdin=stop_line, timeout=9.0) is not None
-    prefetch.finish([])
-    assert prefetch._recorded is None
-
-    prefetch.keep_request()  # even so, a stop request is never sent early
-    assert prefetch._key is not None
-    directory = persist.runtime_dir()
-    assert directory is not None
-    hint = {
-        "socket": str(directory / "x.sock"),
-        "command": "agent",
-        "stdin": stop_line.hex(),
-        "timeout": 9.0,
-        "files": [],
-    }
-    (directory / f"hint-{prefetch._key}.json").write_text(json.dumps(hint))
-    prefetch.begin(["stop", "-t", "t"])
-    assert prefetch._early is None
-    assert len(fake.ran) == 1
-
-
-def test_a_direct_hint_names_the_agent_and_keeps_a_request_only_for_a_poll(
-    runtime: Path, tmp_path: Path, fresh_prefetch: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from launcher.agentclient import AGENT_ARGV
-    from launcher.container import exec_command
-
-    monkeypatch.chdir(tmp_path)
-    agent = exec_command(200, list(AGENT_ARGV))
-    assert prefetch.is_agent_command(agent)
-    for other in ("pct exec 200 -- rm -rf /", "nvidia-smi", "pct exec x -- " + agent[14:], "'"):
-        assert not prefetch.is_agent_command(other)
-    ep = endpoint(control_persist=0.0)
-
-    prefetch.begin(["deploy", "-t", "t"])
-    prefetch.record_direct(ep, "pct exec 200 -- true", None, 9.0)  # not the agent: no hint
-    assert prefetch._recorded is None
-    prefetch.record_direct(ep, agent, b"{deploy request}", 9.0)
-    assert prefetch._recorded == {"endpoint": persist.endpoint_doc(ep), "command": agent}
-
-    monkeypatch.setattr(prefetch, "_recorded", None)
-    prefetch.keep_request()
-    prefetch.record_direct(ep, agent, poll_line(), 9.0)
-    assert prefetch._recorded is not None and prefetch._recorded["stdin"] == poll_line().hex()
-
-    # A host whose key is unlocked on the terminal is never connected to early.
-    monkeypatch.setattr(prefetch, "_recorded", None)
-    prefetch.record_direct(dataclasses.replace(ep, passphrase="prompt"), agent, None, 9.0)
-    assert prefetch._recorded is None
-
-
-def test_an_endpoint_round_trips_through_a_hint() -> None:
-    """adopt() compares the endpoint resolved now with the one from the hint: equal after the
-    round trip through JSON, different when anything that decides the connection changed."""
+def test_an_endpoint_round_trips_through_json() -> None:
+    """The background process gets its endpoint as JSON (persist.start): equal after the
+    round trip, different when anything that decides the connection changed."""
     via = endpoint(name="jump", hostname="10.0.0.1")
     ep = endpoint(via=via, identity_files=("/a", "/b"), proxy_command=None)
     back = persist.endpoint_from_doc(json.loads(json.dumps(persist.endpoint_doc(ep))))
     assert back == ep
     assert back != dataclasses.replace(ep, port=2222)
     assert back != dataclasses.replace(ep, via=dataclasses.replace(via, user="other"))
-
-
-def test_a_hint_cannot_point_outside_the_private_directory(
-    runtime: Path, fresh_prefetch: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    prefetch.begin(["status"])
-    directory = persist.runtime_dir()
-    assert directory is not None and prefetch._key is not None
-    hint = {"socket": "/tmp/elsewhere.sock", "command": "x", "stdin": None, "timeout": 1}
-    (directory / f"hint-{prefetch._key}.json").write_text(json.dumps({**hint, "files": []}))
-    prefetch.begin(["status"])
-    assert prefetch._early is None

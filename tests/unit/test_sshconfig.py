@@ -4,6 +4,7 @@ OpenSSH client is installed, and how it merges with the inventory (inventory val
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +15,9 @@ import pytest
 
 from launcher import sshconfig, sshkeys
 from launcher.config import HostSpec, parse_jumps
+from launcher.endpoint import Endpoint
 from launcher.errors import AuthError, ConfigError, ExitCode
-from launcher.remote import Endpoint, resolve_endpoint
+from launcher.remote import resolve_endpoint
 from launcher.sshconfig import Hop, HostOptions, expand_proxy_command, split_jump
 
 HAS_SSH = shutil.which("ssh") is not None
@@ -284,49 +286,53 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
     assert fresh_python(code)[:1] == ["[]"]
 
 
-def test_connecting_loads_no_yaml_library_and_invoke_still_reads_yaml() -> None:
-    """invoke's vendored pure-Python PyYAML is not imported (it only reads config files launcher
-    does not use), nor is the installed one just to connect; invoke's yaml.safe_load still
-    works, with the installed PyYAML, loaded when it is called."""
-    code = (
-        "import sys\n"
-        "import launcher.sshopen, invoke.util\n"
-        "yamls = [m for m in sys.modules if m == 'yaml' or m.startswith('invoke.vendor.yaml.')]\n"
-        "print(sorted(yamls))\n"
-        "print(invoke.util.yaml.safe_load('a: [1, 2]'))\n"
-        "import yaml\n"
-        "print(invoke.util.yaml.safe_load is not None, 'yaml' in sys.modules)\n"
-    )
-    assert fresh_python(code)[:3] == ["[]", "{'a': [1, 2]}", "True True"]
+def test_control_persist_defaults_to_launcher_control_persist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that sets no control_persist gets LAUNCHER_CONTROL_PERSIST's seconds (the console
+    script sets 60 on an interactive terminal); the inventory's own value wins, 0 included; a
+    host whose key is unlocked on the terminal never gets a default; a bad value means off."""
+    config = write(tmp_path / "config", "")
+    monkeypatch.delenv("LAUNCHER_CONTROL_PERSIST", raising=False)
+    assert endpoint(config, address="h").control_persist == 0.0
+    monkeypatch.setenv("LAUNCHER_CONTROL_PERSIST", "60")
+    assert endpoint(config, address="h").control_persist == 60.0
+    assert endpoint(config, address="h", control_persist=0).control_persist == 0.0
+    assert endpoint(config, address="h", control_persist=5).control_persist == 5.0
+    assert endpoint(config, address="h", passphrase="prompt").control_persist == 0.0
+    for bad in ("soon", "-1", "nan", "1e9", ""):
+        monkeypatch.setenv("LAUNCHER_CONTROL_PERSIST", bad)
+        assert endpoint(config, address="h").control_persist == 0.0, bad
 
 
-def test_connecting_imports_no_importlib_metadata_and_paramiko_knows_its_version() -> None:
-    """paramiko's __init__ asks importlib.metadata (email, zipfile, csv, ... with it) for its
-    own version alone: it gets it from its .dist-info folder's name, the same string, and
-    later imports of importlib.metadata get the real module."""
-    code = (
-        "import sys\n"
-        "import launcher.sshopen, paramiko\n"
-        "print('importlib.metadata' in sys.modules, 'email' in sys.modules)\n"
-        "from importlib import metadata\n"
-        "real = hasattr(metadata, 'entry_points')\n"
-        "print(paramiko.__version__ == metadata.version('paramiko'), real)\n"
-        "from paramiko.transport import Transport\n"
-        "print(Transport._CLIENT_ID == 'paramiko_' + metadata.version('paramiko'))\n"
-    )
-    assert fresh_python(code)[:3] == ["False False", "True True", "True"]
+def test_the_console_sets_the_default_only_on_an_interactive_terminal_and_not_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launcher import console, persist
 
+    class Tty:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
 
-def test_connecting_imports_no_unittest_mock_and_invoke_mocks_still_work() -> None:
-    """invoke.context imports unittest.mock (and asyncio with it, ~50 ms) for MockContext only;
-    the SSH libraries load without it, later imports of unittest.mock get the real module, and
-    invoke's Mock still makes real mocks."""
-    code = (
-        "import sys\n"
-        "import launcher.sshopen, invoke.context\n"
-        "print(sorted(m for m in ('unittest', 'unittest.mock', 'asyncio') if m in sys.modules))\n"
-        "made = invoke.context.Mock(wraps=len)\n"
-        "from unittest import mock\n"
-        "print(isinstance(made, mock.Mock), made('abc'), made.call_count)\n"
-    )
-    assert fresh_python(code)[:2] == ["[]", "True 3 1"]
+        def isatty(self) -> bool:
+            return self.tty
+
+    for ci, stdin, stderr, expected in (
+        (None, True, True, "60"),
+        ("true", True, True, None),
+        (None, False, True, None),  # piped into: a script
+        (None, True, False, None),  # its errors captured: a script
+    ):
+        monkeypatch.delenv(persist.DEFAULT_ENV, raising=False)
+        if ci is None:
+            monkeypatch.delenv("CI", raising=False)
+        else:
+            monkeypatch.setenv("CI", ci)
+        monkeypatch.setattr("sys.stdin", Tty(stdin))
+        monkeypatch.setattr("sys.stderr", Tty(stderr))
+        console._persist_when_interactive()
+        assert os.environ.get(persist.DEFAULT_ENV) == expected
+    assert float("60") == persist.INTERACTIVE_IDLE
+    monkeypatch.setenv(persist.DEFAULT_ENV, "0")  # the user's own setting wins
+    console._persist_when_interactive()
+    assert os.environ[persist.DEFAULT_ENV] == "0"

@@ -148,6 +148,7 @@ def test_line_splitter_keeps_a_redrawn_progress_bar_short() -> None:
     assert lines == [" 99%"]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "unit",
     [

@@ -1,0 +1,44 @@
+"""The suite's tiers, as pytest markers (pyproject.toml lists them):
+
+  unit    pure: no process, socket or sandbox of its own (the bulk of tests/unit)
+  local   tests/unit modules that run real local things: the agent with tmux, interpreters,
+          Unix sockets, `ssh -G`
+  e2e     tests/e2e: against a sandbox (real sshd, LXC, tmux; root)
+  timing  asserts how long something took: run alone, after the rest (`./run test`), since a
+          loaded machine makes it flaky and it makes nothing else flaky
+
+unit/local/e2e come from where a test lives (below); timing is marked on the test itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+# tests/unit modules that start real processes or sockets (the `local` tier).
+LOCAL_MODULES = frozenset(
+    {
+        "test_agent.py",
+        "test_agent_cache.py",
+        "test_config_cli.py",
+        "test_examples.py",
+        "test_operate.py",
+        "test_persist.py",
+        "test_quoting.py",
+        "test_sshconfig.py",
+        "test_status.py",
+    }
+)
+
+
+def tier(path: Path) -> str:
+    if path.is_relative_to(HERE / "e2e"):
+        return "e2e"
+    return "local" if path.name in LOCAL_MODULES else "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier(Path(str(item.path)))))

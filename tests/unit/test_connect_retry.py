@@ -1,0 +1,90 @@
+"""Connect retries (remote.Connection._connect, with tenacity): only the retryable failures are
+retried, at most CONNECT_ATTEMPTS times, the pause doubling, and never past the one deadline."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import remote, sshopen
+from launcher.endpoint import Endpoint
+from launcher.errors import AuthError, ConnectError
+
+
+def endpoint(connect_timeout: float) -> Endpoint:
+    return Endpoint(
+        name="pve",
+        hostname="10.0.0.5",
+        port=22,
+        user="root",
+        identity_files=(),
+        known_hosts=Path("/nonexistent"),
+        accept_new=False,
+        jump=None,
+        connect_timeout=connect_timeout,
+        command_timeout=30.0,
+    )
+
+
+class Attempts:
+    """sshopen.open_once stood in for: fails with each of `failures` in turn, then connects."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.times: list[float] = []
+
+    def __call__(self, fab: Any, ep: Endpoint, sock: Any, deadline: float, pkey: Any) -> str:
+        assert sock == "sock" and deadline > time.monotonic() - 0.05
+        self.times.append(time.monotonic())
+        if self.failures:
+            raise self.failures.pop(0)
+        return "client"
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> Attempts:
+    made = Attempts([])
+    monkeypatch.setattr(sshopen, "open_once", made)
+    monkeypatch.setattr(remote.Connection, "_fabric_connection", lambda self: "fab")
+    monkeypatch.setattr(remote.Connection, "_socket", lambda self, deadline: "sock")
+    return made
+
+
+@pytest.mark.timing
+def test_a_retryable_failure_is_retried_with_a_doubling_pause(attempts: Attempts) -> None:
+    attempts.failures = [sshopen.RetryableConnect("reset"), sshopen.RetryableConnect("reset")]
+    connects = remote.STATS.connects
+    assert remote.Connection(endpoint(10.0))._connect() == "client"
+    assert len(attempts.times) == 3
+    first, second = (b - a for a, b in zip(attempts.times, attempts.times[1:], strict=False))
+    assert remote.RETRY_PAUSE <= first < remote.RETRY_PAUSE + 0.15
+    assert 2 * remote.RETRY_PAUSE <= second < 2 * remote.RETRY_PAUSE + 0.15
+    assert remote.STATS.connects == connects + 1
+
+
+def test_attempts_end_at_the_limit_with_the_last_failure_worded(attempts: Attempts) -> None:
+    attempts.failures = [sshopen.RetryableConnect(f"refused {i}") for i in range(5)]
+    with pytest.raises(ConnectError, match=r"cannot connect to root@10.0.0.5:22: refused 2"):
+        remote.Connection(endpoint(10.0))._connect()
+    assert len(attempts.times) == remote.CONNECT_ATTEMPTS
+
+
+@pytest.mark.timing
+def test_no_pause_is_taken_that_ends_past_the_deadline(attempts: Attempts) -> None:
+    """0.3 s budget: the first pause (0.2 s) fits, the second (0.4 s) does not."""
+    attempts.failures = [sshopen.RetryableConnect("timed out") for _ in range(5)]
+    started = time.monotonic()
+    with pytest.raises(ConnectError, match="timed out"):
+        remote.Connection(endpoint(0.3))._connect()
+    assert len(attempts.times) == 2
+    assert time.monotonic() - started < 0.3 + 0.1
+
+
+def test_a_failure_that_is_not_retryable_is_raised_at_once(attempts: Attempts) -> None:
+    attempts.failures = [AuthError("pve: key refused")]
+    with pytest.raises(AuthError, match="key refused"):
+        remote.Connection(endpoint(10.0))._connect()
+    assert len(attempts.times) == 1
