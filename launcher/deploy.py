@@ -49,6 +49,9 @@ class DeployOptions:
     grace: float | None = None
     # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
     kill_gpu_holders: bool = False
+    # A multi-node job (launcher.job): the run id every node records, and the job's name.
+    run_id: str | None = None
+    job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,10 @@ def deploy_request(
             "need_bytes": need_bytes(script),
         }
     )
+    if options.run_id is not None:
+        request["run_id"] = options.run_id
+    if options.job is not None:
+        request["record"]["job"] = options.job
     return request
 
 

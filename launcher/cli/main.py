@@ -117,6 +117,7 @@ def _register() -> None:
     from launcher.cli.completion import completion_command
     from launcher.cli.deploy import deploy_command
     from launcher.cli.inventory import inventory
+    from launcher.cli.job import job
     from launcher.cli.operate import (
         attach_command,
         disconnect_command,
@@ -147,6 +148,7 @@ def _register() -> None:
         buckets,
         completion_command,
         watch_command,
+        job,
     ):
         cli.add_command(command)
 
