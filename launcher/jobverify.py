@@ -115,7 +115,7 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
     for thread in threads:
         thread.join()
 
-    result = JobResult(job.name, "verify", "", run_id=probe.run if probe else None)
+    result = JobResult(job.name, "verify", "", run_id=run_id(probe.run if probe else None))
     status = NodeState(rank0, status_target.name, status_target.label, "", "")
     if probe is not None:
         status.state = probe.verdict
@@ -143,6 +143,11 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
     result.nodes = sorted(states, key=lambda n: n.rank)
     result.summary = job_summary(result)
     return result
+
+
+def run_id(marker: str | None) -> str | None:
+    """The run id in a run marker (`session:run id`), as deploy reports it."""
+    return marker.partition(":")[2] or None if marker else None
 
 
 def liveness_problem_run(run: str | None, expected: str) -> str:
@@ -176,7 +181,7 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
     if isinstance(status_outcome, Outcome):
         probe = status_outcome.data.get("probe")
         expected = getattr(probe, "run", None)
-    result = JobResult(job.name, "status", "", run_id=expected)
+    result = JobResult(job.name, "status", "", run_id=run_id(expected))
     for entry in polled:
         target = entry.target
         node = NodeState(entry.rank, target.name, target.label, "", "")

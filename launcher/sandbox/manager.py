@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UsageError
-from launcher.sandbox import containers, sshd
+from launcher.sandbox import containers, network, sshd
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
 STATE_DIR_ENV = "LAUNCHER_SANDBOX_DIR"
@@ -121,6 +121,7 @@ class Sandbox:
         vmids = containers.defined(self.lxcpath)
         if vmids:
             containers.stop(self.lxcpath, vmids)
+        network.remove(self.state_dir)
         mounted = self._mounts_inside()
         if mounted:
             raise containers.ContainerError(
@@ -189,6 +190,10 @@ class Sandbox:
 
     def stop_jump_host(self, address: str) -> None:
         sshd.stop_all(self.state_dir / "jumps" / address / "sshd_config")
+
+    def connect(self, vmids: Sequence[int]) -> dict[int, str]:
+        """Put these containers on one network (launcher.sandbox.network); their addresses."""
+        return network.enable(self.state_dir, self.lxcpath, vmids)
 
     def container_root(self, vmid: int) -> Path:
         return self.lxcpath / str(vmid) / "rootfs"

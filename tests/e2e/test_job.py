@@ -1,0 +1,224 @@
+"""Multi-node jobs on a sandbox of their own: two containers on one bridge, as two CTs on a
+Proxmox network; the real CLI over real sshd, LXC, tmux and the demo trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.sandbox.network import address
+from tests.e2e.conftest import missing_requirements, warm_agent_cache
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+NODES = (300, 301)
+MASTER = address(NODES[0])
+GPU_DEVICE = "/var/lib/sandbox-gpu/nvidia0"
+# The run prints what it was given, then trains: the env reaches the command through the run
+# file (never a command line), so the shell expands it here.
+ECHO_ENV = (
+    'echo "rendezvous NNODES=$NNODES NODE_RANK=$NODE_RANK MASTER_ADDR=$MASTER_ADDR '
+    'MASTER_PORT=$MASTER_PORT JOB_ID=$JOB_ID"; exec python3 train_demo.py'
+)
+LAUNCHER = (sys.executable, "-m", "launcher", "-i")
+VERIFY_LONG = ("job", "verify", "train", "--wait", "60", "--successes", "1000", "--json")
+HOLD = ("--", "python3", "-c")
+LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[g]pu-holder'; true"
+
+
+@pytest.fixture(scope="module")
+def net_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, SandboxInfo]]:
+    """Two containers that reach each other (launcher.sandbox.network), removed at the end."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    sb = Sandbox(tmp_path_factory.mktemp("netsandbox"))
+    try:
+        info = sb.up(NODES, gpus=2)
+        sb.connect(NODES)
+        warm_agent_cache(sb, NODES)
+        yield sb, info
+    finally:
+        sb.down()
+
+
+@pytest.fixture
+def job_project(net_sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Project]:
+    sb, info = net_sandbox
+    project = Project(tmp_path / "project", sb, info)
+    yield project
+    for vmid in NODES:
+        sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
+
+
+def write_job(project: Project, **job: Any) -> Path:
+    book = project.playbook("jobdemo", command=ECHO_ENV, gpus=2)
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {
+        "train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml", "master_port": 29511}
+    }
+    inventory["jobs"]["train"].update(job)
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return project.inventory
+
+
+def job_json(project: Project, *args: str, timeout: float = 120) -> tuple[int, Any, str]:
+    result = project.launcher("job", *args, "--json", timeout=timeout)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def session_pid(project: Project, vmid: int) -> str:
+    out = project.ct_text(vmid, "tmux", "display-message", "-p", "-t", "=jobdemo:", "#{pane_pid}")
+    return out.strip()
+
+
+def deploy_and_wait(project: Project) -> dict[str, Any]:
+    code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    project.wait_for(
+        lambda: project.launcher("job", "status", "train").returncode == 0,
+        timeout=30,
+        what="a healthy job",
+    )
+    return report  # type: ignore[no-any-return]
+
+
+def test_job_env_one_run_id_verdict_status_and_stop(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    report = deploy_and_wait(project)
+    run_id = report["run_id"]
+    assert [n["state"] for n in report["nodes"]] == ["launched", "launched"]
+    assert report["master"] == MASTER
+    for rank, vmid in enumerate(NODES):
+        log = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/jobdemo.log")
+        assert (
+            f"rendezvous NNODES=2 NODE_RANK={rank} MASTER_ADDR={MASTER} MASTER_PORT=29511 "
+            f"JOB_ID=train-{run_id}"
+        ) in log
+        # The values travel in the 0600 run file, on no command line.
+        assert MASTER not in project.ct_text(vmid, "ps", "-eo", "args=")
+        mode = project.ct_text(vmid, "stat", "-c", "%a", "/root/jobdemo/.launcher/jobdemo.run")
+        assert mode.strip() == "600"
+        records = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/deploys.jsonl")
+        last = json.loads(records.strip().splitlines()[-1])
+        assert last["run"] == f"jobdemo:{run_id}" and last["job"] == "train"
+
+    code, verdict, stderr = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 0, stderr
+    assert verdict["summary"].startswith("healthy: 2 node(s)")
+    assert [n["state"] for n in verdict["nodes"]] == ["healthy", "alive"]
+
+    status = project.launcher("job", "status", "train")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0].startswith("job train: healthy") and len(lines) == 3
+    assert "rank 0  n0" in lines[1] and "rank 1  n1" in lines[2] and "alive" in lines[2]
+
+    code, stopped, stderr = job_json(project, "stop", "train")
+    assert code == 0, stderr
+    assert [n["state"] for n in stopped["nodes"]] == ["stopped", "stopped"]
+    for vmid in NODES:
+        assert project.processes(vmid, "train_demo") == []
+        assert project.ct(vmid, "tmux", "has-session", "-t", "=jobdemo").returncode != 0
+    code, after, _ = job_json(project, "status", "train")
+    assert code == 1 and after[0]["nodes"][1]["state"] == "dead"
+
+
+def test_node1_killed_during_verify_makes_the_job_unhealthy_naming_node1(
+    job_project: Project,
+) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    started = time.monotonic()
+    verify = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), *VERIFY_LONG],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)
+    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+    out, err = verify.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    assert verify.returncode == 1, err
+    report = json.loads(out)
+    assert report["summary"].startswith("unhealthy: n1 (rank 1): the run exited"), report
+    assert report["nodes"][1]["state"] == "dead"
+    assert elapsed < 30  # the dead node ends the probe; it does not wait out --wait
+
+
+def test_dead_node1_before_verify_is_reported(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    project.kill_session(NODES[1], "jobdemo")
+    code, report, _ = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 1
+    assert report["summary"] == "unhealthy: n1 (rank 1): no session: the run is gone"
+
+
+def test_preflight_failure_on_node1_leaves_node0_running(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    # A process outside the run holds a GPU on node 1: its deploy would refuse (exit 4).
+    holder = f"import time\nf = open({GPU_DEVICE!r})\ntime.sleep(600)  # gpu-holder\n"
+    subprocess.Popen(
+        ["lxc-attach", "-n", str(NODES[1]), "-P", str(project.sandbox.lxcpath), *HOLD, holder],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    project.wait_for(
+        lambda: "gpu-holder" in project.ct_text(NODES[1], "ps", "-eo", "args="), what="holder"
+    )
+    code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 4, stderr
+    assert report["summary"].startswith("nothing changed on any node: checks failed on n1")
+    n0, n1 = report["nodes"]
+    assert n0["state"] == "unchanged" and n1["state"] == "failed"
+    assert "gpu-holder" in n1["detail"] or "GPU" in n1["detail"]
+    # Node 0's old run was never stopped: same pane process, same run.
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    code, verdict, _ = job_json(project, "status", "train")
+    assert code == 0 and verdict[0]["run_id"] == before["run_id"]
+
+
+def test_dry_run_shows_every_nodes_plan_and_changes_nothing(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    result = project.launcher("job", "deploy", "--restart", "--dry-run", "train")
+    assert result.returncode == 0, result.stderr
+    assert "dry run: every node's checks passed" in result.stdout
+    for node in ("n0", "n1"):
+        assert f"[{node}]" in result.stderr
+    for vmid in NODES:
+        assert project.ct(vmid, "tmux", "has-session", "-t", "=jobdemo").returncode != 0
+
+
+def test_unreachable_master_address_changes_nothing(job_project: Project) -> None:
+    """A configured address is used as given; a node whose own address cannot be found stops
+    the deploy before any check (here: `hostname -I` answers nothing usable)."""
+    project = job_project
+    write_job(project, addresses={"n0": "10.213.0.250"})
+    code, report, _ = job_json(project, "deploy", "--restart", "--dry-run", "train")
+    assert code == 0 and report["master"] == "10.213.0.250"
+    write_job(project, addresses={"n0": "127.0.0.1"})
+    result = project.launcher("job", "deploy", "--dry-run", "train")
+    assert result.returncode == 2
+    assert "jobs.train.addresses" in result.stderr and "loopback" in result.stderr
