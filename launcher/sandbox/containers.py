@@ -106,9 +106,30 @@ def build_rootfs(root: Path, vmid: int, gpus: int) -> None:
     ld_cache = Path("/etc/ld.so.cache")
     if ld_cache.is_file():
         _write(etc / "ld.so.cache", ld_cache.read_bytes())
+    _mirror_alternatives(etc / "alternatives")
     _write(root / "sbin" / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
     _write(root / "sbin" / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
     set_gpus(root, gpus)
+
+
+def _mirror_alternatives(here: Path) -> None:
+    """The host's /etc/alternatives links: the packages in the bind-mounted /usr reach some of
+    their files through them (python3-torch's libblas.so.3 and liblapack.so.3), as they do in a
+    CT that has those packages installed."""
+    host = Path("/etc/alternatives")
+    if not host.is_dir():
+        return
+    here.mkdir(exist_ok=True)
+    for link in host.iterdir():
+        if not link.is_symlink():
+            continue
+        target = link.readlink()
+        mine = here / link.name
+        if mine.is_symlink() and mine.readlink() == target:
+            continue
+        if mine.is_symlink() or mine.exists():
+            mine.unlink()
+        mine.symlink_to(target)
 
 
 def set_gpus(root: Path, gpus: int) -> None:

@@ -87,10 +87,22 @@ def enable(state_dir: Path, lxcpath: Path, vmids: Sequence[int]) -> dict[int, st
         containers.stop(lxcpath, restart)
         containers.start(lxcpath, restart)
     for vmid in vmids:
+        _write_hosts(lxcpath / str(vmid) / "rootfs" / "etc" / "hosts", vmids)
         result = containers.attach(lxcpath, vmid, ["ip", "link", "set", "dev", "lo", "up"])
         if result.returncode != 0:
             raise NetworkError(f"container {vmid}: loopback: {result.stdout.decode().strip()}")
     return {vmid: address(vmid) for vmid in vmids}
+
+
+def _write_hosts(path: Path, vmids: Sequence[int]) -> None:
+    """Each container's name on its address, as Proxmox writes /etc/hosts for a CT with a static
+    IP (PVE::LXC::Setup::Base, update_etc_hosts; 127.0.1.1 only without one), and the others'
+    names too, as a cluster's DNS answers them. torchrun (torch 1.13, c10d) needs both: rank 0
+    hosts the store only if the endpoint is an address its own hostname resolves to
+    (elastic/rendezvous/utils.py, _matches_machine_hostname), and the workers of every node
+    meet at rank 0's hostname (elastic/agent/server/api.py, _get_fq_hostname)."""
+    names = "".join(f"{address(v)}\t{containers.hostname(v)}\n" for v in vmids)
+    path.write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost\n")
 
 
 def remove(state_dir: Path) -> None:
