@@ -125,7 +125,9 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
         status.state, status.detail = "failed", probe_error.message
         status.exit_code = probe_error.exit_code
     else:
+        # Not judged to the end: never healthy, whatever it showed so far.
         status.state, status.detail = "cut short", "probe ended: another node failed"
+        status.exit_code = ExitCode.UNHEALTHY
     states = [status]
     expected = probe.run if probe else None
     for watch in watches:
