@@ -116,16 +116,24 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
     targets = with_env(nodes.targets, rendezvous)
     options = dataclasses.replace(options, run_id=run_id, job=job.name)
 
-    def run_deploy(opts: DeployOptions) -> Callable[[int, Target, HostConnection], DeployReport]:
+    def run_deploy(
+        opts: DeployOptions, *, quiet_checks: bool = False
+    ) -> Callable[[int, Target, HostConnection], DeployReport]:
         def work(rank: int, target: Target, conn: HostConnection) -> DeployReport:
             def show(step: Any) -> None:
-                say(target.name, step_line(step.name, step.status, step.detail))
+                # Before a real deploy the plan's lines would repeat the launch's: only what
+                # stops it or warns is shown.
+                if not quiet_checks or step.status in ("failed", "warning"):
+                    say(target.name, step_line(step.name, step.status, step.detail))
 
             return deploy(target, conn, opts, on_step=show)
 
         return work
 
-    checked = nodes.each(run_deploy(dataclasses.replace(options, dry_run=True)), targets)
+    count = len(targets)
+    say(job.name, f"checks on {count} node(s) (the deploy in plan mode), nothing changed yet")
+    plan = dataclasses.replace(options, dry_run=True)
+    checked = nodes.each(run_deploy(plan, quiet_checks=not options.dry_run), targets)
     if options.dry_run or not all(r.ok for r in checked):
         failed = [r for r in checked if not r.ok]
         result.nodes = [
@@ -142,6 +150,7 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
         return result
 
     if options.restart:
+        say(job.name, f"checks passed on every node; stopping the old runs on {count} node(s)")
         stopped = nodes.each(lambda rank, target, conn: _stop(target, conn, options, say), targets)
         if not all(r.ok for r in stopped):
             result.nodes = [
@@ -153,6 +162,7 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
             result.summary = "stop failed on a node: nothing was launched on any node"
             return result
 
+    say(job.name, f"launching run {run_id} on {count} node(s)")
     launched = nodes.each(run_deploy(options), targets)
     result.nodes = [
         _state(r, "launched", f"run {run_id}, sha256 {r.value.sha256[:12]}")

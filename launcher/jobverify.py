@@ -140,7 +140,7 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
         if watch.problem is not None:
             node.state, node.detail, node.exit_code = "dead", watch.problem, ExitCode.UNHEALTHY
         elif not node.detail:
-            node.detail = f"alive through {watch.polls} poll(s), run {watch.run}"
+            node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
         states.append(node)
     result.nodes = sorted(states, key=lambda n: n.rank)
     result.summary = job_summary(result)
@@ -197,7 +197,7 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
         elif isinstance(entry.value, PaneState):
             problem = liveness_problem(entry.value, expected)
             node.state = "dead" if problem else "alive"
-            node.detail = problem or f"alive, run {entry.value.run}"
+            node.detail = problem or f"alive, run {run_id(entry.value.run)}"
             node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
         result.nodes.append(node)
     result.summary = job_summary(result)

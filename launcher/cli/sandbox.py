@@ -76,8 +76,14 @@ def sandbox() -> None:
     show_default=True,
     help="Fake GPUs per container (0 makes nvidia-smi fail like a missing driver).",
 )
+@click.option(
+    "--network",
+    is_flag=True,
+    help="Put the containers on a bridge of their own (10.213.0.0/24, nothing leaves the "
+    "machine) so they reach each other, with a job `demo-job` over them in the inventory.",
+)
 @state_dir_option
-def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
+def up(vmid_values: tuple[str, ...], gpus: int, network: bool, state_dir: Path | None) -> None:
     """Create or repair the sandbox and write its inventory (idempotent).
 
     Running containers are kept; missing ones are added; a stopped sshd is restarted
@@ -86,12 +92,14 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
+      sudo launcher sandbox up --vmid 200,201 --network   # a two-node job
     Exit codes: 0 up, 2 bad input or not root, 3 a container or sshd did not start.
     """
     vmids = parse_vmids(vmid_values)
     sb = _sandbox(state_dir)
     started = time.monotonic()
     info = sb.up(vmids, gpus=gpus)
+    addresses = sb.connect(vmids) if network else {}
     elapsed = time.monotonic() - started
     status = sb.status()
     ssh = shlex.join(
@@ -112,6 +120,9 @@ def up(vmid_values: tuple[str, ...], gpus: int, state_dir: Path | None) -> None:
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
     click.echo(f"  containers: {_containers(status.containers)}")
     click.echo(f"  gpus:       {gpus} fake GPU(s) in {', '.join(map(str, vmids))}")
+    if addresses:
+        shown = ", ".join(f"{vmid} {address}" for vmid, address in addresses.items())
+        click.echo(f"  network:    {shown}")
     click.echo(f"  state dir:  {info.state_dir}")
     click.echo(f"  inventory:  {info.inventory_path}")
     click.echo(f"  playbook:   {info.state_dir / 'playbooks' / 'demo.yaml'}")

@@ -192,8 +192,11 @@ class Sandbox:
         sshd.stop_all(self.state_dir / "jumps" / address / "sshd_config")
 
     def connect(self, vmids: Sequence[int]) -> dict[int, str]:
-        """Put these containers on one network (launcher.sandbox.network); their addresses."""
-        return network.enable(self.state_dir, self.lxcpath, vmids)
+        """Put these containers on one network (launcher.sandbox.network), with a job over
+        them in the inventory; their addresses."""
+        addresses = network.enable(self.state_dir, self.lxcpath, vmids)
+        network.add_job(self.inventory_path, vmids)
+        return addresses
 
     def container_root(self, vmid: int) -> Path:
         return self.lxcpath / str(vmid) / "rootfs"

@@ -20,6 +20,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from launcher.sandbox import containers
 
 SUBNET = ipaddress.ip_network("10.213.0.0/24")
@@ -103,6 +105,18 @@ def _write_hosts(path: Path, vmids: Sequence[int]) -> None:
     meet at rank 0's hostname (elastic/agent/server/api.py, _get_fq_hostname)."""
     names = "".join(f"{address(v)}\t{containers.hostname(v)}\n" for v in vmids)
     path.write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost\n")
+
+
+def add_job(inventory: Path, vmids: Sequence[int]) -> None:
+    """A `demo-job` over the connected containers in the sandbox's inventory (two or more)."""
+    if len(vmids) < 2:
+        return
+    data = yaml.safe_load(inventory.read_text())
+    nodes = [f"sandbox-{vmid}" for vmid in sorted(vmids)]
+    data["jobs"] = {"demo-job": {"nodes": nodes, "playbook": "playbooks/demo.yaml"}}
+    tmp = inventory.with_name(inventory.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    tmp.replace(inventory)
 
 
 def remove(state_dir: Path) -> None:
