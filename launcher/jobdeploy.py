@@ -174,10 +174,14 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
         result.summary = f"launched run {run_id} on {len(launched)} node(s), master {result.master}"
     else:
         bad = ", ".join(f"{r.target.name} (rank {r.rank})" for r in launched if not r.ok)
-        result.summary = (
-            f"launch failed on {bad}; the other nodes run {run_id} without them "
-            f"(`launcher job stop {job.name}` stops them)"
-        )
+        stopped_note = "; their old runs were stopped" if options.restart else ""
+        if any(r.ok for r in launched):
+            result.summary = (
+                f"launch failed on {bad}{stopped_note}; the other nodes run {run_id} without "
+                f"them (`launcher job stop {job.name}` stops them)"
+            )
+        else:
+            result.summary = f"launch failed on every node{stopped_note}: nothing runs"
     return result
 
 

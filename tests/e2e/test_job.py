@@ -21,6 +21,7 @@ from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
+DEMO = Path(__file__).resolve().parents[2] / "launcher" / "sandbox" / "demo_trainer.py"
 NODES = (300, 301)
 MASTER = address(NODES[0])
 GPU_DEVICE = "/var/lib/sandbox-gpu/nvidia0"
@@ -266,3 +267,32 @@ def test_real_torchrun_across_two_containers_is_healthy(job_project: Project) ->
     assert code == 0, stderr
     for vmid in NODES:
         assert project.processes(vmid, "ddp_job") == []
+
+
+def test_a_failure_after_the_stops_is_reported_per_node(job_project: Project) -> None:
+    """The launch fails on every node after the old runs stopped (a script too large to travel
+    inline arrives cut in half: its sha256 does not match): each node says where it was left."""
+    project = job_project
+    big = project.root / "big_trainer.py"
+    project.root.mkdir(parents=True, exist_ok=True)
+    big.write_text(DEMO.read_text() + "#" * (5 * 1024 * 1024) + "\n")
+    book = project.playbook("jobdemo", gpus=2, script={"source": str(big), "dest": "train_demo.py"})
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    deploy_and_wait(project)
+    project.sandbox.set_faults(partial_push=True)
+    try:
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    finally:
+        project.sandbox.set_faults()
+    assert code == 3, stderr
+    assert report["summary"] == (
+        "launch failed on every node; their old runs were stopped: nothing runs"
+    )
+    for node in report["nodes"]:
+        assert node["state"] == "failed"
+        assert node["detail"].startswith("not launched; old run stopped: ")
+    for vmid in NODES:
+        assert project.processes(vmid, "train_demo") == []
