@@ -74,6 +74,11 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the result a
 @click.option("--grace", type=GRACE, metavar="DURATION", help="Wait this long after C-c.")
 @click.option("--purge-checkpoints", "purge", is_flag=True, help="Delete old checkpoints.")
 @click.option("--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place.")
+@click.option(
+    "--kill-gpu-holders",
+    is_flag=True,
+    help="Kill processes outside the old runs that hold the GPUs (default: refuse, exit 4).",
+)
 @_JSON
 @pass_app
 def deploy_command(
@@ -84,6 +89,7 @@ def deploy_command(
     grace: float | None,
     purge: bool,
     keep: bool,
+    kill_gpu_holders: bool,
     as_json: bool,
 ) -> None:
     """Deploy job NAME on all its nodes, or on none.
@@ -110,6 +116,7 @@ def deploy_command(
         dry_run=dry_run,
         checkpoint_mode="purge" if purge else "keep" if keep else "archive",
         grace=grace,
+        kill_gpu_holders=kill_gpu_holders,
     )
     result = _run(app, name, lambda j, nodes: deploy_job(j, nodes, options, _say(app)))
     _render(result, as_json)
