@@ -172,10 +172,13 @@ def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> No
       launcher job status train
     Exit codes: 0 every job healthy, 1 a job unhealthy, 2 bad input, 3 a node unreachable.
     """
+    from launcher.errors import UsageError
     from launcher.fleet import worst
     from launcher.jobverify import status_job
 
     chosen = list(names) or list(app.inventory().spec.jobs)
+    if not chosen:
+        raise UsageError(f"{app.inventory().path}: no jobs", hint="a job is defined under `jobs:`")
     results = [_run(app, name, status_job) for name in chosen]
     if as_json:
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
