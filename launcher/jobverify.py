@@ -10,7 +10,9 @@ report names the node.
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +33,19 @@ from launcher.verify.workflows import (
     status_work,
 )
 
-LIVENESS_LINES = 20  # a liveness poll needs the pane's state, hardly its text
+# torchrun's elastic agent on a worker's end: "failed (exitcode: 1) local_rank: 0 (pid: N)".
+WORKER_EXIT_RE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
 
 
-def liveness_problem(state: PaneState, expected_run: str | None) -> str | None:
-    """Why this poll shows a node that is not taking part in the run (None: it is)."""
+def liveness_problem(
+    state: PaneState, expected_run: str | None, restart_patterns: Sequence[str] = ()
+) -> str | None:
+    """Why this poll shows a node that is not taking part in the run (None: it is).
+
+    Besides a gone or exited run: a supervisor's restart line (`restart_patterns`, torchrun's
+    "Restarting worker group") or a worker's non-zero exit as torchrun's elastic agent reports
+    it (`... failed (exitcode: 1) local_rank: 0 ...`) in this run's pane: the rank restarted or
+    lost a worker, which the whole job feels."""
     if not state.session_exists:
         return "no session: the run is gone"
     if state.pane_dead or state.exit_code is not None:
@@ -43,6 +53,13 @@ def liveness_problem(state: PaneState, expected_run: str | None) -> str | None:
         return f"the run exited (status {status})"
     if expected_run is not None and state.run != expected_run:
         return f"runs {state.run or '(unmarked)'}, not the job's run {expected_run}"
+    for line in state.capture.splitlines():
+        text = line.strip()
+        if any(pattern in text for pattern in restart_patterns):
+            return f"restarted: {text[:120]}"
+        exited = WORKER_EXIT_RE.search(text)
+        if exited and exited[1] != "0":
+            return f"a worker failed: {text[:120]}"
     return None
 
 
@@ -58,16 +75,25 @@ class _Watch:
     polls: int = 0
 
 
+def poll_node(
+    target: Target, conn: HostConnection, expected: str | None
+) -> tuple[PaneState, str | None]:
+    """One poll of a node that prints no status lines, and what is wrong with it (None: alive)."""
+    spec = target.playbook.spec.verify
+    state, _ = poll_once(container_for(target, conn), target, spec.lines)
+    return state, liveness_problem(state, expected or state.run, spec.restart_patterns)
+
+
 def _poll_node(watch: _Watch, conn: HostConnection, expected: str | None) -> None:
     try:
-        state, _ = poll_once(container_for(watch.target, conn), watch.target, LIVENESS_LINES)
+        state, problem = poll_node(watch.target, conn, expected or watch.run)
     except LauncherError as error:
         watch.error = error
         return
     watch.polls += 1
     if watch.run is None:
         watch.run = state.run
-    watch.problem = liveness_problem(state, expected or watch.run)
+    watch.problem = problem
 
 
 def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -> JobResult:
@@ -138,13 +164,21 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
         elif watch.problem is None and expected and watch.run != expected:
             watch.problem = liveness_problem_run(watch.run, expected)
         if watch.problem is not None:
-            node.state, node.detail, node.exit_code = "dead", watch.problem, ExitCode.UNHEALTHY
+            node.state, node.detail = problem_state(watch.problem), watch.problem
+            node.exit_code = ExitCode.UNHEALTHY
         elif not node.detail:
             node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
         states.append(node)
     result.nodes = sorted(states, key=lambda n: n.rank)
     result.summary = job_summary(result)
     return result
+
+
+def problem_state(problem: str) -> str:
+    """The node's state word for a liveness problem: dead, restarted or other run."""
+    if problem.startswith(("restarted", "a worker failed")):
+        return "restarted"
+    return "other run" if problem.startswith("runs ") else "dead"
 
 
 def run_id(marker: str | None) -> str | None:
@@ -175,7 +209,8 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
     def one(rank: int, target: Target, conn: HostConnection) -> Any:
         if rank == rank0:
             return status_work(FleetContext(target, conn, threading.Event(), lambda _: None))
-        return poll_once(container_for(target, conn), target, LIVENESS_LINES)[0]
+        lines = target.playbook.spec.verify.lines
+        return poll_once(container_for(target, conn), target, lines)[0]
 
     polled = nodes.each(one)
     status_outcome = polled[rank0].value if polled[rank0].ok else None
@@ -195,8 +230,9 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
             node.state = "healthy" if not node.exit_code else "unhealthy"
             node.detail = entry.value.summary
         elif isinstance(entry.value, PaneState):
-            problem = liveness_problem(entry.value, expected)
-            node.state = "dead" if problem else "alive"
+            patterns = target.playbook.spec.verify.restart_patterns
+            problem = liveness_problem(entry.value, expected, patterns)
+            node.state = problem_state(problem) if problem else "alive"
             node.detail = problem or f"alive, run {run_id(entry.value.run)}"
             node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
         result.nodes.append(node)

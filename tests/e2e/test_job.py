@@ -172,6 +172,26 @@ def test_dead_node1_before_verify_is_reported(job_project: Project) -> None:
     assert report["summary"] == "unhealthy: n1 (rank 1): no session: the run is gone"
 
 
+def test_a_restart_on_node1_makes_the_job_unhealthy(job_project: Project) -> None:
+    """Node 1's supervisor restarted its workers (torchrun's line): the job's verdict."""
+    project = job_project
+    restart = '[ "$NODE_RANK" = 1 ] && echo "[default] Restarting worker group"; '
+    book = project.playbook("jobdemo", command=restart + ECHO_ENV, gpus=2)
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    code, _, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    code, report, _ = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 1
+    assert report["summary"] == (
+        "unhealthy: n1 (rank 1): restarted: [default] Restarting worker group"
+    )
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 1 and status[0]["nodes"][1]["state"] == "restarted"
+
+
 def test_preflight_failure_on_node1_leaves_node0_running(job_project: Project) -> None:
     project = job_project
     write_job(project)

@@ -126,6 +126,21 @@ def test_liveness_of_a_node_without_status_lines() -> None:
     assert run_id("train:R1") == "R1" and run_id(None) is None
 
 
+def test_a_restart_or_a_failed_worker_on_a_node_is_the_jobs() -> None:
+    patterns = ["Restarting worker group"]
+    restarted = state(capture="step 1\n[default] Restarting worker group\n")
+    assert liveness_problem(restarted, None, patterns) == (
+        "restarted: [default] Restarting worker group"
+    )
+    failed = state(
+        capture="ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) "
+        "local_rank: 0 (pid: 41) of binary: /usr/bin/python3\n"
+    )
+    assert str(liveness_problem(failed, None, patterns)).startswith("a worker failed: ERROR:")
+    fine = state(capture="worker exited (exitcode: 0)\nrendezvous NNODES=2\n")
+    assert liveness_problem(fine, None, patterns) is None
+
+
 def test_the_verdict_names_the_failing_node_not_the_cut_short_probe() -> None:
     result = JobResult("train", "verify", "", run_id="R1")
     result.nodes = [
