@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.cli.params import GRACE, INTERVAL, SUCCESSES, WAIT
+from launcher.cli.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT
 
 if TYPE_CHECKING:
     from launcher.job import Job, JobNodes
@@ -28,6 +28,7 @@ def job() -> None:
     Example:
       launcher job deploy --restart train && launcher job verify train
       launcher job status
+      launcher job history train
       launcher job stop train
     """
 
@@ -207,4 +208,43 @@ def stop_command(app: AppContext, name: str, grace: float | None, as_json: bool)
 
     result = _run(app, name, lambda j, nodes: stop_job(j, nodes, grace, _say(app)))
     _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("history")
+@click.argument("name")
+@global_options
+@click.option("--limit", type=LINES, default=0, metavar="N", help="Only the newest N runs.")
+@_JSON
+@pass_app
+def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> None:
+    """Job NAME's deploys, newest first: one line per run id, each node's outcome.
+
+    Read from every node's own records (<workdir>/.launcher/deploys.jsonl); a node without a
+    record of a run shows `no record`.
+
+    \b
+    Example:
+      launcher job history --limit 5 train
+    Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
+    """
+    from launcher.job import JobNodes, load_job
+    from launcher.jobhistory import job_history
+    from launcher.remote import ConnectionPool
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+    with ConnectionPool() as pool:
+        result = job_history(loaded, JobNodes(pool, loaded.nodes), limit=limit)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        if not result.runs:
+            click.echo(f"job {name}: no deploys recorded")
+        for run in result.runs:
+            outcomes = ", ".join(f"{node}: {outcome}" for node, outcome in run.outcomes.items())
+            line = f"{run.time}  run {run.run_id}  sha256 {run.sha256[:12]}  {outcomes}"
+            click.echo(sanitize(line, keep_sgr=False))
+        for node, error in result.errors.items():
+            click.echo(sanitize(f"error: {node}: {error}", keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))

@@ -117,6 +117,11 @@ def test_job_env_one_run_id_verdict_status_and_stop(job_project: Project) -> Non
         last = json.loads(records.strip().splitlines()[-1])
         assert last["run"] == f"jobdemo:{run_id}" and last["job"] == "train"
 
+    code, history, stderr = job_json(project, "history", "train")
+    assert code == 0, stderr
+    assert history["runs"][0]["run_id"] == run_id
+    assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
     code, verdict, stderr = job_json(project, "verify", "train", "--wait", "20")
     assert code == 0, stderr
     assert verdict["summary"].startswith("healthy: 2 node(s)")
