@@ -104,7 +104,8 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
     try:
         result.master = node_address(job, master, nodes.conn(master))
     except LauncherError as error:
-        result.summary = f"nothing changed: rank 0's address: {error.message}"
+        hint = f" ({error.hint})" if error.hint else ""
+        result.summary = f"nothing changed: rank 0's address: {error.message}{hint}"
         result.nodes = [
             NodeState(rank, t.name, t.label, "unchanged", "not checked", error.exit_code)
             for rank, t in enumerate(nodes.targets)

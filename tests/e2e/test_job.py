@@ -321,3 +321,41 @@ def test_a_failure_after_the_stops_is_reported_per_node(job_project: Project) ->
         assert node["detail"].startswith("not launched; old run stopped: ")
     for vmid in NODES:
         assert project.processes(vmid, "train_demo") == []
+
+
+def test_a_stopped_container_fails_its_check_and_changes_nothing(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    pid0 = session_pid(project, NODES[0])
+    project.sandbox.stop_container(NODES[1])
+    try:
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+        assert code == 3, stderr
+        assert report["summary"].startswith("nothing changed on any node: checks failed on n1")
+        assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
+        assert session_pid(project, NODES[0]) == pid0
+        code, status, _ = job_json(project, "status", "train")
+        assert code == 3 and status[0]["nodes"][1]["state"] == "unreachable"
+        assert status[0]["run_id"] == before["run_id"]
+    finally:
+        project.sandbox.start_container(NODES[1])
+        project.sandbox.connect(NODES)
+
+
+def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
+    job_project: Project,
+) -> None:
+    """`hostname -I` on rank 0 gives nothing other nodes could reach: exit 3 with the hint to
+    configure the address; nothing is sent to any node."""
+    project = job_project
+    write_job(project)
+    project.ct(NODES[0], "ip", "addr", "flush", "dev", "eth0")
+    try:
+        result = project.launcher("job", "deploy", "--restart", "train")
+        assert result.returncode == 3, result.stderr
+        assert "has no address the other nodes can reach" in result.stdout
+        assert "set jobs.train.addresses.n0 in the inventory" in result.stdout
+        assert "[n0]" not in result.stderr and "[n1]" not in result.stderr
+    finally:
+        project.ct(NODES[0], "ip", "addr", "add", f"{MASTER}/24", "dev", "eth0")
