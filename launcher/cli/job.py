@@ -11,6 +11,7 @@ import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
 from launcher.cli.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT
+from launcher.cli.watch import FOR, MAX_RESTARTS
 
 if TYPE_CHECKING:
     from launcher.job import Job, JobNodes
@@ -247,4 +248,62 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
             click.echo(sanitize(line, keep_sgr=False))
         for node, error in result.errors.items():
             click.echo(sanitize(f"error: {node}: {error}", keep_sgr=False), err=True)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("watch")
+@click.argument("name")
+@global_options
+@click.option("--interval", type=INTERVAL, metavar="DURATION", help="Between polls (default 10s).")
+@click.option("--for", "duration", type=FOR, metavar="DURATION", help="End after this long.")
+@click.option(
+    "--restart-on-failure",
+    is_flag=True,
+    help="Redeploy the whole job with its checkpoints kept (every rank resumes).",
+)
+@click.option(
+    "--max-restarts", type=MAX_RESTARTS, default=3, show_default=True, metavar="N",
+    help="At most N restarts; then the job is left as it is (exit 1).",
+)  # fmt: skip
+@pass_app
+def watch_command(
+    app: AppContext,
+    name: str,
+    interval: float | None,
+    duration: float | None,
+    restart_on_failure: bool,
+    max_restarts: int,
+) -> None:
+    """Watch job NAME: its one verdict polled, each change printed; on failure, restart it.
+
+    A failure is two unhealthy polls in a row, or one that finds a node's run gone, restarted
+    or replaced. --restart-on-failure redeploys the whole job (all or nothing, a new run id,
+    checkpoints kept) and runs its startup probe. Start it once the job is healthy.
+
+    \b
+    Example:
+      launcher job watch --restart-on-failure --for 12h train
+    Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
+    3 a node unreachable or a restart failed.
+    """
+    from launcher.job import JobNodes, load_job
+    from launcher.jobwatch import JobWatchOptions, watch_job
+    from launcher.remote import ConnectionPool
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+    options = JobWatchOptions(
+        interval=interval if interval is not None else 10.0,
+        duration=duration,
+        restart_on_failure=restart_on_failure,
+        max_restarts=max_restarts,
+    )
+
+    def event(line: str) -> None:
+        click.echo(sanitize(line, keep_sgr=False))
+
+    with ConnectionPool() as pool:
+        result = watch_job(
+            loaded, JobNodes(pool, loaded.nodes), options, say=_say(app), event=event
+        )
     sys.exit(int(result.exit_code))

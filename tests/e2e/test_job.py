@@ -34,6 +34,8 @@ ECHO_ENV = (
 LAUNCHER = (sys.executable, "-m", "launcher", "-i")
 VERIFY_LONG = ("job", "verify", "train", "--wait", "60", "--successes", "1000", "--json")
 HOLD = ("--", "python3", "-c")
+WATCH = ("job", "watch", "train", "--interval", "1", "--for", "45", "--restart-on-failure")
+WATCH += ("--max-restarts", "1")
 LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[g]pu-holder'; true"
 
 
@@ -359,3 +361,28 @@ def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
         assert "[n0]" not in result.stderr and "[n1]" not in result.stderr
     finally:
         project.ct(NODES[0], "ip", "addr", "add", f"{MASTER}/24", "dev", "eth0")
+
+
+def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project) -> None:
+    """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
+    id on both, checkpoints kept) and ends healthy."""
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    watch = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), *WATCH],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+    out, err = watch.communicate(timeout=120)
+    assert watch.returncode == 0, (out, err)
+    assert "unhealthy: n1 (rank 1): the run exited (status 137)" in out
+    assert "restarting the job (1/1)" in out
+    assert "after the restart: healthy: 2 node(s)" in out
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] != before["run_id"]
+    history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
+    assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
