@@ -225,6 +225,11 @@ def test_preflight_failure_on_node1_leaves_node0_running(job_project: Project) -
     assert [session_pid(project, vmid) for vmid in NODES] == pids
     code, verdict, _ = job_json(project, "status", "train")
     assert code == 0 and verdict[0]["run_id"] == before["run_id"]
+    # Asked to, the launch kills the holder: the stops before it leave that to it.
+    code, report, stderr = job_json(project, "deploy", "--restart", "--kill-gpu-holders", "train")
+    assert code == 0, stderr
+    assert [n["state"] for n in report["nodes"]] == ["launched", "launched"]
+    assert "gpu-holder" not in project.ct_text(NODES[1], "ps", "-eo", "args=")
 
 
 def test_dry_run_shows_every_nodes_plan_and_changes_nothing(job_project: Project) -> None:
