@@ -166,12 +166,50 @@ class TargetSpec(_Model):
         return _no_control(value)
 
 
+class JobSpec(_Model):
+    """One training run across several targets (launcher.job): its nodes in rank order, the
+    playbook every node runs, where the ranks meet, and the rank whose status lines are judged."""
+
+    nodes: Annotated[list[str], Field(min_length=1, max_length=1024)]
+    playbook: str
+    master_port: Annotated[StrictInt, Field(ge=1, le=65535)] = 29500
+    # A node's address as the other nodes reach it; a node without one is asked (`hostname -I`).
+    addresses: dict[str, str] = Field(default_factory=dict)
+    status_rank: Annotated[StrictInt, Field(ge=0)] = 0
+
+    @field_validator("playbook")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _no_control(value)
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, value: dict[str, str]) -> dict[str, str]:
+        for node, address in value.items():
+            problem = reachable_address_problem(address)
+            if problem:
+                raise ValueError(f"{node}: {problem}")
+        return value
+
+
+def reachable_address_problem(address: str) -> str | None:
+    """Why `address` cannot be where other nodes reach a rank (None: it can)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip.is_link_local:
+        return f"{address} is a loopback, unspecified, multicast or link-local address"
+    return None
+
+
 class InventorySpec(_Model):
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
     clusters: dict[str, ClusterSpec] = Field(default_factory=dict)
     targets: dict[str, TargetSpec]
     default_target: str | None = None
     groups: dict[str, list[str]] = Field(default_factory=dict)
+    jobs: dict[str, JobSpec] = Field(default_factory=dict)
 
 
 class ScriptSpec(_Model):
@@ -466,12 +504,14 @@ class Inventory:
                     result.append(member)
         return result
 
-    def target(self, name: str) -> Target:
+    def target(self, name: str, playbook: Playbook | None = None) -> Target:
+        """The target; `playbook` instead of its own (a job's nodes all run the job's)."""
         spec = self.spec.targets[name]
-        playbook = load_playbook(
-            self.base_dir / spec.playbook,
-            referenced_from=self.document.problem(("targets", name, "playbook"), ""),
-        )
+        if playbook is None:
+            playbook = load_playbook(
+                self.base_dir / spec.playbook,
+                referenced_from=self.document.problem(("targets", name, "playbook"), ""),
+            )
         if spec.cluster is not None:
             cluster = Cluster(spec.cluster, self.spec.clusters[spec.cluster])
             first = (cluster.spec.entry or list(cluster.spec.nodes))[0]
@@ -553,6 +593,7 @@ def load_inventory(path: Path) -> Inventory:
             )
         problems.extend(_placement_problems(document, spec, name, target))
     problems.extend(_cluster_problems(document, spec))
+    problems.extend(_job_problems(document, spec))
     if spec.default_target and spec.default_target not in spec.targets:
         problems.append(
             document.problem(("default_target",), f"unknown target {spec.default_target!r}")
@@ -600,6 +641,38 @@ def _cluster_problems(document: YamlDocument, spec: InventorySpec) -> list[str]:
                 known = ", ".join(sorted(cluster.nodes))
                 message = f"unknown node {entry!r} (nodes: {known})"
                 problems.append(document.problem(("clusters", name, "entry", index), message))
+    return problems
+
+
+def _job_problems(document: YamlDocument, spec: InventorySpec) -> list[str]:
+    """A job's nodes are distinct known targets, in distinct containers; its addresses and
+    status rank refer to them."""
+    problems = []
+    for name, job in spec.jobs.items():
+        where = ("jobs", name)
+        if not NAME_RE.match(name) or name in spec.targets or name in spec.groups:
+            message = "job names use letters, digits, '_.-' and differ from targets and groups"
+            problems.append(document.problem(where, message))
+        seen: dict[tuple[str | None, int], str] = {}
+        for index, node in enumerate(job.nodes):
+            target = spec.targets.get(node)
+            if target is None:
+                known = ", ".join(sorted(spec.targets)) or "none"
+                message = f"unknown target {node!r} (known: {known})"
+                problems.append(document.problem((*where, "nodes", index), message))
+                continue
+            place = (target.host or target.cluster, target.vmid)
+            if place in seen:
+                message = f"{node!r} is the same container as {seen[place]!r} (one rank each)"
+                problems.append(document.problem((*where, "nodes", index), message))
+            seen.setdefault(place, node)
+        for node in job.addresses:
+            if node not in job.nodes:
+                message = f"{node!r} is not one of this job's nodes"
+                problems.append(document.problem((*where, "addresses", node), message))
+        if job.status_rank >= len(job.nodes):
+            message = f"rank {job.status_rank} does not exist: the job has {len(job.nodes)} node(s)"
+            problems.append(document.problem((*where, "status_rank"), message))
     return problems
 
 

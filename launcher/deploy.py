@@ -63,6 +63,9 @@ class DeployOptions:
     diff: bool = False  # with a project: text diffs of the changed files
     # Replace only this run (a watcher's restart): refused (exit 4) if another replaced it.
     expect_run: str | None = None
+    # A multi-node job (launcher.job): the run id every node records, and the job's name.
+    run_id: str | None = None
+    job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,10 @@ def deploy_request(
             "expect_run": options.expect_run,
         }
     )
+    if options.run_id is not None:
+        request["run_id"] = options.run_id
+    if options.job is not None:
+        request["record"]["job"] = options.job
     return request
 
 

@@ -249,6 +249,7 @@ class TransactionRequest(TypedDict, total=False):
     lock_path: str
     operator: Operator
     record: dict[str, Any]
+    run_id: str  # default: a new one; a multi-node job gives every node the same
     # The script: inline (base64) or pushed before to `tmp`; its sha256 is checked either way.
     content_b64: str | None
     tmp: str | None

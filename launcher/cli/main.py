@@ -124,6 +124,7 @@ def _register() -> None:
     from launcher.cli.completion import completion_command
     from launcher.cli.deploy import deploy_command
     from launcher.cli.inventory import inventory
+    from launcher.cli.job import job
     from launcher.cli.operate import (
         attach_command,
         disconnect_command,
@@ -154,6 +155,7 @@ def _register() -> None:
         buckets,
         completion_command,
         watch_command,
+        job,
     ):
         cli.add_command(command)
 

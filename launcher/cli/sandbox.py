@@ -89,8 +89,20 @@ def sandbox() -> None:
     "/var/cache/launcher-sandbox/rootfs (env LAUNCHER_SANDBOX_CACHE). An existing container "
     "keeps its own.",
 )
+@click.option(
+    "--network",
+    is_flag=True,
+    help="Put the containers on a bridge of their own (10.213.0.0/24, nothing leaves the "
+    "machine) so they reach each other, with a job `demo-job` over them in the inventory.",
+)
 @state_dir_option
-def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: Path | None) -> None:
+def up(
+    vmid_values: tuple[str, ...],
+    gpus: int,
+    distro: str | None,
+    network: bool,
+    state_dir: Path | None,
+) -> None:
     """Create or repair the sandbox and write its inventory (idempotent).
 
     Running containers are kept; missing ones are added; a stopped sshd is restarted
@@ -113,6 +125,7 @@ def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: P
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
       sudo launcher sandbox up --vmid 202 --distro bullseye   # Python 3.9, tmux 3.1c
+      sudo launcher sandbox up --vmid 200,201 --network   # a two-node job
       eval "$(launcher sandbox env)"      # LAUNCHER_INVENTORY for the commands that follow
     Exit codes: 0 up, 2 bad input, not root or no root filesystem, 3 a container or sshd
     did not start.
@@ -121,6 +134,7 @@ def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: P
     sb = _sandbox(state_dir)
     started = time.monotonic()
     info = sb.up(vmids, gpus=gpus, distro=distro)
+    addresses = sb.connect(vmids) if network else {}
     elapsed = time.monotonic() - started
     status = sb.status()
     ssh = shlex.join(
@@ -141,6 +155,9 @@ def up(vmid_values: tuple[str, ...], gpus: int, distro: str | None, state_dir: P
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
     click.echo(f"  containers: {_containers(status.containers, sb)}")
     click.echo(f"  gpus:       {gpus} fake GPU(s) in {', '.join(map(str, vmids))}")
+    if addresses:
+        shown = ", ".join(f"{vmid} {address}" for vmid, address in addresses.items())
+        click.echo(f"  network:    {shown}")
     click.echo(f"  state dir:  {info.state_dir}")
     click.echo(f"  inventory:  {info.inventory_path}")
     click.echo(f"  playbook:   {info.state_dir / 'playbooks' / 'demo.yaml'}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UsageError
-from launcher.sandbox import containers, rootfs, sshd
+from launcher.sandbox import containers, network, rootfs, sshd
 from launcher.sandbox import gpus as sandbox_gpus
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
@@ -140,6 +140,7 @@ class Sandbox:
         vmids = containers.defined(self.lxcpath)
         if vmids:
             containers.stop(self.lxcpath, vmids)
+        network.remove(self.state_dir)
         mounted = self._mounts_inside()
         if mounted:
             raise containers.ContainerError(
@@ -220,6 +221,13 @@ class Sandbox:
             return (ct_dir / "distro").read_text().strip() or rootfs.HOST
         except FileNotFoundError:  # made before containers recorded it, or not made yet
             return rootfs.HOST if (ct_dir / "rootfs").exists() else None
+
+    def connect(self, vmids: Sequence[int]) -> dict[int, str]:
+        """Put these containers on one network (launcher.sandbox.network), with a job over
+        them in the inventory; their addresses."""
+        addresses = network.enable(self.state_dir, self.lxcpath, vmids)
+        network.add_job(self.inventory_path, vmids)
+        return addresses
 
     def container_root(self, vmid: int) -> Path:
         """The container's own files on the host: the whole tree of a `host` container; of a

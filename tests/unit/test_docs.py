@@ -29,6 +29,7 @@ OTHER_FLAGS = {
     "--user": "systemctl --user",
     "--now": "systemctl enable --now",
     "--type": "pvesh get /cluster/resources --type vm",
+    "--rdzv_id": "torchrun --rdzv_id",
     "--query-gpu": "nvidia-smi --query-gpu=…",
     "--query-compute-apps": "nvidia-smi --query-compute-apps=…",
 }
@@ -174,7 +175,7 @@ def test_documented_flags_exist(page: Path) -> None:
     flags = {
         m
         for span in inline_spans(page.read_text())
-        for m in re.findall(r"(?:^|\s)(--[a-z][a-z0-9-]*)", span)
+        for m in re.findall(r"(?:^|\s)(--[a-z][a-z0-9_-]*)", span)
     }
     assert not flags - known, f"{page.name}: not options of launcher: {sorted(flags - known)}"
 

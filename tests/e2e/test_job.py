@@ -1,0 +1,393 @@
+"""Multi-node jobs on a sandbox of their own: two containers on one bridge, as two CTs on a
+Proxmox network; the real CLI over real sshd, LXC, tmux and the demo trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.sandbox.network import address
+from tests.e2e.conftest import missing_requirements, warm_agent_cache
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+DEMO = Path(__file__).resolve().parents[2] / "launcher" / "sandbox" / "demo_trainer.py"
+NODES = (300, 301)
+MASTER = address(NODES[0])
+GPU_DEVICE = "/var/lib/sandbox-gpu/nvidia0"
+# The run prints what it was given, then trains: the env reaches the command through the run
+# file (never a command line), so the shell expands it here.
+ECHO_ENV = (
+    'echo "rendezvous NNODES=$NNODES NODE_RANK=$NODE_RANK MASTER_ADDR=$MASTER_ADDR '
+    'MASTER_PORT=$MASTER_PORT JOB_ID=$JOB_ID"; exec python3 train_demo.py'
+)
+LAUNCHER = (sys.executable, "-m", "launcher", "-i")
+VERIFY_LONG = ("job", "verify", "train", "--wait", "60", "--successes", "1000", "--json")
+HOLD = ("--", "python3", "-c")
+WATCH = ("job", "watch", "train", "--interval", "1", "--for", "45", "--restart-on-failure")
+WATCH += ("--max-restarts", "1")
+LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[g]pu-holder'; true"
+
+
+@pytest.fixture(scope="module")
+def net_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, SandboxInfo]]:
+    """Two containers that reach each other (launcher.sandbox.network), removed at the end."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    sb = Sandbox(tmp_path_factory.mktemp("netsandbox"))
+    try:
+        info = sb.up(NODES, gpus=2)
+        sb.connect(NODES)
+        warm_agent_cache(sb, NODES)
+        yield sb, info
+    finally:
+        sb.down()
+
+
+@pytest.fixture
+def job_project(net_sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Project]:
+    sb, info = net_sandbox
+    project = Project(tmp_path / "project", sb, info)
+    yield project
+    for vmid in NODES:
+        sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
+
+
+def write_job(project: Project, **job: Any) -> Path:
+    book = project.playbook("jobdemo", command=ECHO_ENV, gpus=2)
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {
+        "train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml", "master_port": 29511}
+    }
+    inventory["jobs"]["train"].update(job)
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return project.inventory
+
+
+def job_json(project: Project, *args: str, timeout: float = 120) -> tuple[int, Any, str]:
+    result = project.launcher("job", *args, "--json", timeout=timeout)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def session_pid(project: Project, vmid: int) -> str:
+    out = project.ct_text(vmid, "tmux", "display-message", "-p", "-t", "=jobdemo:", "#{pane_pid}")
+    return out.strip()
+
+
+def deploy_and_wait(project: Project) -> dict[str, Any]:
+    code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    project.wait_for(
+        lambda: project.launcher("job", "status", "train").returncode == 0,
+        timeout=30,
+        what="a healthy job",
+    )
+    return report  # type: ignore[no-any-return]
+
+
+def test_job_env_one_run_id_verdict_status_and_stop(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    report = deploy_and_wait(project)
+    run_id = report["run_id"]
+    assert [n["state"] for n in report["nodes"]] == ["launched", "launched"]
+    assert report["master"] == MASTER
+    for rank, vmid in enumerate(NODES):
+        log = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/jobdemo.log")
+        assert (
+            f"rendezvous NNODES=2 NODE_RANK={rank} MASTER_ADDR={MASTER} MASTER_PORT=29511 "
+            f"JOB_ID=train-{run_id}"
+        ) in log
+        # The values travel in the 0600 run file, on no command line.
+        assert MASTER not in project.ct_text(vmid, "ps", "-eo", "args=")
+        mode = project.ct_text(vmid, "stat", "-c", "%a", "/root/jobdemo/.launcher/jobdemo.run")
+        assert mode.strip() == "600"
+        records = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/deploys.jsonl")
+        last = json.loads(records.strip().splitlines()[-1])
+        assert last["run"] == f"jobdemo:{run_id}" and last["job"] == "train"
+
+    code, history, stderr = job_json(project, "history", "train")
+    assert code == 0, stderr
+    assert history["runs"][0]["run_id"] == run_id
+    assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
+    code, verdict, stderr = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 0, stderr
+    assert verdict["summary"].startswith("healthy: 2 node(s)")
+    assert [n["state"] for n in verdict["nodes"]] == ["healthy", "alive"]
+
+    status = project.launcher("job", "status", "train")
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0].startswith("job train: healthy") and len(lines) == 3
+    assert "rank 0  n0" in lines[1] and "rank 1  n1" in lines[2] and "alive" in lines[2]
+
+    code, stopped, stderr = job_json(project, "stop", "train")
+    assert code == 0, stderr
+    assert [n["state"] for n in stopped["nodes"]] == ["stopped", "stopped"]
+    for vmid in NODES:
+        assert project.processes(vmid, "train_demo") == []
+        assert project.ct(vmid, "tmux", "has-session", "-t", "=jobdemo").returncode != 0
+    code, after, _ = job_json(project, "status", "train")
+    assert code == 1 and after[0]["nodes"][1]["state"] == "dead"
+
+
+def test_node1_killed_during_verify_makes_the_job_unhealthy_naming_node1(
+    job_project: Project,
+) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    started = time.monotonic()
+    verify = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), *VERIFY_LONG],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)
+    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+    out, err = verify.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    assert verify.returncode == 1, err
+    report = json.loads(out)
+    assert report["summary"].startswith("unhealthy: n1 (rank 1): the run exited"), report
+    assert report["nodes"][1]["state"] == "dead"
+    assert elapsed < 30  # the dead node ends the probe; it does not wait out --wait
+
+
+def test_dead_node1_before_verify_is_reported(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    project.kill_session(NODES[1], "jobdemo")
+    code, report, _ = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 1
+    assert report["summary"] == "unhealthy: n1 (rank 1): no session: the run is gone"
+
+
+def test_a_restart_on_node1_makes_the_job_unhealthy(job_project: Project) -> None:
+    """Node 1's supervisor restarted its workers (torchrun's line): the job's verdict."""
+    project = job_project
+    restart = '[ "$NODE_RANK" = 1 ] && echo "[default] Restarting worker group"; '
+    book = project.playbook("jobdemo", command=restart + ECHO_ENV, gpus=2)
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    code, _, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    code, report, _ = job_json(project, "verify", "train", "--wait", "20")
+    assert code == 1
+    assert report["summary"] == (
+        "unhealthy: n1 (rank 1): restarted: [default] Restarting worker group"
+    )
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 1 and status[0]["nodes"][1]["state"] == "restarted"
+
+
+def test_preflight_failure_on_node1_leaves_node0_running(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    # A process outside the run holds a GPU on node 1: its deploy would refuse (exit 4).
+    holder = f"import time\nf = open({GPU_DEVICE!r})\ntime.sleep(600)  # gpu-holder\n"
+    subprocess.Popen(
+        ["lxc-attach", "-n", str(NODES[1]), "-P", str(project.sandbox.lxcpath), *HOLD, holder],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    project.wait_for(
+        lambda: "gpu-holder" in project.ct_text(NODES[1], "ps", "-eo", "args="), what="holder"
+    )
+    code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 4, stderr
+    assert report["summary"].startswith("nothing changed on any node: checks failed on n1")
+    n0, n1 = report["nodes"]
+    assert n0["state"] == "unchanged" and n1["state"] == "failed"
+    assert "gpu-holder" in n1["detail"] or "GPU" in n1["detail"]
+    # Node 0's old run was never stopped: same pane process, same run.
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    code, verdict, _ = job_json(project, "status", "train")
+    assert code == 0 and verdict[0]["run_id"] == before["run_id"]
+    # Asked to, the launch kills the holder: the stops before it leave that to it.
+    code, report, stderr = job_json(project, "deploy", "--restart", "--kill-gpu-holders", "train")
+    assert code == 0, stderr
+    assert [n["state"] for n in report["nodes"]] == ["launched", "launched"]
+    assert "gpu-holder" not in project.ct_text(NODES[1], "ps", "-eo", "args=")
+
+
+def test_dry_run_shows_every_nodes_plan_and_changes_nothing(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    result = project.launcher("job", "deploy", "--restart", "--dry-run", "train")
+    assert result.returncode == 0, result.stderr
+    assert "dry run: every node's checks passed" in result.stdout
+    for node in ("n0", "n1"):
+        assert f"[{node}]" in result.stderr
+    for vmid in NODES:
+        assert project.ct(vmid, "tmux", "has-session", "-t", "=jobdemo").returncode != 0
+
+
+def test_unreachable_master_address_changes_nothing(job_project: Project) -> None:
+    """A configured address is used as given; a node whose own address cannot be found stops
+    the deploy before any check (here: `hostname -I` answers nothing usable)."""
+    project = job_project
+    write_job(project, addresses={"n0": "10.213.0.250"})
+    code, report, _ = job_json(project, "deploy", "--restart", "--dry-run", "train")
+    assert code == 0 and report["master"] == "10.213.0.250"
+    write_job(project, addresses={"n0": "127.0.0.1"})
+    result = project.launcher("job", "deploy", "--dry-run", "train")
+    assert result.returncode == 2
+    assert "jobs.train.addresses" in result.stderr and "loopback" in result.stderr
+
+
+def host_has_torch() -> bool:
+    """The containers bind-mount the host's /usr: Debian's python3-torch there is theirs too."""
+    found = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
+    return found.returncode == 0
+
+
+TORCHRUN = (
+    "python3 ddp_job.py --torchrun --nnodes $NNODES --node_rank $NODE_RANK --nproc_per_node 1 "
+    "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:$MASTER_PORT --rdzv_id $JOB_ID "
+    "--max_restarts 0 ddp_job.py"
+)
+
+
+@pytest.mark.skipif(not host_has_torch(), reason="needs Debian's python3-torch on the host")
+def test_real_torchrun_across_two_containers_is_healthy(job_project: Project) -> None:
+    project = job_project
+    book = project.playbook(
+        "ddp",
+        script={"source": str(Path(__file__).with_name("ddp_job.py")), "dest": "ddp_job.py"},
+        command=TORCHRUN,
+        gpus=0,
+        stop_grace=10,
+        # CPU throughput on a shared machine swings by half: judge it alive, not steady.
+        verify={"wait": 90, "interval": 2, "successes": 3, "throughput": {"drop": None}},
+    )
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+
+    code, _, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    code, verdict, stderr = job_json(project, "verify", "train", timeout=150)
+    assert code == 0, (verdict, stderr)
+    assert [n["state"] for n in verdict["nodes"]] == ["healthy", "alive"]
+    log = project.ct_text(NODES[0], "cat", "/root/ddp/.launcher/ddp.log")
+    assert "ddp: 2 node(s), world size 2" in log
+
+    code, _, stderr = job_json(project, "stop", "train")
+    assert code == 0, stderr
+    for vmid in NODES:
+        assert project.processes(vmid, "ddp_job") == []
+
+
+def test_a_failure_after_the_stops_is_reported_per_node(job_project: Project) -> None:
+    """The launch fails on every node after the old runs stopped (a script too large to travel
+    inline arrives cut in half: its sha256 does not match): each node says where it was left."""
+    project = job_project
+    big = project.root / "big_trainer.py"
+    project.root.mkdir(parents=True, exist_ok=True)
+    big.write_text(DEMO.read_text() + "#" * (5 * 1024 * 1024) + "\n")
+    book = project.playbook("jobdemo", gpus=2, script={"source": str(big), "dest": "train_demo.py"})
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    deploy_and_wait(project)
+    project.sandbox.set_faults(partial_push=True)
+    try:
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+    finally:
+        project.sandbox.set_faults()
+    assert code == 3, stderr
+    assert report["summary"] == (
+        "launch failed on every node; their old runs were stopped: nothing runs"
+    )
+    for node in report["nodes"]:
+        assert node["state"] == "failed"
+        assert node["detail"].startswith("not launched; old run stopped: ")
+    for vmid in NODES:
+        assert project.processes(vmid, "train_demo") == []
+
+
+def test_a_stopped_container_fails_its_check_and_changes_nothing(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    pid0 = session_pid(project, NODES[0])
+    project.sandbox.stop_container(NODES[1])
+    try:
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+        assert code == 3, stderr
+        assert report["summary"].startswith("nothing changed on any node: checks failed on n1")
+        assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
+        assert session_pid(project, NODES[0]) == pid0
+        code, status, _ = job_json(project, "status", "train")
+        assert code == 3 and status[0]["nodes"][1]["state"] == "unreachable"
+        assert status[0]["run_id"] == before["run_id"]
+    finally:
+        project.sandbox.start_container(NODES[1])
+        project.sandbox.connect(NODES)
+
+
+def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
+    job_project: Project,
+) -> None:
+    """`hostname -I` on rank 0 gives nothing other nodes could reach: exit 3 with the hint to
+    configure the address; nothing is sent to any node."""
+    project = job_project
+    write_job(project)
+    project.ct(NODES[0], "ip", "addr", "flush", "dev", "eth0")
+    try:
+        result = project.launcher("job", "deploy", "--restart", "train")
+        assert result.returncode == 3, result.stderr
+        assert "has no address the other nodes can reach" in result.stdout
+        assert "set jobs.train.addresses.n0 in the inventory" in result.stdout
+        assert "[n0]" not in result.stderr and "[n1]" not in result.stderr
+    finally:
+        project.ct(NODES[0], "ip", "addr", "add", f"{MASTER}/24", "dev", "eth0")
+
+
+def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project) -> None:
+    """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
+    id on both, checkpoints kept) and ends healthy."""
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    watch = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), *WATCH],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+    out, err = watch.communicate(timeout=120)
+    assert watch.returncode == 0, (out, err)
+    assert "unhealthy: n1 (rank 1): the run exited (status 137)" in out
+    assert "restarting the job (1/1)" in out
+    assert "after the restart: healthy: 2 node(s)" in out
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] != before["run_id"]
+    history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
+    assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}

@@ -1,0 +1,154 @@
+"""Multi-node jobs without a host: the `jobs:` section's errors (file, line, key), the
+rendezvous values each rank gets, the address chosen from `hostname -I`, and the verdict's
+wording."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.config import load_inventory
+from launcher.errors import ConfigError, ExitCode
+from launcher.job import Rendezvous, choose_address, load_job, with_env
+from launcher.jobdeploy import JobResult, NodeState
+from launcher.jobverify import job_summary, liveness_problem, run_id
+from launcher.verify.checks import PaneState
+from tests.unit.projectfiles import write_project
+
+JOB = """\
+jobs:
+  train:
+    nodes: [prod, staging]
+    playbook: playbooks/dflash.yaml
+"""
+
+
+def inventory_with(root: Path, jobs: str) -> Path:
+    path = write_project(root)
+    path.write_text(path.read_text() + jobs)
+    return path
+
+
+def problems(root: Path, jobs: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(inventory_with(root, jobs))
+    return caught.value.problems
+
+
+def test_a_valid_job_gives_every_rank_its_rendezvous_values(tmp_path: Path) -> None:
+    inventory = load_inventory(inventory_with(tmp_path, JOB))
+    job = load_job(inventory, "train")
+    assert [n.name for n in job.nodes] == ["prod", "staging"]
+    assert job.spec.master_port == 29500 and job.status_rank == 0
+    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2)
+    targets = with_env(job.nodes, rendezvous)
+    assert [t.playbook.spec.env for t in targets] == [
+        {
+            "NNODES": "2",
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "10.0.0.5",
+            "MASTER_PORT": "29500",
+            "JOB_ID": "train-R1",
+        }
+        for rank in (0, 1)
+    ]
+    # The job's nodes keep their own host and VMID.
+    assert [(t.host_name, t.vmid) for t in targets] == [("pve", 200), ("pve", 201)]
+
+
+@pytest.mark.parametrize(
+    ("jobs", "line", "key", "message"),
+    [
+        (JOB.replace("staging]", "nope]"), 7, "jobs.train.nodes.1", "unknown target 'nope'"),
+        (JOB.replace("staging]", "prod]"), 7, "jobs.train.nodes.1", "same container as 'prod'"),
+        (JOB + "    status_rank: 2\n", 9, "jobs.train.status_rank", "rank 2 does not exist"),
+        (JOB + "    addresses: {other: 10.0.0.1}\n", 9, "jobs.train.addresses.other", "not one"),
+        (JOB + "    addresses: {prod: 127.0.0.1}\n", 9, "jobs.train.addresses", "loopback"),
+        (JOB + "    addresses: {prod: pve-1}\n", 9, "jobs.train.addresses", "not an IP address"),
+        (JOB + "    master_port: 70000\n", 9, "jobs.train.master_port", "65535"),
+        (JOB.replace("  train:", "  prod:"), 6, "jobs.prod", "differ from targets"),
+        (JOB + "    extra: 1\n", 9, "jobs.train.extra", "unknown key"),
+        (JOB.replace("[prod, staging]", "[]"), 7, "jobs.train.nodes", "at least 1"),
+    ],
+)
+def test_job_errors_name_file_line_and_key(
+    tmp_path: Path, jobs: str, line: int, key: str, message: str
+) -> None:
+    [problem] = problems(tmp_path, jobs)
+    line += 7  # the lines of the inventory before `jobs:`
+    assert problem.startswith(f"{tmp_path / 'inventory.yaml'}:{line}: {key}: "), problem
+    assert message in problem
+
+
+def test_a_playbook_that_sets_a_rendezvous_key_is_refused(tmp_path: Path) -> None:
+    path = inventory_with(tmp_path, JOB)
+    book = tmp_path / "playbooks" / "dflash.yaml"
+    book.write_text(book.read_text().replace("env: {}", "env: {NODE_RANK: '3'}"))
+    with pytest.raises(ConfigError) as caught:
+        load_job(load_inventory(path), "train")
+    assert "NODE_RANK set by the playbook" in caught.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("said", "chosen"),
+    [
+        ("10.213.0.110 \n", "10.213.0.110"),
+        ("127.0.1.1 10.0.0.7 fd00::7\n", "10.0.0.7"),
+        ("fe80::1 2001:db8::7\n", "2001:db8::7"),
+        ("169.254.1.1 0.0.0.0\n", None),
+        ("", None),
+        ("not-an-address\n", None),
+    ],
+)
+def test_the_address_other_nodes_reach(said: str, chosen: str | None) -> None:
+    assert choose_address(said) == chosen
+
+
+def state(**changes: object) -> PaneState:
+    base: dict[str, object] = {
+        "session_exists": True,
+        "pane_dead": False,
+        "dead_status": None,
+        "exit_code": None,
+        "capture": "",
+        "run": "train:R1",
+    }
+    base.update(changes)
+    return PaneState(**base)  # type: ignore[arg-type]
+
+
+def test_liveness_of_a_node_without_status_lines() -> None:
+    assert liveness_problem(state(), "train:R1") is None
+    assert liveness_problem(state(session_exists=False), None) == "no session: the run is gone"
+    assert "status 137" in str(liveness_problem(state(pane_dead=True, dead_status=137), None))
+    assert "not the job's run train:R1" in str(liveness_problem(state(run="train:R0"), "train:R1"))
+    assert run_id("train:R1") == "R1" and run_id(None) is None
+
+
+def test_a_restart_or_a_failed_worker_on_a_node_is_the_jobs() -> None:
+    patterns = ["Restarting worker group"]
+    restarted = state(capture="step 1\n[default] Restarting worker group\n")
+    assert liveness_problem(restarted, None, patterns) == (
+        "restarted: [default] Restarting worker group"
+    )
+    failed = state(
+        capture="ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) "
+        "local_rank: 0 (pid: 41) of binary: /usr/bin/python3\n"
+    )
+    assert str(liveness_problem(failed, None, patterns)).startswith("a worker failed: ERROR:")
+    fine = state(capture="worker exited (exitcode: 0)\nrendezvous NNODES=2\n")
+    assert liveness_problem(fine, None, patterns) is None
+
+
+def test_the_verdict_names_the_failing_node_not_the_cut_short_probe() -> None:
+    result = JobResult("train", "verify", "", run_id="R1")
+    result.nodes = [
+        NodeState(0, "n0", "n0 (pve CT 300)", "cut short", "probe ended", ExitCode.UNHEALTHY),
+        NodeState(1, "n1", "n1 (pve CT 301)", "dead", "no session", ExitCode.UNHEALTHY),
+    ]
+    assert job_summary(result) == "unhealthy: n1 (rank 1): no session"
+    assert result.exit_code == ExitCode.UNHEALTHY
+    result.nodes[0] = NodeState(0, "n0", "n0", "healthy", "step 9", ExitCode.OK)
+    result.nodes[1] = NodeState(1, "n1", "n1", "alive", "alive", ExitCode.OK)
+    assert job_summary(result) == "healthy: 2 node(s) in run R1"
