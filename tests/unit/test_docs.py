@@ -30,6 +30,10 @@ OTHER_FLAGS = {
     "--now": "systemctl enable --now",
     "--type": "pvesh get /cluster/resources --type vm",
     "--rdzv_id": "torchrun --rdzv_id",
+    "--rdzv_endpoint": "torchrun --rdzv_endpoint",
+    "--nnodes": "torchrun --nnodes",
+    "--node_rank": "torchrun --node_rank",
+    "--dist": "pytest -n 2 --dist loadfile",
     "--query-gpu": "nvidia-smi --query-gpu=…",
     "--query-compute-apps": "nvidia-smi --query-compute-apps=…",
 }
