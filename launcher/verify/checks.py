@@ -253,6 +253,10 @@ _RECENT = 3  # readings that make the "current" level (a median: one outlier mov
 _QUEUE_READINGS = 30  # readings per poll a queue is judged on
 _KEEP = 20000  # readings kept per series (bounded memory on a long window)
 _CEILING_NEAR = 0.9  # "near the ceiling": at or above this fraction of it
+# A training loss that reads exactly 0 this many times in a row is not learning but broken: Hugging
+# Face's Trainer (logging_nan_inf_filter=True, its default) drops NaN steps from the logged sum,
+# so a run whose every step is NaN logs 'loss': 0.0 (transformers' Trainer._inner_training_loop).
+_ZERO_LOSS_READINGS = 3
 _FLOOR_RISE = 0.2  # below the floor, "still rising" needs this much over the earlier half
 _GAPS_KEPT = 20  # gaps between step changes the run's cadence is learnt from
 # A poll passes only if the step changed within this many of the run's usual gaps (and never
@@ -1014,6 +1018,15 @@ class Judge:
                 rise = (current - low) / abs(low)
                 observed = f"loss {current:.4g}, up {rise:.0%} from this run's lowest {low:.4g}"
                 return CheckResult("loss", Verdict.FAIL, observed, expected, Failure.DEFINITE)
+        zeros = _trailing_zeros(series.values)
+        if zeros >= _ZERO_LOSS_READINGS:
+            before = next((v for v in reversed(series.values) if v != 0.0), None)
+            was = f" (it was {before:.4g})" if before is not None else ""
+            observed = (
+                f"loss exactly 0 in the last {zeros} readings{was}: a NaN the trainer's filter "
+                "logs as 0.0, or a loss that is not computed"
+            )
+            return CheckResult("loss", Verdict.FAIL, observed, expected, Failure.DEFINITE)
         if self._loss_nonfinite:
             observed = f"loss={latest:.4g}, but it was non-finite earlier"
             return CheckResult("loss", Verdict.WARN, observed, expected)
@@ -1046,6 +1059,16 @@ class Judge:
         if loss is not None and math.isfinite(loss):
             shown += f" (while loss={loss:.4g} looks plausible)"
         return CheckResult("finite", Verdict.FAIL, shown, expected, Failure.DEFINITE)
+
+
+def _trailing_zeros(values: deque[float]) -> int:
+    """How many of the latest readings are exactly 0."""
+    count = 0
+    for value in reversed(values):
+        if value != 0.0:
+            break
+        count += 1
+    return count
 
 
 def _counter(sample: Sample) -> tuple[str, float] | None:

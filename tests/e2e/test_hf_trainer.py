@@ -90,3 +90,12 @@ def test_nan_loss_is_unhealthy(hf: Project, tqdm: str) -> None:
     losses = [s["loss"] for s in report["samples"] if s["loss"] is not None]
     assert any(str(v).lower() == "nan" for v in losses), summary(report)  # JSON: "nan"
     assert "nan" in report["reason"], summary(report)
+
+
+def test_nan_hidden_by_the_trainer_s_filter_is_unhealthy(hf: Project) -> None:
+    """transformers 4.30 with its default `logging_nan_inf_filter=True` and no grad_norm in its
+    logs: the NaN steps are dropped from the logged sum, which then reads 'loss': 0.0."""
+    deploy(hf, "hfnanfilter", HF_TQDM="0", HF_NAN_AFTER="60")
+    code, report, _ = verify_json(hf)
+    assert code == 1, summary(report)
+    assert "loss exactly 0" in report["reason"], summary(report)

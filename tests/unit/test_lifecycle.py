@@ -3,6 +3,7 @@ runs, HF Trainer dicts without a bar, and the one-poll states of `status`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -232,3 +233,29 @@ def test_status_exit_codes() -> None:
 def test_ended_prefers_the_tmux_status_to_the_exit_file() -> None:
     assert ended(pane(pane_dead=True, dead_status=0, exit_code=1)) is State.FINISHED
     assert ended(pane()) is None
+
+
+def test_hf_dicts_whose_loss_reads_exactly_zero_are_unhealthy() -> None:
+    # transformers before 4.38 logs no grad_norm, and its NaN filter logs an all-NaN interval as
+    # 'loss': 0.0: the loss alone must tell. From the 5th dict on (second 24) it reads 0.0.
+    lines = [
+        re.sub(r"'loss': [0-9.e+-]+", "'loss': 0.0", re.sub(r"'grad_norm': [^,]+, ", "", line))
+        if index >= 8
+        else re.sub(r"'grad_norm': [^,]+, ", "", line)
+        for index, line in enumerate(HF_DICTS)
+    ]
+    assert "'loss': 0.0" in lines[8] and "grad_norm" not in lines[8]
+    clock = Clock()
+    result = probe(recorded(lines, 3.0), clock, spec=ChecksSpec(), status=HF, wait=30)
+    assert result.exit_code is ExitCode.UNHEALTHY, result.reason
+    assert "loss exactly 0" in result.reason
+
+
+def test_a_loss_that_reads_zero_once_is_not_a_failure() -> None:
+    lines = [
+        re.sub(r"'loss': [0-9.e+-]+", "'loss': 0.0", line) if index == 8 else line
+        for index, line in enumerate(HF_DICTS)
+    ]
+    clock = Clock()
+    result = probe(recorded(lines, 3.0), clock, spec=ChecksSpec(), status=HF, wait=30)
+    assert result.exit_code is ExitCode.OK, result.reason
