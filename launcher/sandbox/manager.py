@@ -224,7 +224,10 @@ class Sandbox:
 
     def connect(self, vmids: Sequence[int]) -> dict[int, str]:
         """Put these containers on one network (launcher.sandbox.network), with a job over
-        them in the inventory; their addresses."""
+        them in the inventory; their addresses. The nodes of a job stand for machines of their
+        own, so each container gets GPUs of its own (a pool named after it)."""
+        for vmid in vmids:
+            self.set_gpu_pool(vmid, f"node{vmid}")
         addresses = network.enable(self.state_dir, self.lxcpath, vmids)
         network.add_job(self.inventory_path, vmids)
         return addresses

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 DEMO = Path(__file__).resolve().parents[2] / "launcher" / "sandbox" / "demo_trainer.py"
 NODES = (300, 301)
 MASTER = address(NODES[0])
-GPU_DEVICE = "/var/lib/sandbox-gpu/nvidia0"
+GPU_DEVICE = "/dev/nvidia0"  # the sandbox GPU device, as CUDA opens it
 # The run prints what it was given, then trains: the env reaches the command through the run
 # file (never a command line), so the shell expands it here.
 ECHO_ENV = (
