@@ -2169,8 +2169,12 @@ def append_record(workdir, record):
 
 
 def op_apply(request, warnings):
-    deploy = Deploy(request, warnings)
-    # A client that disconnects mid-way must not leave half a deploy behind: finish regardless.
+    return run_to_the_end(Deploy(request, warnings))
+
+
+def run_to_the_end(deploy):
+    """Run a deploy transaction (a `Deploy` or a release's); a client that disconnects mid-way
+    must not leave half a deploy behind: it finishes regardless."""
     saved = {
         signal.SIGHUP: signal.signal(signal.SIGHUP, ignore_hangup),
         signal.SIGPIPE: signal.signal(signal.SIGPIPE, signal.SIG_IGN),

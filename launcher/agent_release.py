@@ -38,7 +38,6 @@ if __name__ != "launcher_agent":  # imported by the package; in the container ag
         Deploy,
         checkpoint_problem,
         emit_event,
-        ignore_hangup,
         is_strict_child,
         list_dir,
         new_run_id,
@@ -46,6 +45,7 @@ if __name__ != "launcher_agent":  # imported by the package; in the container ag
         protected_paths,
         remove_quietly,
         remove_tree,
+        run_to_the_end,
         sha256_file,
         state_dir,
         tmp_path,
@@ -629,19 +629,7 @@ def remove_tree_quietly(path):
 
 
 def run_release_transaction(request, warnings):
-    deploy = ReleaseDeploy(request, warnings)
-    saved = {  # as op_apply: a client that goes away does not leave half a deploy
-        signal.SIGHUP: signal.signal(signal.SIGHUP, ignore_hangup),
-        signal.SIGPIPE: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
-    }
-    try:
-        error, result = deploy.run()
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    if error:
-        raise AgentError(error.kind, error.message, data=result, **error.extra)
-    return result
+    return run_to_the_end(ReleaseDeploy(request, warnings))
 
 
 def dispatching(plain):
