@@ -45,7 +45,7 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
-from launcher.protocolcheck import problem
+from launcher.protocolcheck import present_problem, problem
 
 if TYPE_CHECKING:
     from launcher.config import Target
@@ -258,7 +258,8 @@ _known = _Known()
 def check_answer(label: str, op: object, answer: object) -> dict[str, Any]:
     """`answer` as the protocol says `op`'s answer is, or ProtocolError; an answer that carries
     an error becomes that error (AgentFailure). The envelope is checked first, so an error is
-    read from a well-formed one; the op's data only when it succeeded."""
+    read from a well-formed one; a failed op's answer has the part of its data it carries
+    checked (the deploy steps done so far)."""
     found = problem(answer, p.Envelope)
     if found is None:
         envelope = cast(dict[str, Any], answer)
@@ -267,10 +268,13 @@ def check_answer(label: str, op: object, answer: object) -> dict[str, Any]:
         elif envelope["ok"] is not (envelope["error"] is None):
             found = "answer['ok'] disagrees with answer['error']"
         else:
-            failure = error_for(label, envelope)
+            kind = ANSWERS.get(str(op))
+            if kind is not None:
+                ok = envelope["ok"]
+                found = problem(answer, kind) if ok else present_problem(envelope, kind)
+            failure = None if found else error_for(label, envelope)
             if failure is not None:
                 raise failure
-            found = problem(answer, ANSWERS[str(op)]) if op in ANSWERS else None
     if found is not None:
         raise ProtocolError(
             f"{label}: the agent's answer to {op!r} does not match this launcher's protocol: "

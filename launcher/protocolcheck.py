@@ -149,6 +149,18 @@ def _dict(item: Checker) -> Checker:
     return check
 
 
+def present_problem(value: dict[str, Any], kind: type, where: str = "answer") -> str | None:
+    """As `problem`, for only the keys `value` has: a failed op's answer carries part of its
+    data (the deploy steps done so far), which is read too."""
+    for name, (_, hint) in declared_keys(kind).items():
+        if name in value:
+            found = checker(hint)(value[name], f"{where}[{name!r}]")
+            if found is not None:
+                return found
+    return None
+
+
+@cache
 def declared_keys(kind: type) -> dict[str, tuple[bool, object]]:
     """A TypedDict's keys: name → (required, type). Read from the annotations themselves:
     with postponed annotations the class's own __required_keys__ cannot see NotRequired."""

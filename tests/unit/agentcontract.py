@@ -18,7 +18,7 @@ import pytest
 from launcher import agent, agent_release
 from launcher import protocol as p
 from launcher.agentclient import ANSWERS, REQUESTS
-from launcher.protocolcheck import declared_keys, problem
+from launcher.protocolcheck import declared_keys, present_problem, problem
 
 # The bundle runs agent_release.py after agent.py: it adds the release ops to HANDLERS.
 assert "releases" in agent.HANDLERS and agent_release.op_releases
@@ -90,15 +90,23 @@ class HandlerContract:
 
     def wrap(self, op: str, handler: Handler) -> Handler:
         def checked(request: dict[str, Any], warnings: list[str]) -> Any:
-            data = handler(Recording(request, REQUESTS[op], self.reads), warnings)
+            try:
+                data = handler(Recording(request, REQUESTS[op], self.reads), warnings)
+            except agent.AgentError as failed:
+                # A failure answers part of its data (the deploy steps so far): checked too.
+                found = present_problem(failed.extra.get("data") or {}, ANSWERS[op])
+                self._note(op, found)
+                raise
             answer = {"ok": True, "op": op, "error": None, "warnings": warnings, **(data or {})}
-            found = problem(answer, ANSWERS[op])
-            if found is not None:
-                self.problems.append(f"{op}: {found}")
-            self.answers[op] = self.answers.get(op, 0) + 1
+            self._note(op, problem(answer, ANSWERS[op]))
             return data
 
         return checked
+
+    def _note(self, op: str, found: str | None) -> None:
+        if found is not None:
+            self.problems.append(f"{op}: {found}")
+        self.answers[op] = self.answers.get(op, 0) + 1
 
     def undeclared(self) -> list[str]:
         """Reads of keys their type does not declare, as `Type.key`."""

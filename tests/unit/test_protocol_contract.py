@@ -221,3 +221,13 @@ def test_the_check_catches_an_undeclared_read_and_a_wrong_answer(
     assert agent.run_local({"op": "history", "workdir": str(tmp_path)})["ok"]
     assert checked.undeclared() == ["HistoryRequest.verbose"]
     assert checked.problems == ["history: answer['total'] is str 'many', not an integer"]
+
+
+def test_a_failed_answer_has_the_data_it_carries_checked() -> None:
+    failed = {**envelope("apply"), "ok": False, "error": {"kind": "refused", "message": "no"}}
+    steps = [{"name": "lock", "status": "failed", "detail": "held", "kind": "refused"}]
+    with pytest.raises(AgentFailure) as caught:
+        check_answer("ct", "apply", {**failed, "steps": steps})
+    assert caught.value.response["steps"] == steps
+    with pytest.raises(ProtocolError, match=r"answer\['steps'\] is str 'lock', not a list"):
+        check_answer("ct", "apply", {**failed, "steps": "lock"})
