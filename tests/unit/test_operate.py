@@ -43,6 +43,7 @@ from launcher.operate import (
     stop,
 )
 from launcher.remote import resolve_endpoint
+from tests.unit.agentcontract import HandlerContract
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import load_target
 
@@ -194,6 +195,15 @@ def test_history_op_newest_first_skips_bad_lines(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- agent: rollback
+
+
+@pytest.fixture(autouse=True)
+def contract(monkeypatch: pytest.MonkeyPatch) -> Iterator[HandlerContract]:
+    """The agent ops run here also check the protocol both ways (tests/unit/agentcontract.py)."""
+    checked = HandlerContract()
+    checked.install(monkeypatch)
+    yield checked
+    checked.assert_kept()
 
 
 @pytest.fixture
