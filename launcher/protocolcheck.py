@@ -61,7 +61,8 @@ def checker(kind: object) -> Checker:
 
 
 def _describe(value: object) -> str:
-    text = repr(value)
+    """The value's type and the start of its repr (escaped: it came from the container)."""
+    text = repr(value[:41] if isinstance(value, str | bytes | list) else value)
     return f"{type(value).__name__} {text[:40]}{'…' if len(text) > 40 else ''}"
 
 
