@@ -36,6 +36,7 @@ from launcher.endpoint import CommandResult
 from launcher.errors import (
     ContainerError,
     LauncherError,
+    ProtocolError,
     RefusedError,
     RemoteError,
     TransferError,
@@ -44,6 +45,7 @@ from launcher.errors import (
     UsageError,
 )
 from launcher.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
+from launcher.protocolcheck import present_problem, problem
 
 if TYPE_CHECKING:
     from launcher.config import Target
@@ -118,6 +120,33 @@ ERROR_KINDS: dict[str, type[LauncherError]] = {
     "down": UnhealthyError,  # reached, acted on, and the run is not running: not "unreachable"
 }
 assert set(ERROR_KINDS) == set(p.ERROR_KINDS), "every agent error kind has an exit code"
+
+# Each op's request and answer type: every answer is checked against its op's type before a
+# workflow reads it (check_answer); tests/unit/test_protocol_contract.py checks that the agent's
+# handlers read only what the request types declare and that both maps cover every op.
+REQUESTS: dict[str, type] = {
+    "preflight": p.PreflightRequest,
+    "apply": p.TransactionRequest,
+    "rollback": p.TransactionRequest,
+    "stop": p.StopRequest,
+    "poll": p.PollRequest,
+    "logs": p.LogsRequest,
+    "follow": p.FollowRequest,
+    "history": p.HistoryRequest,
+    "releases": p.ReleasesRequest,
+}
+ANSWERS: dict[str, type] = {
+    "preflight": p.PreflightAnswer,
+    "apply": p.TransactionAnswer,
+    "rollback": p.TransactionAnswer,
+    "stop": p.StopAnswer,
+    "poll": p.PollAnswer,
+    "logs": p.LogsAnswer,
+    "follow": p.FollowAnswer,
+    "history": p.HistoryAnswer,
+    "releases": p.ReleasesAnswer,
+}
+assert set(REQUESTS) == set(ANSWERS) == set(p.OPS), "every op has a request and an answer type"
 
 ByteSink = Callable[[bytes], None]
 EventSink = Callable[[dict[str, Any]], None]
@@ -226,6 +255,36 @@ class _Known:
 _known = _Known()
 
 
+def check_answer(label: str, op: object, answer: object) -> dict[str, Any]:
+    """`answer` as the protocol says `op`'s answer is, or ProtocolError; an answer that carries
+    an error becomes that error (AgentFailure). The envelope is checked first, so an error is
+    read from a well-formed one; a failed op's answer has the part of its data it carries
+    checked (the deploy steps done so far)."""
+    found = problem(answer, p.Envelope)
+    if found is None:
+        envelope = cast(dict[str, Any], answer)
+        if envelope["op"] != op:
+            found = f"answer['op'] is {envelope['op']!r}, not {op!r}"
+        elif envelope["ok"] is not (envelope["error"] is None):
+            found = "answer['ok'] disagrees with answer['error']"
+        else:
+            kind = ANSWERS.get(str(op))
+            if kind is not None:
+                ok = envelope["ok"]
+                found = problem(answer, kind) if ok else present_problem(envelope, kind)
+            failure = None if found else error_for(label, envelope)
+            if failure is not None:
+                raise failure
+    if found is not None:
+        raise ProtocolError(
+            f"{label}: the agent's answer to {op!r} does not match this launcher's protocol: "
+            f"{found}",
+            hint="the container ran something other than the agent launcher sent: check what "
+            "`python3` is inside the container",
+        )
+    return cast(dict[str, Any], answer)
+
+
 def error_for(label: str, envelope: dict[str, Any]) -> LauncherError | None:
     """The LauncherError an answer's error stands for, or None when it succeeded."""
     error = envelope.get("error")
@@ -286,13 +345,10 @@ class AgentClient:
                 f"{self.label}: agent op {op!r} failed (exit {result.exit_code}): {result.tail(5)}"
             )
         try:
-            answer: dict[str, Any] = json.loads(text.splitlines()[-1])
+            answer: object = json.loads(text.splitlines()[-1])
         except json.JSONDecodeError:
             raise RemoteError(f"{self.label}: unreadable agent answer: {result.tail(3)}") from None
-        failure = error_for(self.label, answer)
-        if failure is not None:
-            raise failure
-        return answer
+        return check_answer(self.label, op, answer)
 
     # -- ops ------------------------------------------------------------------------------
     def preflight(
@@ -390,16 +446,13 @@ class AgentClient:
         code, text = outcome[-1]
         last = text.splitlines()[-1] if text else ""
         try:
-            answer: dict[str, Any] = json.loads(last) if last.startswith("{") else {}
+            answer: object = json.loads(last) if last.startswith("{") else {}
         except json.JSONDecodeError:
             answer = {}
         if code != 0 or not answer:
             detail = "\n".join(text.splitlines()[-5:]) or "no answer"
             raise RemoteError(f"{self.label}: following the log failed (exit {code}): {detail}")
-        failure = error_for(self.label, answer)
-        if failure is not None:
-            raise failure
-        return cast(p.FollowAnswer, answer)
+        return cast(p.FollowAnswer, check_answer(self.label, "follow", answer))
 
 
 def container_for(target: Target, conn: HostShell) -> Container:

@@ -387,7 +387,7 @@ def read_script(target: Target) -> bytes:
 def transaction_request(
     target: Target,
     *,
-    op: str,
+    op: Literal["apply", "rollback"],
     restart: bool,
     grace: float,
     mode: CheckpointMode,

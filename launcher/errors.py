@@ -77,6 +77,11 @@ class TransferError(RemoteError):
     """An upload did not arrive intact."""
 
 
+class ProtocolError(RemoteError):
+    """The agent's answer is not what this launcher's protocol says (keys, types): the container
+    ran something other than the agent it was sent."""
+
+
 class RefusedError(LauncherError):
     """launcher declined to act, to protect a running job or another operator."""
 

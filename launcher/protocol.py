@@ -15,7 +15,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __name__ != "launcher_agent":
-    from typing import Any, TypedDict
+    # The client's Python (3.11+) has all of these; in the container they are never imported
+    # (see below) and the annotations naming them are never evaluated (the __future__ import).
+    from typing import Any, Literal, NotRequired, Required, TypedDict  # novermin
 else:
     # In the container (see agent.py) nothing reads these types: a plain dict base stands in
     # for TypedDict, so the agent's start, on every call, neither imports typing nor builds
@@ -87,8 +89,8 @@ ERROR_KINDS = ("refused", "locked", "unsafe_path", "corrupt", "compile", "missin
 
 
 class AgentErrorInfo(TypedDict, total=False):
-    kind: str
-    message: str
+    kind: Required[str]
+    message: Required[str]
     holder: dict[str, Any]  # locked: who holds the deploy lock
     holders: list[dict[str, Any]]  # refused for GPUs: the processes holding them
     gpus_outside: list[dict[str, Any]]  # refused for GPUs used from outside the container
@@ -181,18 +183,22 @@ class Envelope(TypedDict):
 
 
 # --------------------------------------------------------------------------- requests
+# Each request declares every key the agent reads from it: `NotRequired` where the agent has a
+# default, required where it cannot do without the key (most answer `invalid`). `op` is the op's
+# name as a Literal. tests/unit/test_protocol_contract.py runs each handler against requests
+# that record what is read and fails on a key the request type does not declare.
 
 
-class PreflightRequest(TypedDict, total=False):
-    op: str
+class PreflightRequest(TypedDict):
+    op: Literal["preflight"]
     workdir: str
     session: str
     dest: str
-    checkpoints: str | None
-    gpus: int
-    need_bytes: int  # free bytes a deploy needs (script, its .prev copy, a margin)
-    create_workdir: bool
-    lock_path: str
+    checkpoints: NotRequired[str | None]
+    gpus: NotRequired[int]
+    need_bytes: NotRequired[int]  # free bytes a deploy needs (script, its .prev copy, a margin)
+    create_workdir: NotRequired[bool]
+    lock_path: NotRequired[str]
 
 
 # A release's directory and link inside the workdir, and where their manifests are kept.
@@ -204,14 +210,14 @@ CURRENT_LINK = "current"
 class SetupRequest(TypedDict):
     run: list[str]
     hash: str  # over the commands and the sha256 of each input: equal means reuse
-    timeout: float
+    timeout: NotRequired[float]
 
 
 class ReleaseSpec(TypedDict, total=False):
     """The release part of an apply (or, with rollback, of a rollback)."""
 
-    manifest: list[list[Any]]
-    manifest_sha256: str
+    manifest: list[list[Any]]  # required unless rollback
+    manifest_sha256: str | None
     blobs_b64: str | None  # the missing files' stream (gzip frames), inline
     blobs_tmp: str | None  # or pushed before to this file in the workdir
     sent_files: int
@@ -220,27 +226,28 @@ class ReleaseSpec(TypedDict, total=False):
     rollback: bool
 
 
-class ReleasesRequest(TypedDict, total=False):
-    op: str
+class ReleasesRequest(TypedDict):
+    op: Literal["releases"]
     workdir: str
-    want: list[str]  # sha256s: which of them does the container hold (verified)?
-    contents: list[str]  # paths in the current release whose text to answer (for --diff)
+    want: NotRequired[list[str]]  # sha256s: which of them does the container hold (verified)?
+    contents: NotRequired[list[str]]  # paths in the current release whose text to answer (--diff)
 
 
 class TransactionRequest(TypedDict, total=False):
-    """apply (deploy) and rollback: one locked transaction, or (plan) its checks alone."""
+    """apply (deploy) and rollback: one locked transaction, or (plan) its checks alone. A
+    rollback is an apply of `<dest>.prev` (or of the previous release): it reads the same keys."""
 
-    op: str
-    workdir: str
-    dest: str | None
-    session: str
+    op: Required[Literal["apply", "rollback"]]
+    workdir: Required[str]
+    session: Required[str]
+    command: Required[str]
+    dest: str | None  # required without a release
     restart: bool
     kill_gpu_holders: bool
     grace: float
     checkpoints: str | None
-    checkpoint_mode: str  # archive | purge | keep
+    checkpoint_mode: Literal["archive", "purge", "keep"]
     keep_archives: int
-    command: str
     env: dict[str, str]
     width: int
     height: int
@@ -249,8 +256,9 @@ class TransactionRequest(TypedDict, total=False):
     lock_path: str
     operator: Operator
     record: dict[str, Any]
-    run_id: str  # default: a new one; a multi-node job gives every node the same
-    # The script: inline (base64) or pushed before to `tmp`; its sha256 is checked either way.
+    run_id: str | None  # default: a new one; a multi-node job gives every node the same
+    # The script: inline (base64) or pushed before to `tmp`; its sha256 is checked either way
+    # (required without a release).
     content_b64: str | None
     tmp: str | None
     sha256: str | None
@@ -264,50 +272,55 @@ class TransactionRequest(TypedDict, total=False):
     # Replace only this run (its marker): refused when the session runs another one by now.
     # Two watchers that saw the same crash both ask; under the deploy lock only one acts.
     expect_run: str | None
+    events: bool  # each step as a JSON line on stderr as it happens (AgentClient.transaction)
+    # The shell that runs the command and the Python that compiles the script; launcher sends
+    # neither (the agent's defaults: /bin/sh, its own interpreter).
+    shell: str
+    python: str
 
 
-class StopRequest(TypedDict, total=False):
-    op: str
-    workdir: str  # where the stop is recorded (the run's state is then `stopped`)
+class StopRequest(TypedDict):
+    op: Literal["stop"]
     session: str
-    grace: float
-    gpus: int
-    cuda_visible_devices: str  # the playbook's env: which GPUs its run uses
-    lock_path: str
-    operator: Operator
+    workdir: NotRequired[str]  # where the stop is recorded (the run's state is then `stopped`)
+    grace: NotRequired[float]
+    gpus: NotRequired[int]
+    cuda_visible_devices: NotRequired[str]  # the playbook's env: which GPUs its run uses
+    lock_path: NotRequired[str]
+    operator: NotRequired[Operator]
 
 
-class PollRequest(TypedDict, total=False):
-    op: str
+class PollRequest(TypedDict):
+    op: Literal["poll"]
     workdir: str
     session: str
-    lines: int
-    lock_path: str
-    checkpoints: str  # answer checkpoint_age for this directory
-    gpus: int  # answer gpus (the run's GPUs) when > 0
+    lines: NotRequired[int]
+    lock_path: NotRequired[str]
+    checkpoints: NotRequired[str | None]  # answer checkpoint_age for this directory
+    gpus: NotRequired[int]  # answer gpus (the run's GPUs) when > 0
 
 
 class LogsRequest(TypedDict):
-    op: str
+    op: Literal["logs"]
     workdir: str
     session: str
-    lines: int
-    raw: bool
+    lines: NotRequired[int]
+    raw: NotRequired[bool]
 
 
 class FollowRequest(TypedDict):
-    op: str
+    op: Literal["follow"]
     workdir: str
     session: str
-    offset: int
-    heartbeat: float
-    interval: float
+    offset: NotRequired[int]
+    heartbeat: NotRequired[float]
+    interval: NotRequired[float]
 
 
 class HistoryRequest(TypedDict):
-    op: str
+    op: Literal["history"]
     workdir: str
-    limit: int
+    limit: NotRequired[int]
 
 
 # --------------------------------------------------------------------------- answers

@@ -16,6 +16,8 @@ from launcher.agentclient import AgentClient, AgentFailure
 from launcher.config import load_inventory
 from launcher.container import Container
 from launcher.deploy import operator_info, transaction_request
+from launcher.errors import ExitCode, ProtocolError
+from launcher.protocolcheck import declared_keys, problem
 from launcher.remote import ConnectionPool
 from tests.e2e.project import DEMO_TRAINER, Project
 
@@ -27,11 +29,13 @@ WORKDIR = "/root/proto"
 
 
 def assert_shape(answer: Any, kind: type) -> None:
-    """`answer` has every required key of the TypedDict `kind`, and no key it does not name."""
-    required = set(kind.__required_keys__)  # type: ignore[attr-defined]
-    known = required | set(kind.__optional_keys__)  # type: ignore[attr-defined]
+    """`answer` has every required key of the TypedDict `kind`, no key it does not name, and
+    every value of its declared type."""
+    keys = declared_keys(kind)
+    required = {name for name, (needed, _) in keys.items() if needed}
     assert required <= set(answer), f"{kind.__name__}: missing {required - set(answer)}"
-    assert set(answer) <= known, f"{kind.__name__}: unexpected {set(answer) - known}"
+    assert set(answer) <= set(keys), f"{kind.__name__}: unexpected {set(answer) - set(keys)}"
+    assert problem(answer, kind) is None, f"{kind.__name__}: {problem(answer, kind)}"
 
 
 @pytest.fixture
@@ -168,3 +172,70 @@ def test_an_error_answer_carries_its_kind_and_the_steps(
     assert_shape(answer, p.TransactionAnswer)
     assert answer["error"]["kind"] == "unsafe_path"
     assert answer["steps"][-1]["kind"] == "unsafe_path"
+
+
+# What a container whose `python3` is not the agent's interpreter might answer (a wrapper, a
+# stub, something hostile): each is a protocol mismatch, exit 3, before any workflow reads it.
+NOT_THE_AGENT = {
+    "no data": ('{"ok": true, "op": "poll", "error": null, "warnings": []}', "has no 'session'"),
+    "another op": (
+        '{"ok": true, "op": "stop", "error": null, "warnings": []}',
+        "answer['op'] is 'stop', not 'poll'",
+    ),
+    "error not an object": (
+        '{"ok": false, "op": "poll", "error": "boom", "warnings": []}',
+        "answer['error'] is str 'boom'",
+    ),
+    "ok with an error": (
+        '{"ok": true, "op": "poll", "error": {"kind": "refused", "message": "x"}, "warnings": []}',
+        "disagrees",
+    ),
+    "not an object": ("[1, 2]", "answer is list"),
+    "wrong type": (
+        '{"ok": true, "op": "poll", "error": null, "warnings": [], "session": {"exists": "yes"},'
+        ' "capture": "", "exit_code": null, "stopped": null, "now": 1, "record": null,'
+        ' "log_age": null, "checkpoint_age": null, "lock": null, "gpus": null}',
+        "answer['session']['exists'] is str 'yes', not a boolean",
+    ),
+}
+# The pct stand-in's PATH inside the container starts with /sbin, the container's own directory
+# (as /usr/sbin is ahead of /usr/bin on a Proxmox CT's PATH): a python3 there shadows the real.
+FAKE_PYTHON = "/sbin/python3"
+
+
+@pytest.mark.parametrize("case", sorted(NOT_THE_AGENT))
+def test_an_answer_that_is_not_the_protocol_is_a_protocol_error(
+    client: tuple[AgentClient, Project], case: str
+) -> None:
+    agent, project = client
+    answer, expected = NOT_THE_AGENT[case]
+    script = f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{answer}'\n"
+    install = f"cat > {FAKE_PYTHON} && chmod 755 {FAKE_PYTHON}"
+    written = project.sandbox.ct_exec(VMID, ["sh", "-c", install], input=script.encode())
+    try:
+        assert written.returncode == 0, written
+        poll: p.PollRequest = {"op": "poll", "workdir": WORKDIR, "session": SESSION}
+        with pytest.raises(ProtocolError) as caught:
+            agent.poll(poll)
+    finally:
+        project.ct(VMID, "rm", "-f", FAKE_PYTHON)
+    assert caught.value.exit_code == ExitCode.UNREACHABLE
+    assert "does not match this launcher's protocol" in caught.value.message
+    assert expected in caught.value.message, caught.value.message
+
+
+def test_status_against_a_python3_that_is_not_the_agent_exits_3(
+    client: tuple[AgentClient, Project],
+) -> None:
+    _, project = client
+    script = b"#!/bin/sh\ncat >/dev/null\necho '{\"ok\": true}'\n"
+    install = f"cat > {FAKE_PYTHON} && chmod 755 {FAKE_PYTHON}"
+    written = project.sandbox.ct_exec(VMID, ["sh", "-c", install], input=script)
+    try:
+        assert written.returncode == 0, written
+        result = project.launcher("status", "-t", SESSION)
+    finally:
+        project.ct(VMID, "rm", "-f", FAKE_PYTHON)
+    assert result.returncode == ExitCode.UNREACHABLE, result
+    assert "does not match this launcher's protocol" in result.stdout + result.stderr, result
+    assert "Traceback" not in result.stderr

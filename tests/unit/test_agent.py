@@ -25,6 +25,7 @@ import pytest
 
 from launcher import agent, protocol
 from launcher.agentclient import BOOT, payload
+from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -122,6 +123,15 @@ class Target:
 
     def state_file(self, name: str) -> Path:
         return self.workdir / ".launcher" / name
+
+
+@pytest.fixture(autouse=True)
+def contract(monkeypatch: pytest.MonkeyPatch) -> Iterator[HandlerContract]:
+    """Every op run here also checks the protocol both ways (see tests/unit/agentcontract.py)."""
+    checked = HandlerContract()
+    checked.install(monkeypatch)
+    yield checked
+    checked.assert_kept()
 
 
 @pytest.fixture

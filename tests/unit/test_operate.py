@@ -43,11 +43,21 @@ from launcher.operate import (
     stop,
 )
 from launcher.remote import resolve_endpoint
+from tests.unit.agentcontract import HandlerContract
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import load_target
 
-NO_SESSION = {"exists": False, "pane_dead": None, "dead_status": None, "pane_pid": None}
-RUNNING = {"exists": True, "pane_dead": False, "dead_status": None, "pane_pid": 42}
+# As the agent answers them (protocol.SessionState): the client checks every key.
+NO_SESSION = {
+    "exists": False,
+    "pane_dead": None,
+    "dead_status": None,
+    "pane_pid": None,
+    "width": None,
+    "run": None,
+    "created": None,
+}
+RUNNING = {**NO_SESSION, "exists": True, "pane_dead": False, "pane_pid": 42, "width": 250}
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
@@ -185,6 +195,15 @@ def test_history_op_newest_first_skips_bad_lines(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- agent: rollback
+
+
+@pytest.fixture(autouse=True)
+def contract(monkeypatch: pytest.MonkeyPatch) -> Iterator[HandlerContract]:
+    """The agent ops run here also check the protocol both ways (tests/unit/agentcontract.py)."""
+    checked = HandlerContract()
+    checked.install(monkeypatch)
+    yield checked
+    checked.assert_kept()
 
 
 @pytest.fixture
@@ -337,7 +356,7 @@ def test_logs_follow_streams_over_one_exec(target: Any) -> None:
         out(b"half line\r\nnext ")
         err(b"\n")  # heartbeat
         out(b"one\nbar 1%\rbar 99%\r\nlast")
-        err(envelope(ended={"reason": "exited", "exit_code": 0}, client_gone=False))
+        err(envelope(ended={"reason": "exited", "exit_code": 0}, client_gone=False, offset=30))
         return 0
 
     host.expect_stream("follow", follow)
@@ -409,6 +428,8 @@ def stop_report(**overrides: Any) -> dict[str, Any]:
         "forced": False,
         "leftover": [],
         "gpu_holders": [],
+        "gpu_others": [],
+        "gpu_outside": [],
     }
     report.update(overrides)
     return {"stopped": report}
@@ -485,7 +506,18 @@ def test_attach_argv_uses_the_hosts_settings() -> None:
 
 
 def poll_answer(session: dict[str, Any]) -> dict[str, Any]:
-    return {"session": session, "capture": "", "exit_code": None, "now": 0.0}
+    return {
+        "session": session,
+        "capture": "",
+        "exit_code": None,
+        "stopped": None,
+        "now": 0.0,
+        "record": None,
+        "log_age": None,
+        "checkpoint_age": None,
+        "lock": None,
+        "gpus": None,
+    }
 
 
 def test_attach_checks_the_session_first(target: Any) -> None:
