@@ -42,6 +42,8 @@ class Param:
     # whose results are objects.
     request: bool = True
     option: str = ""  # the task's option name, when not `name` (`set` is a builtin's name)
+    # A choice the CLI spells as flags, one per value: the tasks spell it the same way.
+    flags: tuple[tuple[str, str, str], ...] = ()  # (task option, value, help)
 
     @property
     def task_name(self) -> str:
@@ -225,6 +227,10 @@ COMMANDS: dict[str, Command] = {
                     "archive",
                     choices=CHECKPOINT_MODES,
                     cli=("purge", "keep"),
+                    flags=(
+                        ("purge_checkpoints", "purge", "Delete old checkpoints, not archive them."),
+                        ("keep_checkpoints", "keep", "Leave checkpoints in place (for a resume)."),
+                    ),
                 ),
                 Param("grace", "duration", GRACE_HELP, type=params.GRACE),
                 _flag("kill_gpu_holders", "Kill processes outside the run that hold the GPUs."),

@@ -26,7 +26,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 
 from launcher.commands import COMMANDS, Command, Param
-from launcher.errors import ExitCode, LauncherError
+from launcher.errors import ExitCode, LauncherError, UsageError
 
 # Short flags are given out in signature order: `target` then `inventory` come first in every
 # task, so -t and -i mean what they mean for the CLI.
@@ -56,7 +56,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
 def _default(param: Param) -> Any:
     """What invoke parses the option as: a flag for False, text for anything else. A count
     stays text (`--tail abc` is the CLI's exit 2, not invoke's ValueError traceback)."""
-    if param.kind == "flag":
+    if param.kind == "flag" or param.flags:
         return False
     if param.kind == "pairs":
         return []
@@ -94,6 +94,9 @@ def _execute(command: Command, given: dict[str, Any]) -> None:
 
     debug = bool(given.get("debug"))
     try:
+        conflict = given.pop("_conflict", None)
+        if conflict:
+            raise UsageError(f"{conflict} exclude each other")
         app = _app(command, given)
         command.run(app, given)
         code = 0
@@ -111,19 +114,36 @@ def _execute(command: Command, given: dict[str, Any]) -> None:
         raise Exit(code=code)
 
 
+def _chosen(command: Command, given: dict[str, Any]) -> dict[str, Any]:
+    """Flags that spell a choice (--purge-checkpoints, --keep-checkpoints) back into it; two
+    of them exclude each other, as for the CLI (checked when the task runs: exit 2)."""
+    for param in command.params:
+        if param.flags:
+            chosen = [value for flag, value, _ in param.flags if given.pop(flag, False)]
+            given[param.name] = chosen[0] if len(chosen) == 1 else param.default
+            if len(chosen) > 1:
+                spelled = [f"--{flag.replace('_', '-')}" for flag, _, _ in param.flags]
+                given["_conflict"] = " and ".join(spelled)
+    return given
+
+
 def make_task(command: Command) -> Task[Any]:
     """An invoke Task whose options are the command's parameters (plus target, inventory...)."""
     helps = {**COMMON, **(FLEET if command.fleet else {})}
-    helps.update({p.task_name: p.help for p in command.params})
+    names = [n for p in command.params for n in ([f for f, _, _ in p.flags] or [p.task_name])]
+    for param in command.params:
+        helps.update({param.task_name: param.help} if not param.flags else {})
+        helps.update({flag: text for flag, _, text in param.flags})
     defaults = {name: COMMON_DEFAULTS[name] for name in helps if name in COMMON_DEFAULTS}
-    defaults.update({p.task_name: _default(p) for p in command.params})
-    order = ["target", "inventory", *[p.task_name for p in command.params]]
+    defaults.update({name: False for name in names})
+    defaults.update({p.task_name: _default(p) for p in command.params if not p.flags})
+    order = ["target", "inventory", *names]
     order += [name for name in helps if name not in order]
 
     renamed = {p.task_name: p.name for p in command.params}
 
     def body(c: Context, **given: Any) -> None:
-        _execute(command, {renamed.get(k, k): v for k, v in given.items()})
+        _execute(command, _chosen(command, {renamed.get(k, k): v for k, v in given.items()}))
 
     body.__name__ = command.name
     body.__qualname__ = command.name

@@ -1,4 +1,4 @@
-"""The Python API against the sandbox: the README's examples run as written, and its errors."""
+"""The Python API against the sandbox: the docs' examples run as written, and its errors."""
 
 from __future__ import annotations
 
@@ -10,25 +10,24 @@ from pathlib import Path
 import pytest
 
 from launcher import Launcher
-from launcher.errors import ConfigError, ExitCode, RemoteError
+from launcher.errors import ConfigError, ExitCode, RemoteError, UsageError
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The API's page (the README links to it; its examples moved there from the README).
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 VMID = 202
 
 
-def readme_examples(section: str) -> list[str]:
-    """The ```python blocks of one `## section` of the README, in order."""
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, re.S | re.M)
-    assert match, f"README has no '## {section}' section"
-    return re.findall(r"^```python\n(.*?)^```", match.group(1), re.S | re.M)
+def doc_examples() -> list[str]:
+    """The ```python blocks of docs/api.md before its Fabric section, in order."""
+    text = API_DOC.read_text(encoding="utf-8").split("\n## Fabric tasks", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
 
 
-def test_readme_examples_run_against_the_sandbox(project: Project) -> None:
-    examples = readme_examples("Python API")
+def test_doc_examples_run_against_the_sandbox(project: Project) -> None:
+    examples = doc_examples()
     assert len(examples) >= 2
     project.write({"prod": (VMID, project.playbook("apidemo"))})
     # One interpreter for all blocks, in the project's directory (inventory.yaml is there).
@@ -82,3 +81,37 @@ def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
 def _accepted(project: Project) -> int:
     log = project.info.state_dir / "sshd.log"
     return log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Project) -> None:
+    project.write({"prod": (VMID, project.playbook("apiopts"))})
+    with Launcher(project.inventory) as api:
+        # Bad values: UsageError (exit code 2) before any connection, as the CLI's exit 2.
+        for bad in (
+            {"env": ["NOEQUALS"]},
+            {"env": "A=1"},
+            {"wait_lock": -1},
+            {"checkpoints": "shred"},
+            {"message": 5},
+        ):
+            with pytest.raises(UsageError) as caught:
+                api.deploy("prod", restart=True, **bad)  # type: ignore[arg-type]
+            assert caught.value.exit_code == ExitCode.USAGE
+        api.deploy("prod", restart=True, message="first")
+        api.deploy(
+            "prod",
+            restart=True,
+            env=["SEED=41"],
+            sets=["stop_grace=2"],
+            message="second",
+            wait_lock=5,
+        )
+        newest = api.history("prod", limit=1).records[0]
+        assert newest["message"] == "second" and newest["env"] == ["SEED"]
+        assert newest["set"] == ["stop_grace=2"]
+        rolled = api.rollback("prod", restart=True, wait_lock=5)
+        assert rolled.exit_code == ExitCode.OK
+        smoked = api.smoke("prod", wait=3)
+        assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
+        assert smoked.deploy.sha256
+        api.stop("prod")

@@ -61,7 +61,9 @@ def test_every_cli_option_has_a_declaration_a_task_option_and_an_api_keyword(nam
             continue
         assert param.name in declared, f"`launcher {name}` option {param.name!r} is not declared"
         owner = declared[param.name]
-        assert owner.task_name in task_options, f"task {name} lacks {owner.task_name!r}"
+        spelled = [flag for flag, _, _ in owner.flags] or [owner.task_name]
+        for option in spelled:
+            assert option in task_options, f"task {name} lacks {option!r}"
         if owner.request:
             assert owner.name in api, f"Launcher.{name} lacks the keyword {owner.name!r}"
 
@@ -138,3 +140,12 @@ def test_a_task_exits_2_on_bad_input_before_reading_the_inventory(
     assert _run_task("status", inventory=missing) == 2
     assert "nope.yaml" in capsys.readouterr().err
     assert _run_task("logs", inventory=missing, tail="abc") == 2
+
+
+def test_the_tasks_spell_a_choice_as_the_clis_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    options = _task_options("deploy")
+    assert "purge_checkpoints" in options and "keep_checkpoints" in options
+    assert "checkpoints" not in options
+    both = {"purge_checkpoints": True, "keep_checkpoints": True}
+    assert _run_task("deploy", inventory="/nonexistent/inventory.yaml", **both) == 2
+    assert "exclude each other" in capsys.readouterr().err
