@@ -20,13 +20,13 @@ import inspect
 import os
 from typing import Any
 
-import click
 from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import Task
 
+from launcher import apiargs
 from launcher.commands import COMMANDS, Command, Param
-from launcher.errors import ExitCode, LauncherError, UsageError
+from launcher.errors import UsageError
 
 # Short flags are given out in signature order: `target` then `inventory` come first in every
 # task, so -t and -i mean what they mean for the CLI.
@@ -63,55 +63,47 @@ def _default(param: Param) -> Any:
     return None if param.default is None else str(param.default)
 
 
-def _app(command: Command, given: dict[str, Any]) -> Any:
-    from launcher.cli.context import KNOWN_HOSTS_ENV, AppContext
+def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
+    """The app context as the CLI's global options fill it."""
+    from launcher.cli.context import KNOWN_HOSTS_ENV
     from launcher.cli.params import PARALLEL
 
     known_hosts = given.pop("known_hosts")
     if known_hosts:  # as the CLI's --known-hosts: through the environment
         os.environ[KNOWN_HOSTS_ENV] = os.path.abspath(os.path.expanduser(known_hosts))
     target = given.pop("target")
-    app = AppContext(
-        inventory_option=given.pop("inventory"),
-        target_names=[target] if target else [],
-        debug=given.pop("debug"),
-        quiet=given.pop("quiet"),
-        command=command.name,
-    )
+    app.inventory_option = given.pop("inventory")
+    app.target_names = [target] if target else []
+    app.quiet = given.pop("quiet")
     if command.fleet:
         app.all_targets = given.pop("all")
         parallel = given.pop("parallel")
         if parallel is not None:
-            from launcher import apiargs
-
             app.parallel = apiargs.converted("parallel", parallel, PARALLEL)
-    return app
 
 
 def _execute(command: Command, given: dict[str, Any]) -> None:
-    """Run the command as the CLI does; its exit code, when not 0, becomes invoke's Exit."""
-    from launcher.cli.context import print_error
+    """Run the command as the CLI does, its errors and Ctrl-C turned into exit codes by the
+    CLI's own guard; a code other than 0 becomes invoke's Exit."""
+    from launcher.cli.context import AppContext
+    from launcher.cli.main import run_guarded
 
-    debug = bool(given.get("debug"))
-    try:
+    debug = bool(given.pop("debug"))
+    app = AppContext(debug=debug, command=command.name)
+
+    def body() -> None:
         conflict = given.pop("_conflict", None)
         if conflict:
             raise UsageError(f"{conflict} exclude each other")
-        app = _app(command, given)
+        _fill(app, command, given)
         command.run(app, given)
-        code = 0
-    except LauncherError as error:
-        print_error(error, debug=debug)
-        code = int(error.exit_code)
-    except click.ClickException as error:  # the CLI's own usage errors (one target, not two)
-        click.echo(f"error: {error.format_message()}", err=True)
-        code = int(ExitCode.USAGE)
-    except KeyboardInterrupt:
-        code = int(ExitCode.INTERRUPTED)
+
+    try:
+        run_guarded(app, body, debug=debug, dry_run=bool(given.get("dry_run")))
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
-    if code:
-        raise Exit(code=code)
+        if code:
+            raise Exit(code=code) from None
 
 
 def _chosen(command: Command, given: dict[str, Any]) -> dict[str, Any]:
