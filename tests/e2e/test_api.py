@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import Launcher
-from launcher.errors import ConfigError, ExitCode, RemoteError, UsageError
+from launcher.errors import ConfigError, ExitCode, LauncherError, RemoteError, UsageError
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
@@ -109,8 +109,11 @@ def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Projec
         newest = api.history("prod", limit=1).records[0]
         assert newest["message"] == "second" and newest["env"] == ["SEED"]
         assert newest["set"] == ["stop_grace=2"]
-        rolled = api.rollback("prod", restart=True, wait_lock=5)
-        assert rolled.exit_code == ExitCode.OK
+        # The same script twice: no previous version, refused with the CLI's exit code.
+        with pytest.raises(LauncherError) as refused:
+            api.rollback("prod", restart=True, wait_lock=5)
+        cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+        assert refused.value.exit_code == cli.returncode == ExitCode.REFUSED
         smoked = api.smoke("prod", wait=3)
         assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
         assert smoked.deploy.sha256

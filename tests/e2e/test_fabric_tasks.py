@@ -124,14 +124,18 @@ def test_fab_deploy_options_reach_the_workflow_as_the_clis_do(project: Project) 
     assert shown.returncode == 0, shown.stderr
     text = json.dumps(json.loads(shown.stdout))
     assert '"env": ["LR", "SEED"]' in text and '"message": "second"' in text
-    assert '"set": ["stop_grace=2"]' in text and "41" not in text
+    assert '"set": ["stop_grace=2"]' in text
+    records = json.loads(shown.stdout)["records"]
+    assert "41" not in json.dumps([r.get("env") for r in records])  # names only
     assert json.loads(project.launcher("history", "--json", "--limit", "1").stdout) == json.loads(
         shown.stdout
     )
 
-    rolled = fab(project, "rollback", "-t", "prod", "--restart", env=env)
-    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
-    assert "prod" in rolled.stdout
+    # The same script twice: no previous version, refused through fab as through the CLI.
+    rolled = fab(project, "rollback", "-t", "prod", "--restart", "--wait-lock", "5s", env=env)
+    cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+    assert rolled.returncode == cli.returncode == 4, rolled.stdout + rolled.stderr
+    assert "no previous version" in rolled.stderr
 
     smoked = fab(project, "smoke", "-t", "prod", "--wait", "3", "--json", env=env)
     assert smoked.returncode == 0, smoked.stdout + smoked.stderr
