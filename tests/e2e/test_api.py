@@ -15,19 +15,18 @@ from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
-# The API's page (the README links to it; its examples moved there from the README).
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 VMID = 202
 
 
-def doc_examples() -> list[str]:
+def api_examples() -> list[str]:
     """The ```python blocks of docs/api.md before its Fabric section, in order."""
     text = API_DOC.read_text(encoding="utf-8").split("\n## Fabric tasks", 1)[0]
     return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
 
 
-def test_doc_examples_run_against_the_sandbox(project: Project) -> None:
-    examples = doc_examples()
+def test_documented_examples_run_against_the_sandbox(project: Project) -> None:
+    examples = api_examples()
     assert len(examples) >= 2
     project.write({"prod": (VMID, project.playbook("apidemo"))})
     # One interpreter for all blocks, in the project's directory (inventory.yaml is there).

@@ -85,9 +85,7 @@ def test_fab_verify_of_a_crashing_run_exits_1_like_the_cli(project: Project) -> 
 
     verified = fab(project, "verify", "-t", "prod", "--wait", "20", "-i", inventory)
     assert verified.returncode == 1, verified.stdout + verified.stderr
-    # A crashed run is in the FAILED state (launcher.verify.lifecycle), through fab as through
-    # the CLI: the same verdict line.
-    assert "prod: FAILED (exit 1)" in verified.stdout
+    assert "prod: FAILED (exit 1)" in verified.stdout  # the state of a run that crashed
     cli = project.launcher("verify", "-t", "prod", "--wait", "20")
     assert cli.returncode == 1
     assert (
