@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher import apiargs as args
-from launcher.cli import params
 from launcher.cluster import place
+from launcher.commands import CHECKPOINT_MODES, COMMANDS
 from launcher.config import Inventory, Target, inventory_path, load_inventory
 from launcher.deploy import CheckpointMode, DeployOptions, DeployReport, Step, deploy
 from launcher.doctor import DoctorResult, doctor
@@ -42,10 +42,23 @@ from launcher.operate import (
 from launcher.remote import Connection, ConnectionPool
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
-from launcher.verify.workflows import ProbeOverrides, run_probe, status_work
+from launcher.verify.workflows import deployed_run, run_probe, status_work
 
 LineSink = Callable[[str], None]
-CHECKPOINT_MODES = ("archive", "purge", "keep")
+__all__ = ["CHECKPOINT_MODES", "Launcher", "SmokeResult", "StatusResult"]
+
+
+@dataclass
+class SmokeResult:
+    """A smoke check: the deploy's report and the probe of the run it started."""
+
+    exit_code: ExitCode
+    deploy: DeployReport
+    probe: ProbeResult
+
+    @property
+    def healthy(self) -> bool:
+        return self.exit_code == ExitCode.OK
 
 
 @dataclass
@@ -122,18 +135,33 @@ class Launcher:
         checkpoints: CheckpointMode = "archive",
         grace: float | None = None,
         kill_gpu_holders: bool = False,
+        wait_lock: float | None = None,
+        env: Sequence[str] = (),
+        sets: Sequence[str] = (),
+        command: str | None = None,
+        message: str | None = None,
+        diff: bool = False,
         on_step: Callable[[Step], None] | None = None,
     ) -> DeployReport:
         """Upload the script (verified), stop the old run (with `restart`), launch it.
 
-        An active run without `restart` raises RefusedError (exit code 4).
+        `env` and `sets` are KEY=VALUE strings, as for `--env` and `--set`. An active run
+        without `restart` raises RefusedError (exit code 4).
         """
-        options = DeployOptions(
-            restart=args.flag("restart", restart),
-            dry_run=args.flag("dry_run", dry_run),
-            checkpoint_mode=args.choice("checkpoints", checkpoints, CHECKPOINT_MODES),
-            grace=args.duration("grace", grace, params.GRACE),
-            kill_gpu_holders=args.flag("kill_gpu_holders", kill_gpu_holders),
+        options = COMMANDS["deploy"].request(
+            dict(
+                restart=restart,
+                dry_run=dry_run,
+                checkpoints=checkpoints,
+                grace=grace,
+                kill_gpu_holders=kill_gpu_holders,
+                wait_lock=wait_lock,
+                env=env,
+                sets=sets,
+                command=command,
+                message=message,
+                diff=diff,
+            )
         )
         on_step = args.callback("on_step", on_step)
         resolved, conn = self._connect(target)
@@ -155,12 +183,14 @@ class Launcher:
         The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
-        overrides = ProbeOverrides(
-            args.duration("wait", wait, params.WAIT),
-            args.duration("interval", interval, params.INTERVAL),
-            args.duration("window", window, params.WINDOW),
-            args.optional_count("successes", successes, params.SUCCESSES),
-            args.optional_count("failure_threshold", failure_threshold, params.SUCCESSES),
+        overrides = COMMANDS["verify"].request(
+            dict(
+                wait=wait,
+                interval=interval,
+                window=window,
+                successes=successes,
+                failure_threshold=failure_threshold,
+            )
         )
         check = args.flag("check", check)
         result = run_probe(self._context(target), overrides)
@@ -168,9 +198,41 @@ class Launcher:
             raise UnhealthyError(f"{result.verdict}: {result.reason}")
         return result
 
+    def smoke(
+        self,
+        target: str | None = None,
+        *,
+        wait: float | None = None,
+        interval: float | None = None,
+        window: float | None = None,
+        successes: int | None = None,
+        failure_threshold: int | None = None,
+        wait_lock: float | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> SmokeResult:
+        """`deploy --restart`, then the probe of the run that deploy started (as `launcher
+        smoke`). A deploy that fails raises its LauncherError; the verdict is in the result."""
+        request = COMMANDS["smoke"].request(
+            dict(
+                wait=wait,
+                interval=interval,
+                window=window,
+                successes=successes,
+                failure_threshold=failure_threshold,
+                wait_lock=wait_lock,
+            )
+        )
+        on_step = args.callback("on_step", on_step)
+        ctx = self._context(target)
+        options = DeployOptions(restart=True, wait_lock=request.wait_lock)
+        report = deploy(ctx.target, ctx.conn, options, on_step=on_step or (lambda step: None))
+        probe = run_probe(ctx, request.overrides, expected_run=deployed_run(report.to_json()))
+        return SmokeResult(probe.exit_code, report, probe)
+
     def status(self, target: str | None = None) -> StatusResult:
         """One poll judged at once, in a lifecycle `state`: exit_code 0 for healthy, starting,
         deploying and finished; 1 for unhealthy, failed, stopped and absent."""
+        COMMANDS["status"].request({})
         outcome = status_work(self._context(target))
         data = outcome.data
         return StatusResult(
@@ -179,9 +241,9 @@ class Launcher:
 
     def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
         """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
-        grace = args.duration("grace", grace, params.GRACE)
+        request = COMMANDS["stop"].request(dict(grace=grace))
         resolved, conn = self._connect(target)
-        return stop(resolved, conn, grace=grace)
+        return stop(resolved, conn, grace=request.grace)
 
     def logs(
         self,
@@ -194,19 +256,23 @@ class Launcher:
     ) -> LogsResult:
         """The last `tail` lines of the run's log (result.lines); `follow` streams new lines to
         `on_line` until the run ends."""
-        tail = args.count("tail", tail, params.LINES)
-        raw, follow = args.flag("raw", raw), args.flag("follow", follow)
+        request = COMMANDS["logs"].request(dict(tail=tail, raw=raw, follow=follow))
         on_line = args.callback("on_line", on_line)
         resolved, conn = self._connect(target)
         return logs(
-            resolved, conn, tail=tail, raw=raw, follow=follow, on_line=on_line or (lambda _: None)
+            resolved,
+            conn,
+            tail=request.tail,
+            raw=request.raw,
+            follow=request.follow,
+            on_line=on_line or (lambda _: None),
         )
 
     def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
         """The deploy records kept in the container, newest first."""
-        limit = args.count("limit", limit, params.LINES)
+        request = COMMANDS["history"].request(dict(limit=limit))
         resolved, conn = self._connect(target)
-        return history(resolved, conn, limit=limit)
+        return history(resolved, conn, limit=request.limit)
 
     def rollback(
         self,
@@ -215,21 +281,28 @@ class Launcher:
         restart: bool = False,
         grace: float | None = None,
         keep_checkpoints: bool = False,
+        wait_lock: float | None = None,
         on_step: Callable[[Step], None] | None = None,
     ) -> RollbackResult:
         """Put the previous script version back and relaunch; refuses (exit code 4) without
         one, or with an active run and no `restart`."""
-        restart = args.flag("restart", restart)
-        grace = args.duration("grace", grace, params.GRACE)
-        keep_checkpoints = args.flag("keep_checkpoints", keep_checkpoints)
+        request = COMMANDS["rollback"].request(
+            dict(
+                restart=restart,
+                grace=grace,
+                keep_checkpoints=keep_checkpoints,
+                wait_lock=wait_lock,
+            )
+        )
         on_step = args.callback("on_step", on_step)
         resolved, conn = self._connect(target)
         return rollback(
             resolved,
             conn,
-            restart=restart,
-            grace=grace,
-            keep_checkpoints=keep_checkpoints,
+            restart=request.restart,
+            grace=request.grace,
+            keep_checkpoints=request.keep_checkpoints,
+            wait_lock=request.wait_lock,
             on_step=on_step or (lambda step: None),
         )
 

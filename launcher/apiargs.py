@@ -26,6 +26,11 @@ def _converted(name: str, value: Any, kind: Any) -> Any:
         raise UsageError(f"{name}={value!r}: {exc}") from None
 
 
+def converted(name: str, value: Any, kind: Any) -> Any:
+    """Text converted by the CLI's own parameter type (a task's `--successes 3`)."""
+    return _converted(name, value, kind)
+
+
 def duration(name: str, value: Any, kind: params.Duration) -> float | None:
     """None (the playbook's setting) or seconds within the CLI's range for this option."""
     if value is None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import GRACE, wait_lock_option
+
+if TYPE_CHECKING:
+    from launcher.deploy import DeployOptions
 
 
 @click.command("deploy")
@@ -80,34 +85,35 @@ def deploy_command(
     Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused (lock held, run active, GPUs busy), 130 interrupted; a fleet: the worst.
     """
-    from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
-    from launcher.deploy import DeployOptions, deploy_work
+    from launcher.commands import COMMANDS
     from launcher.errors import UsageError
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
-    values: dict[str, str] = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env {item!r}: write KEY=VALUE")
-        values[key] = value
-    options = DeployOptions(
-        restart=restart,
-        dry_run=dry_run,
-        checkpoint_mode="purge" if purge else "keep" if keep else "archive",
-        grace=grace,
-        kill_gpu_holders=kill_gpu_holders,
-        wait_lock=wait_lock,
-        env=values,
-        sets=sets,
-        command=command,
-        message=message,
-        diff=diff,
-    )
+    values = {
+        "restart": restart,
+        "dry_run": dry_run,
+        "checkpoints": "purge" if purge else "keep" if keep else "archive",
+        "grace": grace,
+        "kill_gpu_holders": kill_gpu_holders,
+        "wait_lock": wait_lock,
+        "env": env,
+        "sets": sets,
+        "command": command,
+        "message": message,
+        "diff": diff,
+    }
+    run_deploy(app, COMMANDS["deploy"].request(values), json=as_json)
+
+
+def run_deploy(app: AppContext, options: DeployOptions, *, json: bool) -> None:
+    """Deploy on the app's targets and show the result (also `launcher.tasks.deploy`)."""
+    from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
+    from launcher.deploy import deploy_work
+
     outcomes = run_on_targets(app, deploy_work(options))
-    if as_json:
+    if json:
         emit_json("deploy", outcomes, [o.data for o in outcomes])
     else:
         say_result(outcomes)
-    exit_with(outcomes, title="deploy", table=not as_json)
+    exit_with(outcomes, title="deploy", table=not json)

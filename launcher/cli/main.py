@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -167,17 +167,17 @@ _register()
 TRANSACTION_COMMANDS = ("deploy", "rollback", "smoke")
 
 
-def _interrupted(app: AppContext, argv: list[str]) -> NoReturn:
+def _interrupted(app: AppContext, dry_run: bool) -> NoReturn:
     """Exit 130; after a deploy or rollback, say that the container finishes it anyway."""
     click.echo("interrupted", err=True)
-    note = _transaction_note(app, argv)
+    note = _transaction_note(app, dry_run)
     if note:
         click.echo(note, err=True)
     sys.exit(int(ExitCode.INTERRUPTED))
 
 
-def _transaction_note(app: AppContext, argv: list[str]) -> str | None:
-    if app.command not in TRANSACTION_COMMANDS or "--dry-run" in argv:
+def _transaction_note(app: AppContext, dry_run: bool) -> str | None:
+    if app.command not in TRANSACTION_COMMANDS or dry_run:
         return None
     if app._inventory is None:
         return None  # interrupted before the inventory was read: nothing was sent
@@ -221,20 +221,32 @@ def _fail(error: LauncherError, debug: bool) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the group and map every outcome onto ExitCode."""
     args = list(argv if argv is not None else sys.argv[1:])
-    debug = "--debug" in args
-    _paramiko_log(debug)
     app = AppContext(None)
+    run_guarded(
+        app,
+        lambda: cli.main(args=args, prog_name="launcher", standalone_mode=False, obj=app),
+        debug="--debug" in args,
+        dry_run="--dry-run" in args,
+    )
+
+
+def run_guarded(
+    app: AppContext, body: Callable[[], Any], *, debug: bool, dry_run: bool = False
+) -> NoReturn:
+    """Run a command's body and end with its exit code (SystemExit): errors, Ctrl-C and a
+    closed stdout become codes here, for the CLI and the Fabric tasks alike."""
+    _paramiko_log(debug)
     try:
-        code = cli.main(args=args, prog_name="launcher", standalone_mode=False, obj=app)
+        code = body()
     except LauncherError as error:
         _fail(error, debug)
     except click.exceptions.Abort:
-        _interrupted(app, args)
+        _interrupted(app, dry_run)
     except click.ClickException as error:
         error.show()
         sys.exit(int(ExitCode.USAGE))
     except KeyboardInterrupt:
-        _interrupted(app, args)
+        _interrupted(app, dry_run)
     except (BrokenPipeError, OutputClosed):
         _pipe_closed()
     except SystemExit:

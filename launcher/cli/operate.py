@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from launcher.cli.context import (
 )
 from launcher.cli.params import GRACE, LINES, wait_lock_option
 from launcher.termsafe import sanitize
+
+if TYPE_CHECKING:
+    from launcher.commands import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 
 
 @click.command("logs")
@@ -60,6 +64,14 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
     Exit codes: 0 shown, 1 nothing to show (no log, or no session with --raw), 2 --raw-bytes
     on a terminal, 3 unreachable, 141 the reader went away (`| head`).
     """
+    from launcher.commands import COMMANDS
+
+    values = {"tail": tail, "follow": follow, "raw": raw, "raw_bytes": raw_bytes}
+    COMMANDS["logs"].run(app, values)
+
+
+def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
+    """The run's log on one target (also `launcher.tasks.logs`)."""
     from launcher.cluster import place
     from launcher.errors import UsageError
     from launcher.operate import logs
@@ -85,13 +97,13 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
         result = logs(
             target,
             conn,
-            tail=tail,
-            raw=raw,
-            follow=follow,
+            tail=request.tail,
+            raw=request.raw,
+            follow=request.follow,
             on_line=show,
             raw_bytes=write if raw_bytes else None,
         )
-    if result.exit_code or follow:
+    if result.exit_code or request.follow:
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))
 
@@ -120,13 +132,20 @@ def stop_command(app: AppContext, grace: float | None) -> None:
     Exit codes: 0 stopped (or nothing to stop), 2 bad input, 3 unreachable or the stop
     failed, 4 refused (lock held); a fleet: the worst.
     """
+    from launcher.commands import COMMANDS
+
+    COMMANDS["stop"].run(app, {"grace": grace})
+
+
+def run_stop(app: AppContext, request: StopRequest) -> None:
+    """Stop the run on the app's targets (also `launcher.tasks.stop`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
     from launcher.fleet import FleetContext, Outcome
     from launcher.operate import stop
     from launcher.ui import step_line
 
     def work(ctx: FleetContext) -> Outcome:
-        result = stop(ctx.target, ctx.conn, grace=grace)
+        result = stop(ctx.target, ctx.conn, grace=request.grace)
         for step in result.steps:
             ctx.say(step_line(step.name, step.status, step.detail))
         for warning in result.warnings:
@@ -202,12 +221,21 @@ def history_command(app: AppContext, as_json: bool, limit: int) -> None:
     Exit codes: 0 shown (also when none are recorded), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
+    from launcher.commands import COMMANDS
+
+    COMMANDS["history"].run(app, {"limit": limit, "json": as_json})
+
+
+def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None:
+    """The deploy records on the app's targets (also `launcher.tasks.history`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
     from launcher.fleet import FleetContext, Outcome
     from launcher.operate import history, history_lines
 
+    as_json = json
+
     def work(ctx: FleetContext) -> Outcome:
-        result = history(ctx.target, ctx.conn, limit=limit)
+        result = history(ctx.target, ctx.conn, limit=request.limit)
         item = {
             "target": ctx.target.name,
             "exit_code": int(result.exit_code),
@@ -265,6 +293,14 @@ def rollback_command(
     Exit codes: 0 rolled back, 2 bad input, 3 unreachable or a step failed, 4 refused
     (no previous version, lock held, run active without --restart); a fleet: the worst.
     """
+    from launcher.commands import COMMANDS
+
+    values = {"restart": restart, "grace": grace, "keep_checkpoints": keep, "wait_lock": wait_lock}
+    COMMANDS["rollback"].run(app, values)
+
+
+def run_rollback(app: AppContext, request: RollbackRequest) -> None:
+    """Roll back on the app's targets (also `launcher.tasks.rollback`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
     from launcher.fleet import FleetContext, Outcome
     from launcher.operate import rollback
@@ -277,10 +313,10 @@ def rollback_command(
         result = rollback(
             ctx.target,
             ctx.conn,
-            restart=restart,
-            grace=grace,
-            keep_checkpoints=keep,
-            wait_lock=wait_lock,
+            restart=request.restart,
+            grace=request.grace,
+            keep_checkpoints=request.keep_checkpoints,
+            wait_lock=request.wait_lock,
             on_step=show,
         )
         return Outcome(ctx.target.name, result.exit_code, result.summary)

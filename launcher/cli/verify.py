@@ -11,8 +11,10 @@ from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
 
 if TYPE_CHECKING:
+    from launcher.commands import SmokeRequest
     from launcher.config import Target
     from launcher.fleet import Outcome
+    from launcher.verify.workflows import ProbeOverrides
 
 
 def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | None:
@@ -132,20 +134,50 @@ def verify_command(
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 unreachable, 130 interrupted;
     a fleet: the worst.
     """
-    from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.verify.workflows import ProbeOverrides, verify_work
+    from launcher.commands import COMMANDS
 
-    overrides = ProbeOverrides(
-        wait=wait,
-        interval=interval,
-        window=window,
-        successes=successes,
-        failure_threshold=failure_threshold,
-    )
+    values = {
+        "wait": wait,
+        "interval": interval,
+        "window": window,
+        "successes": successes,
+        "failure_threshold": failure_threshold,
+    }
+    shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
+    COMMANDS["verify"].run(app, {**values, **shown})
+
+
+def run_verify(
+    app: AppContext,
+    overrides: ProbeOverrides,
+    *,
+    json: bool,
+    junit: str | Path | None,
+    report: str | Path | None,
+    verbose: bool,
+) -> None:
+    """The probe on the app's targets, its reports (also `launcher.tasks.verify`)."""
+    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.verify.workflows import verify_work
+
+    junit, report = _paths(junit, report)
     outcomes = run_on_targets(app, verify_work(overrides), live=True)
-    _report(app, outcomes, command="verify", as_json=as_json, junit=junit, verbose=verbose)
+    _report(app, outcomes, command="verify", as_json=json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "verify")
-    exit_with(outcomes, title="verify", table=not as_json)
+    exit_with(outcomes, title="verify", table=not json)
+
+
+def _paths(junit: str | Path | None, report: str | Path | None) -> tuple[Path | None, Path | None]:
+    """Report paths; an HTML report that could not be written: exit 2 before connecting."""
+    from launcher.errors import UsageError
+    from launcher.htmlreport import destination_problem
+
+    junit = Path(junit) if junit is not None else None
+    report = Path(report) if report is not None else None
+    problem = destination_problem(report) if report is not None else None
+    if problem:
+        raise UsageError(f"report={str(report)!r}: {problem}")
+    return junit, report
 
 
 @click.command("smoke")
@@ -176,20 +208,38 @@ def smoke_command(
     Example:
       launcher smoke -t staging --wait 60 --junit smoke.xml --report smoke.html --json > smoke.json
     """
-    from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.verify.workflows import ProbeOverrides, smoke_work
+    from launcher.commands import COMMANDS
 
-    overrides = ProbeOverrides(
-        wait=wait,
-        interval=interval,
-        window=window,
-        successes=successes,
-        failure_threshold=failure_threshold,
-    )
-    outcomes = run_on_targets(app, smoke_work(overrides, wait_lock=wait_lock))
-    _report(app, outcomes, command="smoke", as_json=as_json, junit=junit, verbose=verbose)
+    values = {
+        "wait": wait,
+        "interval": interval,
+        "window": window,
+        "successes": successes,
+        "failure_threshold": failure_threshold,
+        "wait_lock": wait_lock,
+    }
+    shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
+    COMMANDS["smoke"].run(app, {**values, **shown})
+
+
+def run_smoke(
+    app: AppContext,
+    request: SmokeRequest,
+    *,
+    json: bool,
+    junit: str | Path | None,
+    report: str | Path | None,
+    verbose: bool,
+) -> None:
+    """Deploy, then the probe, on the app's targets (also `launcher.tasks.smoke`)."""
+    from launcher.cli.targets import exit_with, run_on_targets
+    from launcher.verify.workflows import smoke_work
+
+    junit, report = _paths(junit, report)
+    outcomes = run_on_targets(app, smoke_work(request.overrides, wait_lock=request.wait_lock))
+    _report(app, outcomes, command="smoke", as_json=json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "smoke")
-    exit_with(outcomes, title="smoke", table=not as_json)
+    exit_with(outcomes, title="smoke", table=not json)
 
 
 @click.command("status")
@@ -209,13 +259,20 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     Exit codes: 0 healthy, 1 unhealthy (or no run), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
+    from launcher.commands import COMMANDS
+
+    COMMANDS["status"].run(app, {"json": as_json, "verbose": verbose})
+
+
+def run_status(app: AppContext, request: None, *, json: bool, verbose: bool) -> None:
+    """One poll on the app's targets (also `launcher.tasks.status`)."""
     from launcher.cli.targets import exit_with, run_on_targets
     from launcher.verify.workflows import status_work
 
     outcomes = run_on_targets(app, status_work, quiet=True)
-    if as_json or len(outcomes) == 1:
-        _report(app, outcomes, command="status", as_json=as_json, junit=None, verbose=verbose)
-    exit_with(outcomes, title="status", table=not as_json)
+    if json or len(outcomes) == 1:
+        _report(app, outcomes, command="status", as_json=json, junit=None, verbose=verbose)
+    exit_with(outcomes, title="status", table=not json)
 
 
 def _report(

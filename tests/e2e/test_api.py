@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import Launcher
-from launcher.errors import ConfigError, ExitCode, RemoteError
+from launcher.errors import ConfigError, ExitCode, LauncherError, RemoteError, UsageError
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
@@ -80,3 +80,40 @@ def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
 def _accepted(project: Project) -> int:
     log = project.info.state_dir / "sshd.log"
     return log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Project) -> None:
+    project.write({"prod": (VMID, project.playbook("apiopts"))})
+    with Launcher(project.inventory) as api:
+        # Bad values: UsageError (exit code 2) before any connection, as the CLI's exit 2.
+        for bad in (
+            {"env": ["NOEQUALS"]},
+            {"env": "A=1"},
+            {"wait_lock": -1},
+            {"checkpoints": "shred"},
+            {"message": 5},
+        ):
+            with pytest.raises(UsageError) as caught:
+                api.deploy("prod", restart=True, **bad)  # type: ignore[arg-type]
+            assert caught.value.exit_code == ExitCode.USAGE
+        api.deploy("prod", restart=True, message="first")
+        api.deploy(
+            "prod",
+            restart=True,
+            env=["SEED=41"],
+            sets=["stop_grace=2"],
+            message="second",
+            wait_lock=5,
+        )
+        newest = api.history("prod", limit=1).records[0]
+        assert newest["message"] == "second" and newest["env"] == ["SEED"]
+        assert newest["set"] == ["stop_grace=2"]
+        # The same script twice: no previous version, refused with the CLI's exit code.
+        with pytest.raises(LauncherError) as refused:
+            api.rollback("prod", restart=True, wait_lock=5)
+        cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+        assert refused.value.exit_code == cli.returncode == ExitCode.REFUSED
+        smoked = api.smoke("prod", wait=3)
+        assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
+        assert smoked.deploy.sha256
+        api.stop("prod")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,7 +42,7 @@ def fab(
 def test_fab_lists_the_tasks(project: Project) -> None:
     result = fab(project, "--list")
     assert result.returncode == 0, result.stderr
-    for name in ("deploy", "verify", "status", "stop", "logs"):
+    for name in ("deploy", "verify", "smoke", "status", "stop", "logs", "history", "rollback"):
         assert name in result.stdout
 
 
@@ -87,6 +88,10 @@ def test_fab_verify_of_a_crashing_run_exits_1_like_the_cli(project: Project) -> 
     assert "prod: FAILED (exit 1)" in verified.stdout  # the state of a run that crashed
     cli = project.launcher("verify", "-t", "prod", "--wait", "20")
     assert cli.returncode == 1
+    assert (
+        verified.stdout.splitlines()[0].split(" — ")[0]
+        == cli.stdout.splitlines()[0].split(" — ")[0]
+    )
 
 
 def test_fab_bad_inventory_exits_2_and_unknown_target_too(project: Project) -> None:
@@ -96,3 +101,55 @@ def test_fab_bad_inventory_exits_2_and_unknown_target_too(project: Project) -> N
     assert "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
     unknown = fab(project, "status", "-t", "ghost", "-i", str(project.inventory))
     assert unknown.returncode == 2 and "unknown target 'ghost'" in unknown.stderr
+
+
+def test_fab_deploy_options_reach_the_workflow_as_the_clis_do(project: Project) -> None:
+    """The CLI's newer deploy options (--env, --set, --command, -m, --wait-lock) as task
+    options; history, rollback and smoke as tasks; bad values exit 2 before connecting."""
+    project.write({"prod": (VMID, project.playbook("fabopts"))})
+    env = {"LAUNCHER_INVENTORY": str(project.inventory)}
+    first = fab(project, "deploy", "-t", "prod", "--restart", "-m", "first", env=env)
+    assert first.returncode == 0, first.stderr
+    second = fab(
+        project,
+        *("deploy", "-t", "prod", "--restart", "--env", "SEED=41", "--env", "LR=1"),
+        *("--set", "stop_grace=2", "--message", "second", "--wait-lock", "5s"),
+        env=env,
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    shown = fab(project, "history", "-t", "prod", "--json", "--limit", "1", env=env)
+    assert shown.returncode == 0, shown.stderr
+    text = json.dumps(json.loads(shown.stdout))
+    assert '"env": ["LR", "SEED"]' in text and '"message": "second"' in text
+    assert '"set": ["stop_grace=2"]' in text
+    records = json.loads(shown.stdout)["records"]
+    assert "41" not in json.dumps([r.get("env") for r in records])  # names only
+    assert json.loads(project.launcher("history", "--json", "--limit", "1").stdout) == json.loads(
+        shown.stdout
+    )
+
+    # The same script twice: no previous version, refused through fab as through the CLI.
+    rolled = fab(project, "rollback", "-t", "prod", "--restart", "--wait-lock", "5s", env=env)
+    cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+    assert rolled.returncode == cli.returncode == 4, rolled.stdout + rolled.stderr
+    assert "no previous version" in rolled.stderr
+
+    smoked = fab(project, "smoke", "-t", "prod", "--wait", "3", "--json", env=env)
+    assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+    assert json.loads(smoked.stdout)["schema"].startswith("launcher.smoke/")
+
+    # Bad values: the CLI's checks and exit code 2, nothing changed in the container.
+    before = project.launcher("history", "--json").stdout
+    for args in (
+        ("deploy", "--restart", "--env", "NOEQUALS"),
+        ("deploy", "--restart", "--wait-lock", "2d"),
+        ("deploy", "--restart", "--purge-checkpoints", "--keep-checkpoints"),
+        ("verify", "--wait", "-5"),
+        ("logs", "--tail", "abc"),
+        ("stop", "--parallel", "0"),
+    ):
+        bad = fab(project, args[0], "-t", "prod", *args[1:], env=env)
+        assert bad.returncode == 2, (args, bad.stdout, bad.stderr)
+        assert "Traceback" not in bad.stderr
+    assert project.launcher("history", "--json").stdout == before
