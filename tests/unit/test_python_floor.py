@@ -16,6 +16,7 @@ IN_CONTAINER = [
     LAUNCHER / "sandbox" / "ctinit.py",
     LAUNCHER / "sandbox" / "nvidia_smi.py",
     LAUNCHER / "sandbox" / "demo_trainer.py",
+    LAUNCHER / "agent_release.py",  # appended to agent.py in the bundle
 ]
 FLOOR = "3.8"
 
