@@ -115,6 +115,10 @@ class BenchEnv:
         self.control_dir.chmod(0o700)
         self.runtime_dir.chmod(0o700)
         self.info = self.sandbox.up(self.vmids, gpus=8)
+        # Each container its own 8 GPUs: the benchmark runs 8-GPU runs in many containers at
+        # once, which one host's 8 shared GPUs would (rightly) refuse.
+        for vmid in self.vmids:
+            self.sandbox.set_gpu_pool(vmid, f"ct{vmid}")
         self.sandbox.set_faults()
         self.new_script()
         return self.info
