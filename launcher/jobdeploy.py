@@ -179,6 +179,24 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
     count = len(targets)
     say(job.name, f"checks on {count} node(s) (the {action} in plan mode), nothing changed yet")
     checked = nodes.each(node_work(True, quiet_checks=not phases.dry_run), targets)
+    versions = {r.value.sha256 for r in checked if r.value is not None and r.value.sha256}
+    if len(versions) > 1:
+        # Ranks of one job running different code fail in ways no check sees: refuse.
+        result.nodes = [
+            _state(r, "unchanged", f"would run sha256 {r.value.sha256[:12]}")
+            if r.value is not None
+            else _failed(r, "check failed")
+            for r in checked
+        ]
+        for node in result.nodes:
+            node.exit_code = node.exit_code or ExitCode.REFUSED
+        each = ", ".join(
+            f"{r.target.name} {r.value.sha256[:12]}" for r in checked if r.value is not None
+        )
+        result.summary = (
+            f"nothing changed on any node: the nodes would run different versions ({each})"
+        )
+        return result
     if phases.dry_run or not all(r.ok for r in checked):
         failed = [r for r in checked if not r.ok]
         result.nodes = [

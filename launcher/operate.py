@@ -427,6 +427,10 @@ def history_lines(record: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- rollback
 
 
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
 @dataclass
 class RollbackResult:
     exit_code: ExitCode
@@ -487,6 +491,10 @@ def rollback(
         container, request, emit, timeout=wait + wait_lock + conn.endpoint.command_timeout
     )
     if plan:
+        # The version the node would go back to: the `verify` check's sha256 of the copy of
+        # <dest>.prev (a job's nodes must agree on it).
+        checked = [s.detail.strip() for s in result.steps if s.name == "verify"]
+        result.sha256 = checked[-1] if checked and _is_sha256(checked[-1]) else ""
         result.summary = f"{target.label}: the rollback's checks passed"
         return result
     saved = applied.get("record") or request["record"]

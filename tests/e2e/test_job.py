@@ -576,3 +576,26 @@ def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project
     assert "[n1] stopped following; the run goes on" in err
     code, status, _ = job_json(project, "status", "train")
     assert code == 0 and status[0]["run_id"] == before["run_id"]
+
+
+def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: Project) -> None:
+    """Node 1's previous version is not node 0's: the ranks would run different code."""
+    project = job_project
+    first = write_versioned_job(project, "one")
+    deploy_and_wait(project)
+    second = write_versioned_job(project, "two")
+    deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    prev = "/root/jobdemo/train_demo.py.prev"
+    project.ct(NODES[1], "sh", "-c", f"echo '# changed by hand' >> {prev}")
+    other = project.ct_text(NODES[1], "sha256sum", prev).split()[0]
+
+    code, report, stderr = job_json(project, "rollback", "--restart", "train")
+    assert code == 4, stderr
+    assert report["summary"] == (
+        "nothing changed on any node: the nodes would run different versions "
+        f"(n0 {first[:12]}, n1 {other[:12]})"
+    )
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "unchanged"]
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    assert [script_sha(project, vmid) for vmid in NODES] == [second, second]
