@@ -245,11 +245,11 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
         stopped_note = "; their old runs were stopped" if phases.restart else ""
         if any(r.ok for r in launched):
             result.summary = (
-                f"{action} failed on {bad}{stopped_note}; the other nodes run {run_id} without "
+                f"launch failed on {bad}{stopped_note}; the other nodes run {run_id} without "
                 f"them (`launcher job stop {job.name}` stops them)"
             )
         else:
-            result.summary = f"{action} failed on every node{stopped_note}: nothing runs"
+            result.summary = f"launch failed on every node{stopped_note}: nothing runs"
     return result
 
 
