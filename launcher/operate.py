@@ -427,6 +427,10 @@ def history_lines(record: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- rollback
 
 
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
 @dataclass
 class RollbackResult:
     exit_code: ExitCode
@@ -446,10 +450,16 @@ def rollback(
     keep_checkpoints: bool = False,
     wait_lock: float = 0.0,
     on_step: StepSink = lambda step: None,
+    plan: bool = False,
+    run_id: str | None = None,
+    job: str | None = None,
 ) -> RollbackResult:
     """Put the previous script version (<dest>.prev) back and relaunch, through the same locked
     transaction as deploy (guards, stop, checkpoints, launch, record). No previous version, or
-    an active run without `restart`, refuses (exit 4)."""
+    an active run without `restart`, refuses (exit 4).
+
+    `plan` runs the transaction's checks alone (nothing changed, nothing recorded); `run_id` and
+    `job` are a multi-node job's (launcher.jobrollback): the run id every node records."""
     spec = target.playbook.spec
     wait = spec.stop_grace if grace is None else grace
     result = RollbackResult(ExitCode.OK, "")
@@ -467,6 +477,12 @@ def rollback(
         mode="keep" if keep_checkpoints else "archive",
     )
     request["wait_lock"] = wait_lock
+    if plan:
+        request.update({"plan": True, "keep_going": False})
+    if run_id is not None:
+        request["run_id"] = run_id
+    if job is not None:
+        request["record"]["job"] = job
     if spec.project is not None:
         # A project: `current` goes back to the release before it (verified, its setup done).
         request["release"] = {"rollback": True, "keep_releases": spec.project.keep_releases}
@@ -474,6 +490,13 @@ def rollback(
     applied = run_transaction(
         container, request, emit, timeout=wait + wait_lock + conn.endpoint.command_timeout
     )
+    if plan:
+        # The version the node would go back to: the `verify` check's sha256 of the copy of
+        # <dest>.prev (a job's nodes must agree on it).
+        checked = [s.detail.strip() for s in result.steps if s.name == "verify"]
+        result.sha256 = checked[-1] if checked and _is_sha256(checked[-1]) else ""
+        result.summary = f"{target.label}: the rollback's checks passed"
+        return result
     saved = applied.get("record") or request["record"]
     result.sha256 = str(saved.get("sha256") or "")
     result.rolled_back_from = saved.get("rolled_back_from")

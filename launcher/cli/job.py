@@ -30,6 +30,8 @@ def job() -> None:
       launcher job deploy --restart train && launcher job verify train
       launcher job status
       launcher job history train
+      launcher job logs -f train
+      launcher job rollback --restart train
       launcher job stop train
     """
 
@@ -306,4 +308,115 @@ def watch_command(
         result = watch_job(
             loaded, JobNodes(pool, loaded.nodes), options, say=_say(app), event=event
         )
+    sys.exit(int(result.exit_code))
+
+
+@job.command("rollback")
+@click.argument("name")
+@global_options
+@click.option("--restart", is_flag=True, help="Stop every node's running session first.")
+@click.option("--dry-run", is_flag=True, help="Every node's rollback checks; change nothing.")
+@click.option("--grace", type=GRACE, metavar="DURATION", help="Wait this long after C-c.")
+@click.option("--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place.")
+@_JSON
+@pass_app
+def rollback_command(
+    app: AppContext,
+    name: str,
+    restart: bool,
+    dry_run: bool,
+    grace: float | None,
+    keep: bool,
+    as_json: bool,
+) -> None:
+    """Roll job NAME back to its previous version on all its nodes, or on none.
+
+    As `launcher rollback` on every node (each node's previous script version, <dest>.prev),
+    all or nothing as `job deploy`: every node's checks (a previous version there, lock,
+    active session) pass before any old run is stopped; then every old run stops (--restart);
+    then every node relaunches, all with one new run id. A node that fails after the first
+    stop is reported with the state each node was left in.
+
+    \b
+    Examples:
+      launcher job rollback --restart --dry-run train   # every node's checks
+      launcher job rollback --restart train
+    Exit codes: 0 rolled back (or planned), 2 bad input, 3 unreachable or a step failed,
+    4 refused on a node (no previous version, lock held, run active): the worst node's.
+    """
+    from launcher.jobrollback import rollback_job
+
+    result = _run(
+        app,
+        name,
+        lambda j, nodes: rollback_job(
+            j,
+            nodes,
+            _say(app),
+            restart=restart,
+            dry_run=dry_run,
+            keep_checkpoints=keep,
+            grace=grace,
+        ),
+    )
+    _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("logs")
+@click.argument("name")
+@global_options
+@click.option("--node", metavar="NAME", help="Only this node's lines (default: every node).")
+@click.option(
+    "--tail", "-n", type=LINES, default=50, show_default=True, metavar="N",
+    help="How many of each node's last lines to show.",
+)  # fmt: skip
+@click.option(
+    "-f", "--follow", is_flag=True,
+    help="Keep printing every node's new lines until every run ends or Ctrl-C.",
+)  # fmt: skip
+@click.option("--raw", is_flag=True, help="Show each tmux pane instead of each log.")
+@pass_app
+def logs_command(
+    app: AppContext, name: str, node: str | None, tail: int, follow: bool, raw: bool
+) -> None:
+    """Job NAME's logs: every node's lines, each prefixed with its node (`[n0] ...`).
+
+    As `launcher logs` on each node. The last lines are shown node by node in rank order;
+    with -f every node is followed at once (one stream each) and new lines are shown as they
+    come, until every node's run has ended; Ctrl-C stops following, never the runs (exit 0).
+    Each node's outcome goes to stderr.
+
+    \b
+    Examples:
+      launcher job logs train                 # the last 50 lines of every node
+      launcher job logs --node n1 -n 200 train
+      launcher job logs -f train              # follow every node
+    Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
+    2 bad input, 3 a node unreachable (the others are still shown).
+    """
+    from launcher.job import JobNodes, load_job
+    from launcher.joblogs import job_logs
+    from launcher.remote import ConnectionPool
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+
+    def show(node_name: str, line: str) -> None:
+        # The line is sanitised already (operate.logs); the node's name comes from the inventory.
+        click.echo(f"[{node_name}] {line}")
+
+    with ConnectionPool() as pool:
+        result = job_logs(
+            loaded,
+            JobNodes(pool, loaded.nodes),
+            show,
+            node=node,
+            tail=tail,
+            raw=raw,
+            follow=follow,
+        )
+    for outcome in result.nodes:
+        if outcome.exit_code or follow:
+            click.echo(sanitize(f"[{outcome.node}] {outcome.summary}", keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))

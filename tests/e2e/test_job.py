@@ -3,7 +3,9 @@ Proxmox network; the real CLI over real sshd, LXC, tmux and the demo trainer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -391,3 +393,209 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project) -> N
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
     assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
+
+def write_versioned_job(project: Project, version: str) -> str:
+    """The job's script as version `version` (the demo trainer and a line naming it); its
+    sha256."""
+    source = project.root / "versioned_trainer.py"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    text = DEMO.read_text() + f"# version {version}\n"
+    source.write_text(text)
+    book = project.playbook(
+        "jobdemo", command=ECHO_ENV, gpus=2, script={"source": str(source), "dest": "train_demo.py"}
+    )
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {
+        "train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml", "master_port": 29511}
+    }
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def script_sha(project: Project, vmid: int) -> str:
+    return project.ct_text(vmid, "sha256sum", "/root/jobdemo/train_demo.py").split()[0]
+
+
+def last_record(project: Project, vmid: int) -> dict[str, Any]:
+    records = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/deploys.jsonl")
+    return json.loads(records.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_rollback_after_two_deploys_runs_the_first_version_on_both_nodes(
+    job_project: Project,
+) -> None:
+    project = job_project
+    first = write_versioned_job(project, "one")
+    deploy_and_wait(project)
+    second = write_versioned_job(project, "two")
+    deploy_and_wait(project)
+    assert [script_sha(project, vmid) for vmid in NODES] == [second, second]
+
+    # Checks alone first: nothing changes.
+    code, plan, stderr = job_json(project, "rollback", "--restart", "--dry-run", "train")
+    assert code == 0, stderr
+    assert [n["state"] for n in plan["nodes"]] == ["planned", "planned"]
+    assert [script_sha(project, vmid) for vmid in NODES] == [second, second]
+
+    code, report, stderr = job_json(project, "rollback", "--restart", "train")
+    assert code == 0, stderr
+    run_id = report["run_id"]
+    assert [n["state"] for n in report["nodes"]] == ["launched", "launched"]
+    assert report["summary"].startswith(f"rolled back to run {run_id} (sha256 {first[:12]})")
+    for rank, vmid in enumerate(NODES):
+        assert script_sha(project, vmid) == first
+        record = last_record(project, vmid)
+        assert record["run"] == f"jobdemo:{run_id}" and record["job"] == "train"
+        assert record["rollback"] is True and record["rolled_back_from"] == second
+        # The rolled-back run meets the other ranks as a deploy's does.
+        log = project.ct_text(vmid, "cat", "/root/jobdemo/.launcher/jobdemo.log")
+        assert f"NODE_RANK={rank} MASTER_ADDR={MASTER} MASTER_PORT=29511 JOB_ID=train-{run_id}" in (
+            log
+        )
+    project.wait_for(
+        lambda: project.launcher("job", "status", "train").returncode == 0,
+        timeout=30,
+        what="a healthy job after the rollback",
+    )
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] == run_id
+    code, history, _ = job_json(project, "history", "train")
+    assert history["runs"][0]["run_id"] == run_id
+    assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
+
+def test_rollback_whose_check_fails_on_node1_leaves_node0_running(job_project: Project) -> None:
+    project = job_project
+    write_versioned_job(project, "one")
+    deploy_and_wait(project)
+    second = write_versioned_job(project, "two")
+    before = deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    project.ct(NODES[1], "rm", "/root/jobdemo/train_demo.py.prev")
+
+    code, report, stderr = job_json(project, "rollback", "--restart", "train")
+    assert code == 4, stderr
+    assert report["summary"] == "nothing changed on any node: checks failed on n1 (rank 1)"
+    n0, n1 = report["nodes"]
+    assert n0["state"] == "unchanged" and n1["state"] == "failed"
+    assert "no previous version" in n1["detail"]
+    # Node 0 was neither stopped nor rolled back.
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    assert [script_sha(project, vmid) for vmid in NODES] == [second, second]
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] == before["run_id"]
+
+
+def test_rollback_without_restart_refuses_while_the_job_runs(job_project: Project) -> None:
+    project = job_project
+    write_versioned_job(project, "one")
+    deploy_and_wait(project)
+    write_versioned_job(project, "two")
+    deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    code, report, _ = job_json(project, "rollback", "train")
+    assert code == 4
+    assert [n["state"] for n in report["nodes"]] == ["failed", "failed"]
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+
+
+def test_job_logs_prefixes_every_node_and_picks_one(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    result = project.launcher("job", "logs", "--tail", "500", "train")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("[n0] rendezvous NNODES=2 NODE_RANK=0") for line in lines)
+    assert any(line.startswith("[n1] rendezvous NNODES=2 NODE_RANK=1") for line in lines)
+    assert all(line.startswith(("[n0] ", "[n1] ")) for line in lines)
+
+    one = project.launcher("job", "logs", "--node", "n1", "--tail", "500", "train")
+    assert one.returncode == 0, one.stderr
+    assert one.stdout and all(line.startswith("[n1] ") for line in one.stdout.splitlines())
+    assert "NODE_RANK=1" in one.stdout and "NODE_RANK=0" not in one.stdout
+
+    unknown = project.launcher("job", "logs", "--node", "n7", "train")
+    assert unknown.returncode == 2
+    assert "no node 'n7'" in unknown.stderr and "n0, n1" in unknown.stderr
+
+
+def test_job_logs_without_a_run_on_node1_says_so(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    project.kill_session(NODES[1], "jobdemo")
+    result = project.launcher("job", "logs", "--raw", "train")
+    assert result.returncode == 1
+    assert "[n0] " in result.stdout and "[n1] " not in result.stdout
+    assert "[n1] no session 'jobdemo'" in result.stderr
+
+
+def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    follow = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(6)  # the demo trainer prints a status line every few tenths of a second
+    assert follow.poll() is None, follow.communicate()
+    code, _, stderr = job_json(project, "stop", "train")
+    assert code == 0, stderr
+    out, err = follow.communicate(timeout=60)
+    assert follow.returncode == 0, err
+    lines = out.splitlines()
+    for node in ("n0", "n1"):
+        mine = [line for line in lines if line.startswith(f"[{node}] ")]
+        assert len(mine) > 2, (node, out)  # the tail's one line and new ones
+        assert f"[{node}] the run ended" in err
+    assert all(line.startswith(("[n0] ", "[n1] ")) for line in lines)
+
+
+def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    follow = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0, err
+    assert "[n0] " in out and "[n1] " in out
+    assert "[n0] stopped following; the run goes on" in err
+    assert "[n1] stopped following; the run goes on" in err
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] == before["run_id"]
+
+
+def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: Project) -> None:
+    """Node 1's previous version is not node 0's: the ranks would run different code."""
+    project = job_project
+    first = write_versioned_job(project, "one")
+    deploy_and_wait(project)
+    second = write_versioned_job(project, "two")
+    deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
+    prev = "/root/jobdemo/train_demo.py.prev"
+    project.ct(NODES[1], "sh", "-c", f"echo '# changed by hand' >> {prev}")
+    other = project.ct_text(NODES[1], "sha256sum", prev).split()[0]
+
+    code, report, stderr = job_json(project, "rollback", "--restart", "train")
+    assert code == 4, stderr
+    assert report["summary"] == (
+        "nothing changed on any node: the nodes would run different versions "
+        f"(n0 {first[:12]}, n1 {other[:12]})"
+    )
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "unchanged"]
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    assert [script_sha(project, vmid) for vmid in NODES] == [second, second]

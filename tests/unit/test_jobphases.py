@@ -1,0 +1,137 @@
+"""A job's phases (launcher.jobdeploy.run_phases) and `job logs`' choice of nodes, on fakes
+that fail loudly on anything unexpected: what runs on which node, in which order, and what
+stops the phases before any change."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import jobdeploy
+from launcher.config import Target, load_inventory
+from launcher.deploy import Step
+from launcher.errors import ExitCode, LauncherError, RefusedError, UsageError
+from launcher.job import Job, NodeResult, load_job
+from launcher.jobdeploy import Phases, run_phases
+from launcher.joblogs import chosen_nodes
+from launcher.operate import StopResult
+from tests.unit.test_job import JOB, inventory_with
+
+ADDRESSED = JOB + "    addresses: {prod: 10.0.0.5}\n"  # rank 0's address: no remote call
+
+
+class FakeNodes:
+    """JobNodes without connections: each phase runs in rank order, one at a time."""
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self.targets = list(targets)
+
+    def conn(self, target: Target) -> Any:
+        return object()  # never used by the fake node runs below
+
+    def each(
+        self, work: Callable[[int, Target, Any], Any], targets: Sequence[Target] = ()
+    ) -> list[NodeResult[Any]]:
+        results: list[NodeResult[Any]] = []
+        for rank, target in enumerate(targets or self.targets):
+            try:
+                results.append(NodeResult(rank, target, value=work(rank, target, object())))
+            except LauncherError as error:
+                results.append(NodeResult(rank, target, error=error))
+        return results
+
+
+@dataclasses.dataclass
+class Ran:
+    sha256: str
+
+
+def job(tmp_path: Path) -> Job:
+    return load_job(load_inventory(inventory_with(tmp_path, ADDRESSED)), "train")
+
+
+def recorder(
+    calls: list[tuple[str, ...]], versions: dict[str, str], refuse: str = ""
+) -> Callable[..., Ran]:
+    lock = threading.Lock()
+
+    def run(
+        target: Target, conn: Any, run_id: str, plan: bool, show: Callable[[Step], None]
+    ) -> Ran:
+        env = target.playbook.spec.env
+        with lock:
+            calls.append(("plan" if plan else "run", target.name, run_id, env["NODE_RANK"]))
+        if plan and target.name == refuse:
+            raise RefusedError("no previous version to roll back to")
+        return Ran(versions[target.name])
+
+    return run
+
+
+def test_every_node_checked_then_stopped_then_run_with_one_run_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, ...]] = []
+    stops: list[str] = []
+
+    def stop(target: Target, conn: Any, *, grace: float | None = None) -> StopResult:
+        stops.append(target.name)
+        calls.append(("stop", target.name))
+        return StopResult(ExitCode.OK, "stopped", "dflash")
+
+    monkeypatch.setattr(jobdeploy, "stop", stop)
+    loaded = job(tmp_path)
+    run = recorder(calls, {"prod": "a" * 64, "staging": "a" * 64})
+    result = run_phases(
+        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+    )  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.OK
+    assert [c[0] for c in calls] == ["plan", "plan", "stop", "stop", "run", "run"]
+    assert {c[2] for c in calls if c[0] != "stop"} == {result.run_id}
+    assert [c[3] for c in calls if c[0] == "run"] == ["0", "1"]
+    assert result.summary.startswith(f"rolled back to run {result.run_id} (sha256 {'a' * 12})")
+    assert result.master == "10.0.0.5"
+
+
+def test_a_failed_check_on_node1_changes_nothing(tmp_path: Path) -> None:
+    calls: list[tuple[str, ...]] = []
+    loaded = job(tmp_path)
+    run = recorder(calls, {"prod": "a" * 64, "staging": "a" * 64}, refuse="staging")
+    # No stop is patched in: a stop here would reach the fake connection and fail.
+    result = run_phases(
+        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+    )  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.REFUSED
+    assert [c[0] for c in calls] == ["plan", "plan"]
+    assert [n.state for n in result.nodes] == ["unchanged", "failed"]
+    assert result.summary == "nothing changed on any node: checks failed on staging (rank 1)"
+
+
+def test_nodes_that_would_run_different_versions_change_nothing(tmp_path: Path) -> None:
+    calls: list[tuple[str, ...]] = []
+    loaded = job(tmp_path)
+    run = recorder(calls, {"prod": "a" * 64, "staging": "b" * 64})
+    result = run_phases(
+        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+    )  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.REFUSED
+    assert [c[0] for c in calls] == ["plan", "plan"]
+    assert [n.state for n in result.nodes] == ["unchanged", "unchanged"]
+    assert result.summary == (
+        "nothing changed on any node: the nodes would run different versions "
+        f"(prod {'a' * 12}, staging {'b' * 12})"
+    )
+
+
+def test_job_logs_picks_a_node_by_name(tmp_path: Path) -> None:
+    loaded = job(tmp_path)
+    nodes = FakeNodes(loaded.nodes)
+    assert [t.name for t in chosen_nodes(loaded, nodes, None)] == ["prod", "staging"]  # type: ignore[arg-type]
+    assert [t.name for t in chosen_nodes(loaded, nodes, "staging")] == ["staging"]  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"no node 'other' \(nodes: prod, staging\)"):
+        chosen_nodes(loaded, nodes, "other")  # type: ignore[arg-type]
