@@ -6,14 +6,17 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from launcher.sandbox import Sandbox, SandboxInfo
+
+T = TypeVar("T")
 
 DEMO_TRAINER = Path(__file__).resolve().parents[2] / "launcher" / "sandbox" / "demo_trainer.py"
 
@@ -140,11 +143,15 @@ class Project:
     def kill_session(self, vmid: int, session: str) -> None:
         self.ct(vmid, "tmux", "kill-session", "-t", f"={session}")
 
-    def wait_for(self, predicate: Any, timeout: float = 20, what: str = "condition") -> None:
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float = 20, what: str = "condition"
+    ) -> T:
+        """Polls predicate until it returns something truthy, and returns that."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if predicate():
-                return
+            value = predicate()
+            if value:
+                return value
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
 

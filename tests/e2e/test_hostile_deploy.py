@@ -26,6 +26,8 @@ ESCAPING_TRAINER = f"""
 import subprocess, time
 CHILD = "import time\\nf = open({GPU_DEVICE!r})\\ntime.sleep(600)\\n"
 subprocess.Popen(
+    # setsid(1) forks when its caller already leads a process group, as here: the holder is
+    # reparented away from the run's tree, and for a moment setsid's own pid matches too.
     ["setsid", "env", "-i", "/usr/bin/python3", "-c", CHILD, "escaped-gpu-holder"],
     start_new_session=True,
     stdin=subprocess.DEVNULL,
@@ -41,6 +43,21 @@ def ct_ok(project: Project, *argv: str) -> str:
     result = project.ct(VMID, *argv)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout.decode()
+
+
+def gpu_holder(project: Project, pattern: str) -> str | None:
+    """The one process matching pattern once it has the GPU device open, else None."""
+    found = ct_ok(
+        project,
+        "sh",
+        "-c",
+        'for p in $(pgrep -f "$1"); do '
+        'ls -l /proc/$p/fd 2>/dev/null | grep -q "$2" && echo $p; done; true',
+        "sh",
+        pattern,
+        GPU_DEVICE,
+    ).split()
+    return found[0] if len(found) == 1 else None
 
 
 def pane_pid(project: Project, session: str) -> str:
@@ -158,11 +175,9 @@ def test_gpus_held_from_outside_the_run_refuse_the_deploy(clean_ct: Project) -> 
     book["command"] = "python3 escaper.py"
     project.write({"escaper": (VMID, book)})
     assert project.launcher("deploy").returncode == 0
-    project.wait_for(
-        lambda: "escaped-gpu-holder" in ct_ok(project, "ps", "-eo", "args="),
-        what="the escaped holder",
+    holder = project.wait_for(
+        lambda: gpu_holder(project, "escaped-gpu-holder"), what="the escaped holder"
     )
-    holder = ct_ok(project, "pgrep", "-f", "escaped-gpu-holder").split()[0]
     pid = pane_pid(project, "escaper")
 
     refused = project.launcher("deploy", "--restart")
