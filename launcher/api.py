@@ -23,7 +23,7 @@ from typing import Any
 
 from launcher import apiargs as args
 from launcher.cluster import place
-from launcher.commands import CHECKPOINT_MODES, COMMANDS
+from launcher.commands import CHECKPOINT_MODES, COMMANDS, probe_values
 from launcher.config import Inventory, Target, inventory_path, load_inventory
 from launcher.deploy import CheckpointMode, DeployOptions, DeployReport, Step, deploy
 from launcher.doctor import DoctorResult, doctor
@@ -184,13 +184,7 @@ class Launcher:
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
         overrides = COMMANDS["verify"].request(
-            dict(
-                wait=wait,
-                interval=interval,
-                window=window,
-                successes=successes,
-                failure_threshold=failure_threshold,
-            )
+            probe_values(wait, interval, window, successes, failure_threshold)
         )
         check = args.flag("check", check)
         result = run_probe(self._context(target), overrides)
@@ -212,16 +206,8 @@ class Launcher:
     ) -> SmokeResult:
         """`deploy --restart`, then the probe of the run that deploy started (as `launcher
         smoke`). A deploy that fails raises its LauncherError; the verdict is in the result."""
-        request = COMMANDS["smoke"].request(
-            dict(
-                wait=wait,
-                interval=interval,
-                window=window,
-                successes=successes,
-                failure_threshold=failure_threshold,
-                wait_lock=wait_lock,
-            )
-        )
+        settings = probe_values(wait, interval, window, successes, failure_threshold)
+        request = COMMANDS["smoke"].request({**settings, "wait_lock": wait_lock})
         on_step = args.callback("on_step", on_step)
         ctx = self._context(target)
         options = DeployOptions(restart=True, wait_lock=request.wait_lock)

@@ -145,6 +145,23 @@ def _deploy(v: dict[str, Any]) -> DeployOptions:
     )
 
 
+def probe_values(
+    wait: float | None,
+    interval: float | None,
+    window: float | None,
+    successes: int | None,
+    failure_threshold: int | None,
+) -> dict[str, Any]:
+    """The probe's five settings by name, as the CLI, the API and the tasks pass them."""
+    return {
+        "wait": wait,
+        "interval": interval,
+        "window": window,
+        "successes": successes,
+        "failure_threshold": failure_threshold,
+    }
+
+
 def _probe(v: dict[str, Any]) -> ProbeOverrides:
     return ProbeOverrides(
         v["wait"], v["interval"], v["window"], v["successes"], v["failure_threshold"]

@@ -134,15 +134,9 @@ def verify_command(
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 unreachable, 130 interrupted;
     a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands import COMMANDS, probe_values
 
-    values = {
-        "wait": wait,
-        "interval": interval,
-        "window": window,
-        "successes": successes,
-        "failure_threshold": failure_threshold,
-    }
+    values = probe_values(wait, interval, window, successes, failure_threshold)
     shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
     COMMANDS["verify"].run(app, {**values, **shown})
 
@@ -208,16 +202,10 @@ def smoke_command(
     Example:
       launcher smoke -t staging --wait 60 --junit smoke.xml --report smoke.html --json > smoke.json
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands import COMMANDS, probe_values
 
-    values = {
-        "wait": wait,
-        "interval": interval,
-        "window": window,
-        "successes": successes,
-        "failure_threshold": failure_threshold,
-        "wait_lock": wait_lock,
-    }
+    probe = probe_values(wait, interval, window, successes, failure_threshold)
+    values = {**probe, "wait_lock": wait_lock}
     shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
     COMMANDS["smoke"].run(app, {**values, **shown})
 
