@@ -174,7 +174,8 @@ def test_wait_lock_queues_behind_a_deploy_in_progress(project: Project) -> None:
     deploy_ok(project)
     cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # the first one is now inside its 6 s stop grace, holding the lock
+    # Once it holds the lock it stops the old run, which ignores SIGINT: 6 s of stop grace.
+    wait_for_lock_held_by(project, first.pid)
     waiting = [*cmd, "--wait-lock", "1m"]
     second = subprocess.Popen(waiting, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     short = project.launcher("deploy", "--restart", "--wait-lock", "1s")

@@ -117,26 +117,30 @@ def test_status_while_a_deploy_holds_the_lock_is_deploying(project: Project) -> 
     project.kill_session(VMID, "llock")
 
 
+HANG, STALL = 4, 10  # the freeze, seconds after the start; step.stall_after
+
+
 def test_a_freeze_just_before_the_warmup_ends_is_unhealthy_at_stall_after(
     project: Project,
 ) -> None:
-    # Status lines every 0.3 s, then at second 8 nothing more (a rank hung in a collective);
-    # the warmup ends at 12 s. Healthy must mean progressing now: the probe may only end
-    # unhealthy, when stall_after (20 s) has passed since the last step.
+    # Status lines every 0.3 s, then at second 4 nothing more (a rank hung in a collective);
+    # the warmup ends at 6 s, after the 3 passing polls asked for. Healthy must mean
+    # progressing now: the probe may only end unhealthy, when stall_after (10 s) has passed
+    # since the last step (a probe that counted the warmup's passes would say healthy at 6 s).
     deploy(
         project,
         "lfreeze",
-        env={"DEMO_MODE": "hang", "DEMO_HANG_AFTER": "8", "DEMO_INTERVAL": "0.3"},
-        verify={"wait": 12, "interval": 2, "window": 60, "successes": 3,
-                "step": {"stall_after": 20}},
+        env={"DEMO_MODE": "hang", "DEMO_HANG_AFTER": str(HANG), "DEMO_INTERVAL": "0.3"},
+        verify={"wait": 6, "interval": 2, "window": 60, "successes": 3,
+                "step": {"stall_after": STALL}},
     )  # fmt: skip
     started = time.monotonic()
     code, report, _ = verify_json(project)
     assert code == 1 and report["state"] == "unhealthy", report
     step = next(c for c in report["checks"] if c["name"] == "step")
     assert step["failure"] == "immediate" and "unchanged for" in step["observed"], step
-    # The freeze began ~8 s after the launch; the verdict comes at stall_after after it.
-    assert time.monotonic() - started >= 20 - 8, report["timings"]
+    # The freeze began ~HANG s after the launch; the verdict comes at stall_after after it.
+    assert time.monotonic() - started >= STALL - HANG, report["timings"]
     project.kill_session(VMID, "lfreeze")
 
 

@@ -203,6 +203,10 @@ sys.exit(1)
 """
 
 
+def read(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
 class Hooks:
     """Three webhook receivers on 127.0.0.1: one that answers, one that trickles its answer a
     byte every few seconds (never finishing in time), one that redirects a POST with 302."""
@@ -286,7 +290,16 @@ def test_watch_keeps_secrets_and_delivers_past_slow_hooks_and_huge_lines(
         project.wait_for(lambda: hooks.posts, 40, "the webhook that answers")
         # Neither waited for the trickling hook's 60 s: concurrent destinations, bounded tries.
         assert time.monotonic() - started < 30
-        watch.wait(timeout=60)
+        # Both failing hooks reported (the trickling one after its one-try deadline), then
+        # SIGTERM rather than --for's end: the slow hook's retry may still be queued, so the
+        # outbox in the state dir holds its URL too (the token checks below cover it).
+        project.wait_for(
+            lambda: all(w in read(tmp_path / "watch.err") for w in ("HTTP 302", "no answer")),
+            40,
+            "both failing webhooks reported",
+        )
+        watch.send_signal(signal.SIGTERM)
+        assert watch.wait(timeout=60) == 0
         err = (tmp_path / "watch.err").read_text()
         assert len(err) < 100_000, "the huge line is cut on stderr too"
     finally:
@@ -547,14 +560,28 @@ def test_two_watchers_with_their_own_state_restart_a_crash_once(
         argv += ["--restart-on-failure", "--restart-backoff", "0", "--for", "25"]
         err = (tmp_path / f"watch{n}.err").open("w")
         watchers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env))
-    time.sleep(3)  # both watching before the run starts
+    project.wait_for(
+        lambda: all("watching" in read(tmp_path / f"watch{n}.err") for n in range(2)),
+        30,
+        "both watching before the run starts",
+    )
     assert project.launcher("deploy").returncode == 0
+
+    def records() -> list[Any]:
+        history = json_out(project.launcher("history", "--json"))
+        return history["records"] if isinstance(history, dict) else history  # type: ignore[no-any-return]
+
+    # The restart, then a window of several polls (interval 1 s) in which a second watcher's
+    # restart would land: it decides at the crash and at worst waits out the first's deploy
+    # (its lock), so a duplicate shows within seconds, not at --for's end.
+    project.wait_for(lambda: len(records()) >= 2, 40, "the restart")
+    time.sleep(8)
     for watcher in watchers:
+        watcher.send_signal(signal.SIGTERM)
         watcher.wait(timeout=90)
     errors = [(tmp_path / f"watch{n}.err").read_text() for n in range(2)]
-    history = json_out(project.launcher("history", "--json"))
-    records = history["records"] if isinstance(history, dict) else history
-    assert len(records) == 2, (records, errors)  # the deploy and one restart, not two
+    found = records()
+    assert len(found) == 2, (found, errors)  # the deploy and one restart, not two
     assert sum("restart not needed" in e for e in errors) <= 1, errors
 
 
