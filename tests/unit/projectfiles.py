@@ -7,6 +7,17 @@ from typing import Any
 
 from launcher.config import Target, load_inventory
 
+# As the agent answers them (protocol.SessionState): the client checks every key.
+NO_SESSION: dict[str, Any] = {
+    "exists": False,
+    "pane_dead": None,
+    "dead_status": None,
+    "pane_pid": None,
+    "width": None,
+    "run": None,
+    "created": None,
+}
+
 PLAYBOOK = """\
 name: dflash
 session: dflash
@@ -66,15 +77,7 @@ def preflight_answer(**overrides: Any) -> dict[str, Any]:
             "skipped": False,
             "outside": [],
         },
-        "session": {
-            "exists": False,
-            "pane_dead": None,
-            "dead_status": None,
-            "pane_pid": None,
-            "width": None,
-            "run": None,
-            "created": None,
-        },
+        "session": dict(NO_SESSION),
         "dest_sha256": None,
         "checkpoints": {"path": "/root/dflash/checkpoints", "exists": True, "unsafe": None},
         "lock": None,

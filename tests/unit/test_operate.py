@@ -45,18 +45,8 @@ from launcher.operate import (
 from launcher.remote import resolve_endpoint
 from tests.unit.agentcontract import HandlerContract
 from tests.unit.fakehost import StrictFakeHost
-from tests.unit.projectfiles import load_target
+from tests.unit.projectfiles import NO_SESSION, load_target
 
-# As the agent answers them (protocol.SessionState): the client checks every key.
-NO_SESSION = {
-    "exists": False,
-    "pane_dead": None,
-    "dead_status": None,
-    "pane_pid": None,
-    "width": None,
-    "run": None,
-    "created": None,
-}
 RUNNING = {**NO_SESSION, "exists": True, "pane_dead": False, "pane_pid": 42, "width": 250}
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
