@@ -15,7 +15,7 @@ import time
 from launcher.agent.base import random_hex
 
 # --------------------------------------------------------------------------- bundle cache
-# The client's loader (agentclient.LOADER) hands over the bundle it was sent and has just run, so
+# The loader (boot.py) hands over the bundle it was sent and has just run, so
 # that later calls can send only its sha256. Best effort: a cache that cannot be kept (read-only
 # or full /run, a directory that is not ours) only means the bundle travels again. The loader
 # hashes the bytes it reads before running them, so nothing stored here is trusted as it lies.
@@ -45,12 +45,12 @@ def store_bundle(directory, text):
 def code_key(digest, payload):
     """What a cached compiled bundle starts with: binds the marshal `payload` to the bundle's
     sha256 and to this very interpreter (marshal and bytecode change between versions), and
-    shows a corrupt file. agentclient.LOADER computes the same to check it."""
+    shows a corrupt file. The loader (boot.py) computes the same to check it."""
     return hashlib.sha256(("%s %s\0" % (digest, sys.version)).encode() + payload).digest()
 
 
 def store_code(directory, text, codes):
-    """Cache the compiled bundle (`codes`, the code objects of protocol.py and agent.py compiled
+    """Cache the compiled bundle (`codes`, the (module name, code) pairs compiled
     from `text`) as <directory>/agent-<sha256>.<cache_tag>.code, so later calls skip compiling
     it; the path, or None when it could not be written."""
     try:

@@ -137,7 +137,7 @@ class Deploy:
         self.warnings = warnings
         self.workdir = workdir_param(request)
         self.session = session_param(request)
-        # A project release (agent_release.py) may come without a script.
+        # A project release (release.py) may come without a script.
         project = bool(request.get("release"))
         self.dest_rel = param(request, "dest", str, required=not project)
         self.start_dir = self.workdir
