@@ -2,9 +2,10 @@
 
 Every call is one `pct exec VMID -- python3 -c BOOT`; BOOT runs a small loader that arrives on
 stdin next to the request, so nothing is installed in the container and the command line stays
-short. The agent itself (protocol.py and agent.py, ~90 KB: "the bundle") is cached in the
-container under /run/launcher by its sha256, so a call normally sends only the loader, the hash
-and the request (about 1 KB). Requests are built and answers read here and nowhere else; agent
+short. The agent itself (protocol.py and the modules of launcher/agent/, ~90 KB: "the bundle",
+see launcher/agent/__init__.py) is cached in the container under /run/launcher by its sha256, so
+a call normally sends only the loader (launcher/agent/boot.py), the hash and the request (about
+2 KB). Requests are built and answers read here and nowhere else; agent
 error kinds become LauncherErrors (and so exit codes) here and nowhere else.
 
 The cache, and why it is built this way:
@@ -12,8 +13,8 @@ The cache, and why it is built this way:
   bytes only when the hash matches: a tampered or truncated file is never executed.
 - On a miss (no file, wrong hash, unreadable) it runs nothing, says so on stderr and exits
   MISS_EXIT; the client sends the call again with the bundle, which the agent runs and then
-  caches (agent.store_bundle). A miss costs one more round trip, once per container and launcher
-  version (and after the container's /run is cleared), and never a failure: nothing ran.
+  caches (launcher/agent/cache.py). A miss costs one more round trip, once per container and
+  launcher version (and after the container's /run is cleared), and never a failure: nothing ran.
 - Trying the cache first even in a new process is what makes a one-call command (`status`)
   cheap; the per-process memory below only stops a container that cannot keep the cache
   (read-only or full /run) from costing two round trips on every call of a long command.
@@ -30,7 +31,9 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from launcher import agent
 from launcher import protocol as p
+from launcher.agent import boot
 from launcher.container import Container, HostShell, exec_command
 from launcher.endpoint import CommandResult
 from launcher.errors import (
@@ -51,57 +54,25 @@ if TYPE_CHECKING:
     from launcher.config import Target
 
 
-CACHE_DIR = "/run/launcher"
-MISS_EXIT = 75  # EX_TEMPFAIL: the loader found no valid cached bundle and ran nothing
-MISS_MARKER = "launcher-agent-not-cached"
+# The loader's own constants: boot.py is the one place they are written.
+CACHE_DIR = boot.CACHE_DIR
+MISS_EXIT = boot.MISS_EXIT  # EX_TEMPFAIL: the loader found no valid cached bundle and ran nothing
+MISS_MARKER = boot.MISS_MARKER
 
-# Runs inside the container (Python 3.8+, stdlib only) in BOOT's namespace, where `m` is the
-# stdin line: {"boot", "request", and "bundle" (the sources) and/or "sha256" (the cache key)}.
-# With a bundle it runs that (and caches it when a sha256 came too); with only the sha256 it
-# runs the cached copy whose bytes hash to it, or answers a miss. "cache_dir" is for tests.
-# The cached bundle compiled (<cache>/agent-<sha256>.<cache_tag>.code, marshal) saves compiling
-# ~90 KB of source on every call; it is used only after the bundle itself has passed its hash,
-# when the file and its directory are ours and writable by nobody else, and when its key (see
-# agent.code_key: the bundle's sha256, this interpreter's version and the code) matches, so a
-# corrupt, foreign or other-version file is compiled afresh instead (and rewritten).
-# The answer written, the process ends without the interpreter's teardown (~10 ms a call).
-LOADER = (
-    r"""import hashlib,marshal,os
-def launcher_code(d,h):
-    try:
-        t=sys.implementation.cache_tag;u=os.geteuid()
-        with open('%s/agent-%s.%s.code'%(d,h,t),'rb') as f:s=os.fstat(f.fileno());x=f.read()
-        ds=os.stat(d)
-        if s.st_uid!=u or ds.st_uid!=u or (s.st_mode|ds.st_mode)&0o22:return None
-        if hashlib.sha256(('%s %s\0'%(h,sys.version)).encode()+x[32:]).digest()!=x[:32]:return None
-        return marshal.loads(x[32:])
-    except Exception:return None
-def launcher_boot(m):
-    h=m.get('sha256');b=m.get('bundle');d=m.get('cache_dir','@CACHE_DIR@');c=None
-    if b is None:
-        try:
-            with open('%s/agent-%s.bundle'%(d,h),'rb') as f:b=f.read()
-        except OSError:b=b''
-        if hashlib.sha256(b).hexdigest()!=h:
-            sys.stderr.write('@MISS_MARKER@ %s\n'%h);return @MISS_EXIT@
-        b=b.decode();c=launcher_code(d,h)
-    n=c is None
-    if n:
-        p,a=b.split('\0')
-        c=(compile(p,'launcher_protocol.py','exec'),compile(a,'launcher_agent.py','exec'))
-    g={'__name__':'launcher_agent'}
-    exec(c[0],g);exec(c[1],g)
-    if h and 'bundle' in m:g['store_bundle'](d,b)
-    if h and n:g['store_code'](d,b,c)
-    return g['main'](m['request'])
-r=launcher_boot(m)
-try:sys.stdout.flush();sys.stderr.flush()
-except Exception:pass
-os._exit(r)
-""".replace("@CACHE_DIR@", CACHE_DIR)
-    .replace("@MISS_MARKER@", MISS_MARKER)
-    .replace("@MISS_EXIT@", str(MISS_EXIT))
-)
+
+@cache
+def boot_source() -> str:
+    """launcher/agent/boot.py as it travels, on every call: without its comment lines and blank
+    lines, indented by one space a level instead of four (it has no comment after code, no
+    string spanning lines and no indent but by fours: a test checks that the code is the same)."""
+    text = resources.files("launcher.agent").joinpath("boot.py").read_text(encoding="utf-8")
+    kept = []
+    for line in text.splitlines():
+        code = line.lstrip(" ")
+        if code and not code.startswith("#"):
+            kept.append(" " * ((len(line) - len(code)) // 4) + code)
+    return "\n".join(kept) + "\n"
+
 
 # How a line carries the agent: "source" sends the bundle and caches nothing (tests that run
 # BOOT by hand), "store" sends it and caches it, "cached" sends only its sha256.
@@ -194,24 +165,26 @@ class AgentFailure(LauncherError):
 
 
 @cache
-def agent_sources() -> tuple[str, str]:
-    """(protocol.py, agent.py) as shipped in the package."""
-    package = resources.files("launcher")
-    # agent_release.py runs after agent.py in the same namespace: it is appended to it, so the
-    # loader still splits the bundle in two.
-    return (
-        package.joinpath("protocol.py").read_text(encoding="utf-8"),
-        package.joinpath("agent.py").read_text(encoding="utf-8")
-        + "\n"
-        + package.joinpath("agent_release.py").read_text(encoding="utf-8"),
-    )
+def agent_sources() -> tuple[tuple[str, str], ...]:
+    """(module name, source) of the protocol and the agent's modules, in the order they run."""
+    names = ("launcher.protocol", *(f"launcher.agent.{name}" for name in agent.MODULES))
+    return tuple((name, _module_source(name)) for name in names)
+
+
+def _module_source(name: str) -> str:
+    *folders, leaf = name.split(".")
+    where = resources.files(folders[0])
+    for folder in folders[1:]:
+        where = where.joinpath(folder)
+    return where.joinpath(f"{leaf}.py").read_text(encoding="utf-8")
 
 
 @cache
 def bundle() -> tuple[str, str]:
-    """(the bundle, its sha256): both sources joined by a NUL, which Python source never holds.
-    The hash is over its UTF-8 bytes, exactly what the agent caches and the loader reads."""
-    text = "\0".join(agent_sources())
+    """(the bundle, its sha256): each module's name and source, all joined by NULs, which
+    Python source never holds (launcher/agent/__init__.py). The hash is over its UTF-8 bytes,
+    exactly what the agent caches and the loader reads."""
+    text = "\0".join(part for pair in agent_sources() for part in pair)
     return text, hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -219,7 +192,7 @@ def payload(request: object, *, mode: Mode = "source", cache_dir: str | None = N
     """The one stdin line BOOT reads: the loader, the request and the agent (see Mode).
     `cache_dir` replaces /run/launcher, for tests that run BOOT on this machine."""
     text, digest = bundle()
-    line: dict[str, Any] = {"boot": LOADER, "request": request}
+    line: dict[str, Any] = {"boot": boot_source(), "request": request}
     if mode != "cached":
         line["bundle"] = text
     if mode != "source":

@@ -69,7 +69,7 @@ class _Checks:
 
 
 HOST_CHECKS = ["reachable", "host key", "auth", "pct"]
-# The in-container checks after python3 are the deploy transaction's own (agent.py Deploy).
+# The in-container checks after python3 are the deploy transaction's own (agent/deploy.py Deploy).
 CT_CHECKS = ["container", "running", "python3", "deploy checks"]
 
 

@@ -5,7 +5,7 @@ The manifest lists every file (path, size, mode, sha256), sorted by path. Paths 
 normalised, '/'-separated, never absolute, never '..', never with control characters; a symlink
 is followed only when it resolves to a regular file inside the project (its content travels, not
 the link), so a release never holds a link that leads out of it. The agent checks the same again
-(agent_release.py): nothing from the client is trusted as it arrives.
+(launcher/agent/release.py): nothing from the client is trusted as it arrives.
 
 The stream of missing files is gzip over frames `<sha256> <size>\\n<bytes>`: the agent writes
 each blob by its hash, never by a name from the stream.

@@ -1,8 +1,9 @@
 """The contract between launcher and its in-container agent: every op's request and answer.
 
-This file travels with the agent: the client sends its source next to agent.py's, and both run
-in one namespace inside the container. So it has to run on whatever python3 the container has
-(Python 3.8 syntax, standard library only) and define nothing but names and types. The client
+This file travels with the agent: the client sends its source first in the agent's bundle, and
+inside the container it is the module `launcher.protocol` the agent's modules import (see
+launcher/agent/__init__.py). So it has to run on whatever python3 the container has (Python 3.8
+syntax, standard library only) and define nothing but names and types. The client
 (`launcher.agentclient`) builds requests and reads answers only through these types, and the
 agent uses the same names and constants: there is no second copy to drift.
 
@@ -14,12 +15,13 @@ Every answer is an envelope::
 from __future__ import annotations
 
 TYPE_CHECKING = False
-if TYPE_CHECKING or __name__ != "launcher_agent":
+# The agent's loader marks each module it makes (launcher/agent/boot.py, BUNDLED).
+if TYPE_CHECKING or not globals().get("__launcher_bundled__"):
     # The client's Python (3.11+) has all of these; in the container they are never imported
     # (see below) and the annotations naming them are never evaluated (the __future__ import).
     from typing import Any, Literal, NotRequired, Required, TypedDict  # novermin
 else:
-    # In the container (see agent.py) nothing reads these types: a plain dict base stands in
+    # In the container nothing reads these types: a plain dict base stands in
     # for TypedDict, so the agent's start, on every call, neither imports typing nor builds
     # two dozen TypedDict classes (~10 ms together).
     class TypedDict(dict):
@@ -35,14 +37,14 @@ PANE_HEIGHT = 50
 HISTORY_LIMIT = 100_000
 
 # How the client starts the agent: `pct exec VMID -- AGENT_ARGV`, where BOOT reads one JSON line
-# from stdin and runs the loader in it (agentclient.LOADER). Until that line arrives it does
+# from stdin and runs the loader in it (launcher/agent/boot.py). Until that line arrives it does
 # nothing.
 # The trailing comment names the process in `ps` (and for `pkill -f launcher_agent`).
 # BOOT also imports the standard modules the agent and its loader use (a test keeps the list in
-# step with agent.py) before it waits: they load while the request is on its way.
+# step with the agent's modules) before it waits: they load while the request is on its way.
 AGENT_MODULES = (
-    "base64", "contextlib", "datetime", "fcntl", "hashlib", "marshal", "os", "re", "select",
-    "shlex", "shutil", "signal", "subprocess", "time",
+    "base64", "contextlib", "datetime", "fcntl", "gzip", "hashlib", "io", "marshal", "os", "re",
+    "select", "shlex", "shutil", "signal", "subprocess", "time",
 )  # fmt: skip
 BOOT = (
     f"import json,sys,{','.join(AGENT_MODULES)};"

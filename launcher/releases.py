@@ -3,7 +3,7 @@
 One `releases` round trip asks the agent which of the manifest's files the container already
 holds (by sha256, verified there) and what the current release is; the deploy transaction then
 carries the missing files (inline while small, else pushed first with `pct push`), and the
-agent builds and checks the release before anything is stopped (agent_release.py).
+agent builds and checks the release before anything is stopped (launcher/agent/release.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 its request (and from the typed parts inside it) is one its request type declares, and every
 answer it gives has its answer type's keys and types (as the client checks it).
 
-`HandlerContract.install` wraps `agent.HANDLERS`, so any test that calls `agent.run_local`
+`HandlerContract.install` wraps `agent_main.HANDLERS`, so any test that calls `agent_main.run_local`
 checks both; a read is recorded whether or not the key was sent, so an undeclared optional key
 shows up in any run that reaches the read.
 """
@@ -15,13 +15,11 @@ from typing import Any, get_args
 
 import pytest
 
-from launcher import agent, agent_release
 from launcher import protocol as p
+from launcher.agent import base as agent_base
+from launcher.agent import main as agent_main
 from launcher.agentclient import ANSWERS, REQUESTS
 from launcher.protocolcheck import declared_keys, present_problem, problem
-
-# The bundle runs agent_release.py after agent.py: it adds the release ops to HANDLERS.
-assert "releases" in agent.HANDLERS and agent_release.op_releases
 
 Reads = set[tuple[str, str]]  # (type name, key)
 
@@ -85,14 +83,14 @@ class HandlerContract:
         self.problems: list[str] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for op, handler in list(agent.HANDLERS.items()):
-            monkeypatch.setitem(agent.HANDLERS, op, self.wrap(op, handler))
+        for op, handler in list(agent_main.HANDLERS.items()):
+            monkeypatch.setitem(agent_main.HANDLERS, op, self.wrap(op, handler))
 
     def wrap(self, op: str, handler: Handler) -> Handler:
         def checked(request: dict[str, Any], warnings: list[str]) -> Any:
             try:
                 data = handler(Recording(request, REQUESTS[op], self.reads), warnings)
-            except agent.AgentError as failed:
+            except agent_base.AgentError as failed:
                 # A failure answers part of its data (the deploy steps so far): checked too.
                 found = present_problem(failed.extra.get("data") or {}, ANSWERS[op])
                 self._note(op, found)

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import shlex
@@ -19,17 +20,27 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from launcher import agent, protocol
-from launcher.agentclient import BOOT, payload
+from launcher import protocol
+from launcher.agent import MODULES
+from launcher.agent import base as agent_base
+from launcher.agent import deploy as agent_deploy
+from launcher.agent import gpus as agent_gpus
+from launcher.agent import main as agent_main
+from launcher.agent import paths as agent_paths
+from launcher.agent import poll as agent_poll
+from launcher.agent import processes as agent_processes
+from launcher.agent import stop as agent_stop
+from launcher.agent import tmux as agent_tmux
+from launcher.agentclient import BOOT, agent_sources, payload
 from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
-AGENT_SOURCE = Path(agent.__file__).read_text()
 PROTOCOL_SOURCE = Path(protocol.__file__).read_text()
 TMUX = shutil.which("tmux") or "tmux"
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
@@ -62,7 +73,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
 
 
 def pid_alive(pid: int) -> bool:
-    stat = agent.proc_stat(pid)
+    stat = agent_processes.proc_stat(pid)
     return stat is not None and stat[0] != "Z"
 
 
@@ -112,14 +123,14 @@ class Target:
         return request
 
     def apply(self, source: str = SLEEPER, **overrides: Any) -> dict[str, Any]:
-        return agent.run_local(self.apply_request(source, **overrides))
+        return agent_main.run_local(self.apply_request(source, **overrides))
 
     def poll(self, lines: int = 50) -> dict[str, Any]:
         request = {"op": "poll", "workdir": str(self.workdir), "session": self.session}
-        return agent.run_local({**request, "lines": lines})
+        return agent_main.run_local({**request, "lines": lines})
 
     def state(self) -> dict[str, Any]:
-        return agent.session_state(self.session)
+        return agent_tmux.session_state(self.session)
 
     def state_file(self, name: str) -> Path:
         return self.workdir / ".launcher" / name
@@ -144,7 +155,7 @@ def target(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Target]:
     t = Target(tmp_path)
     yield t
     subprocess.run([TMUX, "kill-server"], capture_output=True, check=False)
-    agent.terminate(agent.run_pids(None, t.session), 0.1)
+    agent_stop.terminate(agent_processes.run_pids(None, t.session), 0.1)
     shutil.rmtree(socket_dir, ignore_errors=True)
 
 
@@ -171,22 +182,33 @@ def run_boot(request: dict[str, Any], python: str | None = None) -> tuple[int, l
 
 
 def test_agent_source_is_python38_syntax() -> None:
-    ast.parse(AGENT_SOURCE, feature_version=(3, 8))
+    for _, source in agent_sources():
+        ast.parse(source, feature_version=(3, 8))
     ast.parse(PROTOCOL_SOURCE, feature_version=(3, 8))
 
 
-def test_protocol_and_agent_agree() -> None:
-    """The ops the protocol names are the ops the agent handles (agent_release.py, bundled
-    after agent.py, adds the release ops); every error kind is known."""
-    import launcher.agent_release  # noqa: F401  (registers its ops, as in the container)
+def agent_modules() -> list[ModuleType]:
+    return [importlib.import_module(f"launcher.agent.{name}") for name in MODULES]
 
-    assert set(agent.HANDLERS) == set(protocol.OPS)
-    assert agent.AgentError("bogus", "x").kind == "failed"
-    assert {k for k in protocol.ERROR_KINDS} == set(agent.ERROR_KINDS)
+
+def patch_agent(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:
+    """Replace the agent's `name` in every module of it that uses it: each one imported the
+    name from the module that defines it, so patching only that one would change nothing."""
+    original = getattr(agent_base, name, None) or getattr(agent_gpus, name)
+    for module in agent_modules():
+        if getattr(module, name, None) is original:
+            monkeypatch.setattr(module, name, value)
+
+
+def test_protocol_and_agent_agree() -> None:
+    """The ops the protocol names are the ops the agent handles; every error kind is known."""
+    assert set(agent_main.HANDLERS) == set(protocol.OPS)
+    assert agent_base.AgentError("bogus", "x").kind == "failed"
+    assert {k for k in protocol.ERROR_KINDS} == set(agent_base.ERROR_KINDS)
 
 
 def test_unknown_op_is_invalid() -> None:
-    result = agent.run_local({"op": "explode"})
+    result = agent_main.run_local({"op": "explode"})
     assert result["ok"] is False
     assert result["error"]["kind"] == "invalid"
 
@@ -246,7 +268,7 @@ def test_boot_on_python38(target: Target) -> None:
 
 
 def preflight(target: Target, create: bool, gpus: int = 0) -> dict[str, Any]:
-    return agent.run_local(
+    return agent_main.run_local(
         {
             "op": "preflight",
             "workdir": str(target.workdir),
@@ -284,9 +306,9 @@ def test_preflight_creates_workdir_when_asked(target: Target) -> None:
 def test_preflight_reports_missing_nvidia_smi(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_which = agent.which
-    monkeypatch.setattr(
-        agent, "which", lambda name: None if name == "nvidia-smi" else real_which(name)
+    real_which = agent_base.which
+    patch_agent(
+        monkeypatch, "which", lambda name: None if name == "nvidia-smi" else real_which(name)
     )
     result = preflight(target, create=False, gpus=2)
     assert result["gpus"]["visible"] == 0
@@ -430,11 +452,11 @@ def test_apply_restart_purge_and_stop_op(target: Target) -> None:
     assert [s["status"] for s in result["steps"] if s["name"] == "install"] == ["unchanged"]
 
     request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
-    stop = agent.run_local({**request, "grace": 2.0, "lock_path": str(target.lock_path)})
+    stop = agent_main.run_local({**request, "grace": 2.0, "lock_path": str(target.lock_path)})
     assert stop["ok"] is True
     assert stop["stopped"]["was_running"] is True and stop["stopped"]["forced"] is False
     assert target.state()["exists"] is False
-    again = agent.run_local({**request, "grace": 0.1, "lock_path": str(target.lock_path)})
+    again = agent_main.run_local({**request, "grace": 0.1, "lock_path": str(target.lock_path)})
     assert again["ok"] is True and again["stopped"]["was_running"] is False
 
 
@@ -445,7 +467,7 @@ def test_corrupt_transfer_is_rejected_and_old_run_untouched(target: Target) -> N
     first = target.apply()
     pane_pid = first["launched"]["pane_pid"]
     request = target.apply_request("print('v2')\n", restart=True, sha256="0" * 64)
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "corrupt"
     assert "expected " + "0" * 64 in result["error"]["message"]
     assert not os.path.exists(request["tmp"])
@@ -461,7 +483,7 @@ def test_corrupt_transfer_is_rejected_and_old_run_untouched(target: Target) -> N
 
 def test_compile_error_is_rejected(target: Target) -> None:
     request = target.apply_request("def broken(:\n    pass\n")
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "compile"
     assert "SyntaxError" in result["error"]["message"]
     assert not os.path.exists(request["tmp"])
@@ -486,7 +508,7 @@ def test_unsafe_checkpoints_touch_nothing(target: Target, case: str) -> None:
         "empty": "",
     }
     request = target.apply_request(checkpoints=paths[case], checkpoint_mode="purge")
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "unsafe_path", result
     assert (outside / "precious.pt").read_text() == "keep me"
     assert not (target.workdir / "train.py").exists()
@@ -496,7 +518,7 @@ def test_unsafe_checkpoints_touch_nothing(target: Target, case: str) -> None:
 
 def test_checkpoint_guard_accepts_nested_child(target: Target) -> None:
     target.workdir.mkdir()
-    path, reason = agent.checkpoint_problem(str(target.workdir), "runs/ckpt")
+    path, reason = agent_paths.checkpoint_problem(str(target.workdir), "runs/ckpt")
     assert reason is None and path == str(target.workdir / "runs" / "ckpt")
 
 
@@ -522,7 +544,7 @@ def test_live_lock_holder_refuses(target: Target) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         request = target.apply_request()
-        result = agent.run_local(request)
+        result = agent_main.run_local(request)
         assert result["error"]["kind"] == "locked"
         assert result["error"]["holder"]["operator"] == "bob"
         assert "bob from desk" in result["error"]["message"]
@@ -553,15 +575,15 @@ def test_stale_lock_is_broken_with_a_warning(target: Target) -> None:
 
 def test_lock_content_while_held(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    real_launch = agent.Deploy.launch
+    real_launch = agent_deploy.Deploy.launch
 
-    def spy(self: agent.Deploy) -> Any:
+    def spy(self: agent_deploy.Deploy) -> Any:
         seen.update(json.loads(Path(self.lock.path).read_text()))
         with open(self.lock.path) as f, pytest.raises(BlockingIOError):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return real_launch(self)
 
-    monkeypatch.setattr(agent.Deploy, "launch", spy)
+    monkeypatch.setattr(agent_deploy.Deploy, "launch", spy)
     assert target.apply()["ok"] is True
     assert seen["operator"] == "alice" and seen["from_host"] == "laptop"
     assert seen["client_pid"] == 4242 and seen["agent_pid"] == os.getpid()
@@ -625,14 +647,14 @@ def test_what_a_transaction_starts_gets_sighup_and_sigpipe_at_their_default(
     it starts (tmux, nvidia-smi, the compile check) begins with both at their default: an
     ignored SIGHUP would be inherited, a caught one is reset by exec."""
     seen: list[str] = []
-    check_launch = agent.Deploy.check_launch
+    check_launch = agent_deploy.Deploy.check_launch
 
-    def spy(self: agent.Deploy) -> Any:
+    def spy(self: agent_deploy.Deploy) -> Any:
         assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL  # the client may go
-        seen.append(agent.run(["grep", "SigIgn:", "/proc/self/status"])[1])
+        seen.append(agent_base.run(["grep", "SigIgn:", "/proc/self/status"])[1])
         return check_launch(self)
 
-    monkeypatch.setattr(agent.Deploy, "check_launch", spy)
+    monkeypatch.setattr(agent_deploy.Deploy, "check_launch", spy)
     result = target.apply()
     assert result["ok"] is True, result["error"]
     assert not ignored_signals(seen[0]) & {signal.SIGHUP, signal.SIGPIPE}, seen[0]
@@ -642,10 +664,10 @@ def test_an_agent_started_with_sighup_ignored_still_ignores_it_but_as_a_handler(
     code = (
         "import signal\n"
         "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-        "from launcher import agent\n"
-        "agent.main({'op': 'nope'})\n"
-        "print(signal.getsignal(signal.SIGHUP) is agent.ignore_hangup)\n"
-        "print(agent.run(['grep', 'SigIgn:', '/proc/self/status'])[1])\n"
+        "from launcher.agent import base, main\n"
+        "main.main({'op': 'nope'})\n"
+        "print(signal.getsignal(signal.SIGHUP) is base.ignore_hangup)\n"
+        "print(base.run(['grep', 'SigIgn:', '/proc/self/status'])[1])\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
@@ -661,7 +683,7 @@ def test_wait_exit_returns_when_a_process_exits_not_at_the_timeout() -> None:
     slow = subprocess.Popen(["sleep", "30"])
     try:
         started = time.monotonic()
-        agent.wait_exit({quick.pid, slow.pid}, 20.0)
+        agent_processes.wait_exit({quick.pid, slow.pid}, 20.0)
         assert time.monotonic() - started < 10.0  # woken by `quick`, long before 20 s
         assert quick.wait(1) == 0
         assert slow.poll() is None
@@ -674,8 +696,8 @@ def test_wait_exit_of_nothing_or_of_the_gone_returns_at_once() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     started = time.monotonic()
-    agent.wait_exit(set(), 20.0)
-    agent.wait_exit({gone.pid}, 20.0)
+    agent_processes.wait_exit(set(), 20.0)
+    agent_processes.wait_exit({gone.pid}, 20.0)
     assert time.monotonic() - started < 10.0
 
 
@@ -685,10 +707,10 @@ def test_wait_exit_of_nothing_or_of_the_gone_returns_at_once() -> None:
 def test_failure_after_install_still_answers_with_steps(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken_launch(self: agent.Deploy) -> Any:
+    def broken_launch(self: agent_deploy.Deploy) -> Any:
         raise RuntimeError("tmux exploded")
 
-    monkeypatch.setattr(agent.Deploy, "launch", broken_launch)
+    monkeypatch.setattr(agent_deploy.Deploy, "launch", broken_launch)
     result = target.apply(checkpoints=None, checkpoint_mode="keep")
     # Not "failed" (which reads as unreachable): reached, acted on, nothing running.
     assert result["ok"] is False and result["error"]["kind"] == "down"
@@ -719,10 +741,10 @@ def test_preflight_lists_gpus_and_what_is_used_from_outside(
     fake = tmp_path / "nvidia-smi"
     fake.write_text(FAKE_NVIDIA_SMI)
     fake.chmod(0o755)
-    real_which = agent.which
-    monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
     # This machine's /proc may show a sandbox container's GPU holders: none here.
-    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
     gpus = preflight(target, create=False, gpus=2)["gpus"]
     assert gpus["visible"] == 2 and gpus["names"] == ["NVIDIA Fake 80GB"] * 2
     assert gpus["error"] is None
@@ -733,21 +755,21 @@ def test_preflight_lists_gpus_and_what_is_used_from_outside(
 
 
 def test_wanted_gpus_follow_cuda_visible_devices() -> None:
-    assert agent.wanted_gpus(2) == {0, 1}
-    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == {4, 5}
+    assert agent_gpus.wanted_gpus(2) == {0, 1}
+    assert agent_gpus.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == {4, 5}
     # UUIDs or nothing usable: the first `gpus`
-    assert agent.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == {0, 1}
+    assert agent_gpus.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == {0, 1}
 
 
 def test_used_outside_ignores_gpus_held_here_and_idle_ones() -> None:
     devices = [
         {"index": 0, "used_mib": 22512, "total_mib": 1, "util": 0},
         {"index": 1, "used_mib": 22512, "total_mib": 1, "util": 0},
-        {"index": 2, "used_mib": agent.GPU_IDLE_MIB, "total_mib": 1, "util": 0},
+        {"index": 2, "used_mib": agent_gpus.GPU_IDLE_MIB, "total_mib": 1, "util": 0},
         {"index": 3, "used_mib": 9000, "total_mib": 1, "util": 0},
     ]
     held = {77: [1]}
-    assert agent.used_outside(devices, held, {0, 1, 2}) == [{"index": 0, "used_mib": 22512}]
+    assert agent_gpus.used_outside(devices, held, {0, 1, 2}) == [{"index": 0, "used_mib": 22512}]
 
 
 def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> None:
@@ -781,10 +803,12 @@ def test_stop_of_a_hand_started_shell_session_is_not_forced(target: Target) -> N
         ],
         check=True,
     )
-    wait_until(lambda: len(agent.run_pids(target.state()["pane_pid"], target.session)) >= 2)
+    wait_until(
+        lambda: len(agent_processes.run_pids(target.state()["pane_pid"], target.session)) >= 2
+    )
     request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
     started = time.monotonic()
-    stop = agent.run_local({**request, "grace": 20.0, "lock_path": str(target.lock_path)})
+    stop = agent_main.run_local({**request, "grace": 20.0, "lock_path": str(target.lock_path)})
     assert stop["ok"] is True, stop["error"]
     assert stop["stopped"]["forced"] is False
     assert time.monotonic() - started < 10
@@ -797,7 +821,7 @@ def test_apply_with_the_script_inline_creates_the_workdir(target: Target) -> Non
     os.remove(request["tmp"])
     shutil.rmtree(target.workdir)
     request.update(tmp=None, content_b64=base64.b64encode(source.encode()).decode())
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["ok"] is True, result["error"]
     # The paths are checked before anything is written into the workdir.
     assert [s["name"] for s in result["steps"][:2]] == ["paths", "receive"]
@@ -809,12 +833,12 @@ def test_inline_script_that_does_not_match_is_corrupt(target: Target) -> None:
     request = target.apply_request()
     os.remove(request["tmp"])
     request.update(tmp=None, content_b64=base64.b64encode(b"print('other')\n").decode())
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "corrupt"
     assert not (target.workdir / "train.py").exists()
     assert [p.name for p in target.workdir.iterdir() if ".launcher-" in p.name] == []
     bad = dict(request, content_b64="not base64!")
-    assert agent.run_local(bad)["error"]["kind"] == "corrupt"
+    assert agent_main.run_local(bad)["error"]["kind"] == "corrupt"
 
 
 # --------------------------------------------------------------------------- hostile cases
@@ -825,7 +849,7 @@ def test_inline_script_that_does_not_match_is_corrupt(target: Target) -> None:
 )
 def test_system_workdirs_are_refused(workdir: str) -> None:
     request = {"op": "poll", "workdir": workdir, "session": "s"}
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "unsafe_path", result
 
 
@@ -834,7 +858,7 @@ def test_workdir_symlinked_to_root_is_refused_and_nothing_is_touched(target: Tar
     link.symlink_to("/")
     request = target.apply_request(checkpoints="victim", checkpoint_mode="purge")
     request["workdir"] = str(link)
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "unsafe_path", result
     assert "resolves to /" in result["error"]["message"]
     assert not result.get("steps")  # refused before the first step
@@ -856,7 +880,7 @@ def test_checkpoints_may_not_touch_what_launcher_needs(
     (target.workdir / ".launcher").mkdir(parents=True)
     (target.workdir / ".launcher" / "deploys.jsonl").write_text("{}\n")
     request = target.apply_request(checkpoints=checkpoints, dest=dest, checkpoint_mode="purge")
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "unsafe_path", result
     assert "launcher needs" in result["error"]["message"]
     assert (target.workdir / ".launcher" / "deploys.jsonl").read_text() == "{}\n"
@@ -869,7 +893,7 @@ def test_checkpoints_behind_a_symlinked_parent_are_refused(target: Target) -> No
     target.workdir.mkdir()
     (target.workdir / "data").symlink_to(outside)
     request = target.apply_request(checkpoints="data/ckpt", checkpoint_mode="purge")
-    result = agent.run_local(request)
+    result = agent_main.run_local(request)
     assert result["error"]["kind"] == "unsafe_path", result
     assert (outside / "ckpt").is_dir()
 
@@ -882,15 +906,15 @@ def test_purge_rechecks_right_before_deleting(
     outside.mkdir()
     (outside / "precious.pt").write_text("keep me")
     (target.workdir / "checkpoints").mkdir(parents=True)
-    original_stop = agent.Deploy.stop_old
+    original_stop = agent_deploy.Deploy.stop_old
 
-    def stop_then_swap(self: agent.Deploy) -> Any:
+    def stop_then_swap(self: agent_deploy.Deploy) -> Any:
         answer = original_stop(self)
         shutil.rmtree(target.workdir / "checkpoints")
         (target.workdir / "checkpoints").symlink_to(outside)
         return answer
 
-    monkeypatch.setattr(agent.Deploy, "stop_old", stop_then_swap)
+    monkeypatch.setattr(agent_deploy.Deploy, "stop_old", stop_then_swap)
     result = target.apply(checkpoint_mode="purge")
     assert result["error"]["kind"] == "unsafe_path", result
     assert (outside / "precious.pt").read_text() == "keep me"
@@ -1002,10 +1026,10 @@ def slow_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
         SLOW_NVIDIA_SMI % {"log": shlex.quote(str(log)), "hang": shlex.quote(str(hang))}
     )
     fake.chmod(0o755)
-    real_which = agent.which
-    monkeypatch.setattr(agent, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
     # This machine's /proc may show a sandbox container's GPU holders: none here.
-    monkeypatch.setattr(agent, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
     return log, hang
 
 
@@ -1048,8 +1072,8 @@ def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> N
     """poll's checkpoint_age: the newest write at or below the directory (a DCP save writes
     files inside a step directory); none for a missing one; a tree too large to look through
     counts as being written."""
-    assert agent.tree_age(str(tmp_path / "missing")) is None
-    assert agent.tree_age(None) is None
+    assert agent_poll.tree_age(str(tmp_path / "missing")) is None
+    assert agent_poll.tree_age(None) is None
     root = tmp_path / "checkpoints"
     (root / "step_100").mkdir(parents=True)
     shard = root / "step_100" / "__0_0.distcp"
@@ -1057,10 +1081,10 @@ def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> N
     old = time.time() - 600
     for path in (shard, root / "step_100", root):
         os.utime(path, (old, old))
-    age = agent.tree_age(str(root))
+    age = agent_poll.tree_age(str(root))
     assert age is not None and 590 < age < 700
     shard.write_bytes(b"xy")  # the save goes on
-    age = agent.tree_age(str(root))
+    age = agent_poll.tree_age(str(root))
     assert age is not None and age < 5
     os.utime(shard, (old, old))
     deep = root / "step_100" / "more" / "deeper.bin"  # three levels down: not looked at
@@ -1068,13 +1092,13 @@ def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> N
     deep.write_bytes(b"z")
     os.utime(deep.parent, (old, old))
     os.utime(root / "step_100", (old, old))
-    age = agent.tree_age(str(root))
+    age = agent_poll.tree_age(str(root))
     assert age is not None and age > 590
     for i in range(5):
         (root / f"f{i}").write_bytes(b"")
         os.utime(root / f"f{i}", (old, old))
     os.utime(root, (old, old))
-    assert agent.tree_age(str(root), limit=3) == 0.0
+    assert agent_poll.tree_age(str(root), limit=3) == 0.0
 
 
 def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
@@ -1085,11 +1109,11 @@ def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
     ckpt.mkdir()
     calls: list[str] = []
 
-    def unstartable(self: agent.Deploy, marker: str) -> list[str]:
+    def unstartable(self: agent_deploy.Deploy, marker: str) -> list[str]:
         calls.append(marker)
         return ["no-such-tmux-command"]
 
-    monkeypatch.setattr(agent.Deploy, "launch_args", unstartable)
+    monkeypatch.setattr(agent_deploy.Deploy, "launch_args", unstartable)
     result = target.apply(restart=True, checkpoint_mode="archive")
     assert len(calls) == 2, "tried, then retried once"
     error = result["error"]

@@ -20,15 +20,16 @@ from typing import Any
 
 import pytest
 
-from launcher import agent
+from launcher.agent import cache as agent_cache
 from launcher.agentclient import (
     AGENT_ARGV,
     BOOT,
-    LOADER,
     MISS_EXIT,
     MISS_MARKER,
     AgentClient,
     Mode,
+    agent_sources,
+    boot_source,
     bundle,
     payload,
 )
@@ -37,6 +38,9 @@ from launcher.endpoint import CommandResult
 from launcher.protocol import FollowRequest
 
 PYTHON = shutil.which("python3") or "python3"
+# A cached call's stdin line: the loader (~2.3 KB as sent), the sha256 and the request.
+CACHED_LINE = 3072
+LOADER_FILE = Path(__file__).resolve().parents[2] / "launcher" / "agent" / "boot.py"
 TEXT, DIGEST = bundle()
 NAME = f"agent-{DIGEST}.bundle"
 # The interpreter the loader runs under, which keys the compiled copy of the bundle.
@@ -99,15 +103,19 @@ def cache(tmp_path: Path) -> Path:
 
 def test_boot_and_loader_run_on_python38() -> None:
     ast.parse(BOOT, feature_version=(3, 8))
-    ast.parse(LOADER, feature_version=(3, 8))
-    # One line in `ps`; short beside the 2 KB a cached call sends in all.
+    ast.parse(boot_source(), feature_version=(3, 8))
+    # One line in `ps`; short beside the ~2.6 KB a cached call sends in all.
     assert "\n" not in BOOT and len(BOOT) < 200
 
 
 def module_imports(path: Path) -> set[str]:
     """The modules a file imports at its top level (not under `if TYPE_CHECKING:`)."""
+    return module_imports_of(path.read_text())
+
+
+def module_imports_of(source: str) -> set[str]:
     names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.parse(source).body:
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -118,9 +126,9 @@ def module_imports(path: Path) -> set[str]:
 def test_boot_preloads_exactly_the_standard_modules_the_agent_imports() -> None:
     """BOOT imports them before it waits for its request (they load while it is on its way);
     a module the agent stops importing, or starts to, changes the list."""
-    package = Path(agent.__file__).parent
-    wanted = module_imports(package / "agent.py") | module_imports(package / "protocol.py")
-    wanted |= {"hashlib", "marshal", "os"}  # the loader's own (agentclient.LOADER)
+    wanted = module_imports(LOADER_FILE)
+    for _, source in agent_sources():
+        wanted |= module_imports_of(source)
     wanted -= {"__future__", "launcher"}
     preloaded = set(BOOT.split(";")[0].removeprefix("import ").split(","))
     assert preloaded == wanted | {"json", "sys"}
@@ -131,7 +139,7 @@ def test_cached_line_is_small_and_carries_no_source(tmp_path: Path) -> None:
     cached = json.loads(payload(request, mode="cached"))
     stored = json.loads(payload(request, mode="store"))
     source = json.loads(payload(request))
-    assert len(payload(request, mode="cached")) < 2048
+    assert len(payload(request, mode="cached")) < CACHED_LINE
     assert "bundle" not in cached and cached["sha256"] == DIGEST and "cache_dir" not in cached
     assert stored["bundle"] == TEXT and stored["sha256"] == DIGEST
     assert source["bundle"] == TEXT and "sha256" not in source  # runs, caches nothing
@@ -173,7 +181,7 @@ def test_source_mode_writes_no_cache(tmp_path: Path, cache: Path) -> None:
 def evil_bundle(marker: Path) -> bytes:
     """A bundle that would leave `marker` behind if it were ever run."""
     code = f"open({str(marker)!r}, 'w').write('ran')\ndef main(request):\n    return 0\n"
-    return ("\0" + code).encode()
+    return f"launcher.agent.main\0{code}".encode()
 
 
 def test_tampered_cache_file_is_never_run_and_is_rewritten(tmp_path: Path, cache: Path) -> None:
@@ -198,17 +206,17 @@ def test_tampered_cache_file_is_never_run_and_is_rewritten(tmp_path: Path, cache
 
 
 def evil_code(marker: Path) -> bytes:
-    """The marshalled (protocol, agent) code pair of a bundle that leaves `marker` behind."""
+    """The marshalled (name, code) pairs of a bundle that leaves `marker` behind."""
     source = f"open({str(marker)!r}, 'w').write('ran')\ndef main(request):\n    return 0\n"
     script = (
         "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(("
-        f"compile('', 'p', 'exec'), compile({source!r}, 'a', 'exec'))))"
+        f"('launcher.agent.main', compile({source!r}, 'a', 'exec')),)))"
     )
     return subprocess.run([PYTHON, "-c", script], capture_output=True, check=True).stdout
 
 
 def write_code(path: Path, digest: str, payload: bytes, version: str = VERSION) -> None:
-    """A compiled copy keyed as the loader checks it (agent.code_key, for `version`)."""
+    """A compiled copy keyed as the loader checks it (agent_cache.code_key, for `version`)."""
     key = hashlib.sha256(f"{digest} {version}\0".encode() + payload).digest()
     path.write_bytes(key + payload)
     path.chmod(0o600)
@@ -278,9 +286,9 @@ def test_spoiled_compiled_copy_is_never_run_and_is_rewritten(
 
 
 def test_store_code_reports_the_path_it_wrote(tmp_path: Path) -> None:
-    path = agent.store_code(str(tmp_path / "c"), TEXT, (compile("", "p", "exec"),) * 2)
+    path = agent_cache.store_code(str(tmp_path / "c"), TEXT, (("m", compile("", "p", "exec")),) * 2)
     assert path is not None and path.endswith(".code")
-    assert agent.store_code(str(tmp_path / "missing" / "c"), TEXT, ()) is None
+    assert agent_cache.store_code(str(tmp_path / "missing" / "c"), TEXT, ()) is None
 
 
 def test_truncated_cache_file_is_a_miss(tmp_path: Path, cache: Path) -> None:
@@ -371,13 +379,13 @@ def test_store_prunes_all_but_the_newest_bundles(tmp_path: Path, cache: Path) ->
     expected = [NAME, CODE, old[0].name, old[1].name, codes[0].name, fresh_tmp.name]
     expected.append("deploy.lock")
     assert kept == sorted(expected)
-    assert agent.BUNDLES_KEPT == 3
+    assert agent_cache.BUNDLES_KEPT == 3
 
 
 def test_store_bundle_reports_the_path_it_wrote(tmp_path: Path) -> None:
-    path = agent.store_bundle(str(tmp_path / "c"), TEXT)
+    path = agent_cache.store_bundle(str(tmp_path / "c"), TEXT)
     assert path == str(tmp_path / "c" / NAME)
-    assert agent.store_bundle(str(tmp_path / "missing" / "c"), TEXT) is None
+    assert agent_cache.store_bundle(str(tmp_path / "missing" / "c"), TEXT) is None
 
 
 # --------------------------------------------------------------------------- the client
@@ -443,7 +451,7 @@ def test_client_sends_the_bundle_once(tmp_path: Path, cache: Path) -> None:
     for _ in range(3):
         assert client(host).call(history(tmp_path))["ok"]
     assert [mode for mode, _, _ in host.sent] == ["cached", "store", "cached", "cached"]
-    assert all(size < 2048 for mode, size, _ in host.sent if mode == "cached")
+    assert all(size < CACHED_LINE for mode, size, _ in host.sent if mode == "cached")
     assert (cache / NAME).is_file()
 
 

@@ -20,7 +20,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from launcher import agent
+from launcher.agent import base as agent_base
+from launcher.agent import logs as agent_logs
+from launcher.agent import main as agent_main
+from launcher.agent import paths as agent_paths
+from launcher.agent import stop as agent_stop
 from launcher.cli.main import cli
 from launcher.config import HostSpec
 from launcher.doctor import config_failed, doctor
@@ -57,7 +61,7 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 def test_tail_file_reads_only_the_end(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_bytes(b"".join(b"line %d\r\n" % i for i in range(5000)) + b"partial")
-    lines, partial, offset = agent.tail_file(str(log), 3, block=64)
+    lines, partial, offset = agent_logs.tail_file(str(log), 3, block=64)
     assert lines == ["line 4997", "line 4998", "line 4999"]
     assert partial == "partial"
     assert offset == log.stat().st_size - len("partial")
@@ -68,14 +72,14 @@ def test_tail_file_short_and_empty_files(tmp_path: Path) -> None:
     data = b"\n=== launcher run x ===\nbar 10%\rbar 100%\n"
     log.write_bytes(data)
     expected = ["", "=== launcher run x ===", "bar 100%"]
-    assert agent.tail_file(str(log), 50) == (expected, "", len(data))
-    assert agent.tail_file(str(log), 0)[0] == []
+    assert agent_logs.tail_file(str(log), 50) == (expected, "", len(data))
+    assert agent_logs.tail_file(str(log), 0)[0] == []
     log.write_bytes(b"")
-    assert agent.tail_file(str(log), 5) == ([], "", 0)
+    assert agent_logs.tail_file(str(log), 5) == ([], "", 0)
 
 
 def test_logs_op_without_a_log_or_session(tmp_path: Path, private_tmux: None) -> None:
-    answer = agent.run_local(
+    answer = agent_main.run_local(
         {"op": "logs", "workdir": str(tmp_path), "session": "nothere", "lines": 5}
     )
     assert answer["ok"] is True
@@ -92,12 +96,12 @@ def test_follow_log_streams_until_the_run_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workdir = str(tmp_path)
-    os.makedirs(agent.state_dir(workdir))
-    log = agent.log_path(workdir, "s")
+    os.makedirs(agent_paths.state_dir(workdir))
+    log = agent_paths.log_path(workdir, "s")
     with open(log, "wb") as f:
         f.write(b"old\n")
     ended: dict[str, Any] = {}
-    monkeypatch.setattr(agent, "run_end", lambda w, s: ended.get("how"))
+    monkeypatch.setattr(agent_logs, "run_end", lambda w, s: ended.get("how"))
 
     def writer() -> None:
         for i in range(3):
@@ -111,7 +115,7 @@ def test_follow_log_streams_until_the_run_ends(
     got = bytearray()
     thread = threading.Thread(target=writer)
     thread.start()
-    result = agent.follow_log(
+    result = agent_logs.follow_log(
         workdir,
         "s",
         4,
@@ -130,9 +134,9 @@ def test_follow_log_streams_until_the_run_ends(
 def test_follow_log_ends_when_the_client_goes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent, "run_end", lambda w, s: None)
+    monkeypatch.setattr(agent_logs, "run_end", lambda w, s: None)
     beats: list[int] = []
-    result = agent.follow_log(
+    result = agent_logs.follow_log(
         str(tmp_path), "s", 0, lambda d: None, lambda: beats.append(1), lambda t: True
     )
     assert result == {"ended": None, "client_gone": True, "offset": 0}
@@ -143,14 +147,14 @@ def test_follow_log_restarts_a_truncated_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workdir = str(tmp_path)
-    os.makedirs(agent.state_dir(workdir))
-    log = agent.log_path(workdir, "s")
+    os.makedirs(agent_paths.state_dir(workdir))
+    log = agent_paths.log_path(workdir, "s")
     with open(log, "wb") as f:
         f.write(b"short\n")
-    monkeypatch.setattr(agent, "run_end", lambda w, s: {"reason": "session gone"})
+    monkeypatch.setattr(agent_logs, "run_end", lambda w, s: {"reason": "session gone"})
     got = bytearray()
     options = {"interval": 0.01, "check_every": 0.0, "settle": 0.05}
-    agent.follow_log(workdir, "s", 1000, got.extend, lambda: None, lambda t: False, options)
+    agent_logs.follow_log(workdir, "s", 1000, got.extend, lambda: None, lambda t: False, options)
     assert bytes(got) == b"short\n"
 
 
@@ -159,28 +163,28 @@ def test_follow_log_restarts_a_truncated_log(
 
 def test_poll_reports_record_and_log_age(tmp_path: Path, private_tmux: None) -> None:
     request = {"op": "poll", "workdir": str(tmp_path), "session": "s", "lines": 5}
-    answer = agent.run_local(request)
+    answer = agent_main.run_local(request)
     assert answer["record"] is None and answer["log_age"] is None
-    agent.append_record(str(tmp_path), {"sha256": "abc"})
-    with open(agent.log_path(str(tmp_path), "s"), "w") as f:
+    agent_paths.append_record(str(tmp_path), {"sha256": "abc"})
+    with open(agent_paths.log_path(str(tmp_path), "s"), "w") as f:
         f.write("x\n")
-    answer = agent.run_local(request)
+    answer = agent_main.run_local(request)
     assert answer["record"] == {"sha256": "abc"}
     assert 0 <= answer["log_age"] < 5
 
 
 def test_history_op_newest_first_skips_bad_lines(tmp_path: Path) -> None:
     for n in range(3):
-        agent.append_record(str(tmp_path), {"n": n})
-    with open(os.path.join(agent.state_dir(str(tmp_path)), "deploys.jsonl"), "a") as f:
+        agent_paths.append_record(str(tmp_path), {"n": n})
+    with open(os.path.join(agent_paths.state_dir(str(tmp_path)), "deploys.jsonl"), "a") as f:
         f.write("{not json\n")
-    answer = agent.run_local({"op": "history", "workdir": str(tmp_path)})
+    answer = agent_main.run_local({"op": "history", "workdir": str(tmp_path)})
     assert [r["n"] for r in answer["records"]] == [2, 1, 0]
     assert answer["total"] == 3
     assert "1 unreadable line(s)" in answer["warnings"][0]
-    limited = agent.run_local({"op": "history", "workdir": str(tmp_path), "limit": 1})
+    limited = agent_main.run_local({"op": "history", "workdir": str(tmp_path), "limit": 1})
     assert [r["n"] for r in limited["records"]] == [2]
-    empty = agent.run_local({"op": "history", "workdir": str(tmp_path / "none")})
+    empty = agent_main.run_local({"op": "history", "workdir": str(tmp_path / "none")})
     assert empty["records"] == [] and empty["ok"] is True
 
 
@@ -246,21 +250,21 @@ def test_rollback_op_restores_prev_through_the_transaction(
     session = "r" + uuid.uuid4().hex[:8]
     workdir = tmp_path / "wd"
     try:
-        first = agent.run_local(apply_request(tmp_path, session, 1))
+        first = agent_main.run_local(apply_request(tmp_path, session, 1))
         assert first["ok"], first["error"]
         request = apply_request(tmp_path, session, 1)
         del request["tmp"], request["sha256"]
         request["op"] = "rollback"
-        none = agent.run_local(request)
+        none = agent_main.run_local(request)
         assert none["error"]["kind"] == "refused"
         assert "no previous version" in none["error"]["message"]
 
-        assert agent.run_local(apply_request(tmp_path, session, 2))["ok"]
-        refused = agent.run_local({**request, "restart": False})
+        assert agent_main.run_local(apply_request(tmp_path, session, 2))["ok"]
+        refused = agent_main.run_local({**request, "restart": False})
         assert refused["error"]["kind"] == "refused"
         assert "use --restart" in refused["error"]["message"]
 
-        done = agent.run_local(request)
+        done = agent_main.run_local(request)
         assert done["ok"], done["error"]
         assert [s["name"] for s in done["steps"]][-4:] == [
             "stop",
@@ -268,19 +272,19 @@ def test_rollback_op_restores_prev_through_the_transaction(
             "launch",
             "record",
         ]
-        assert agent.sha256_file(str(workdir / "train.py")) == sha_of(1)
-        assert agent.sha256_file(str(workdir / "train.py.prev")) == sha_of(2)
+        assert agent_base.sha256_file(str(workdir / "train.py")) == sha_of(1)
+        assert agent_base.sha256_file(str(workdir / "train.py.prev")) == sha_of(2)
         assert done["record"]["rollback"] is True
         assert done["record"]["rolled_back_from"] == sha_of(2)
         assert done["stopped"]["was_running"] is True
         assert [p.name for p in workdir.iterdir() if "launcher-rollback" in p.name] == []
     finally:
-        agent.stop_run(session, 0.2, 0, [])
+        agent_stop.stop_run(session, 0.2, 0, [])
 
 
 def test_rollback_op_refuses_an_unsafe_dest(tmp_path: Path) -> None:
     request = apply_request(tmp_path, "s", 1, op="rollback", dest="../x.py")
-    answer = agent.run_local(request)
+    answer = agent_main.run_local(request)
     assert answer["error"]["kind"] == "unsafe_path"
 
 

@@ -117,8 +117,8 @@ def test_text_diff() -> None:
     ],
 )
 def test_the_agent_refuses_bad_manifests(rows: list[list[object]]) -> None:
-    from launcher.agent import AgentError
-    from launcher.agent_release import manifest_param
+    from launcher.agent.base import AgentError
+    from launcher.agent.release import manifest_param
 
     with pytest.raises(AgentError):
         manifest_param(rows)
@@ -127,8 +127,8 @@ def test_the_agent_refuses_bad_manifests(rows: list[list[object]]) -> None:
 def test_the_agent_reads_only_frames_the_manifest_names(tmp_path: Path) -> None:
     import io
 
-    from launcher.agent import AgentError
-    from launcher.agent_release import read_frames
+    from launcher.agent.base import AgentError
+    from launcher.agent.release import read_frames
 
     data = b"hello"
     digest = hashlib.sha256(data).hexdigest()

@@ -18,8 +18,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 
-from launcher import agent
 from launcher import protocol as p
+from launcher.agent import main as agent_main
 from launcher.agentclient import ANSWERS, REQUESTS, AgentFailure, check_answer
 from launcher.errors import ExitCode, ProtocolError
 from launcher.protocolcheck import declared_keys, problem
@@ -29,7 +29,7 @@ TMUX = shutil.which("tmux")
 
 
 def test_every_op_has_a_handler_a_request_type_and_an_answer_type() -> None:
-    assert set(agent.HANDLERS) == set(REQUESTS) == set(ANSWERS) == set(p.OPS)
+    assert set(agent_main.HANDLERS) == set(REQUESTS) == set(ANSWERS) == set(p.OPS)
 
 
 @pytest.mark.parametrize("op", p.OPS)
@@ -150,7 +150,7 @@ def test_each_handler_reads_only_the_keys_its_request_type_declares(
     common = {"workdir": workdir, "session": session}
 
     def run(request: dict[str, Any]) -> dict[str, Any]:
-        answer = agent.run_local(request)
+        answer = agent_main.run_local(request)
         assert answer["ok"], answer
         return answer
 
@@ -211,14 +211,14 @@ def test_the_check_catches_an_undeclared_read_and_a_wrong_answer(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     checked = HandlerContract()
-    history = agent.HANDLERS["history"]
+    history = agent_main.HANDLERS["history"]
 
     def nosy(request: dict[str, Any], warnings: list[str]) -> Any:
         request.get("verbose")
         return {**history(request, warnings), "total": "many"}
 
-    monkeypatch.setitem(agent.HANDLERS, "history", checked.wrap("history", nosy))
-    assert agent.run_local({"op": "history", "workdir": str(tmp_path)})["ok"]
+    monkeypatch.setitem(agent_main.HANDLERS, "history", checked.wrap("history", nosy))
+    assert agent_main.run_local({"op": "history", "workdir": str(tmp_path)})["ok"]
     assert checked.undeclared() == ["HistoryRequest.verbose"]
     assert checked.problems == ["history: answer['total'] is str 'many', not an integer"]
 

@@ -1,19 +1,18 @@
 # mypy: allow-untyped-calls
-"""Releases of a project directory, inside the container: the agent's second part.
-
-agentclient bundles this source after agent.py's, and both run in one namespace (so no
-`from __future__` import here: it would not be the first statement). Python 3.8, stdlib only.
+"""Releases of a project directory: the `releases` op and the release transaction.
 
 Layout in the workdir:
     releases/<id>/             one release: the project's files (and what its setup made)
     current -> releases/<id>   the release the run starts in; switched by a symlink rename
     .launcher/releases/<id>.json  its manifest, setup hash and the release it replaced
 
-ReleaseDeploy is the deploy transaction (agent.Deploy) with the release built and checked among
+ReleaseDeploy is the deploy transaction (deploy.Deploy) with the release built and checked among
 the checks: files received or hard-linked from an earlier release, every sha256 verified, every
 .py compiled, the setup run, all before the old run is stopped. `current` switches only in the
 destructive part, after every check has passed; a failed check removes the half-built release.
 """
+
+from __future__ import annotations
 
 import base64
 import gzip
@@ -28,32 +27,33 @@ import signal
 import subprocess
 import time
 
+from launcher.agent.base import (
+    AgentError,
+    emit_event,
+    list_dir,
+    new_run_id,
+    remove_quietly,
+    sha256_file,
+    utc_iso,
+    write_atomic,
+)
+from launcher.agent.deploy import Deploy, run_to_the_end
+from launcher.agent.params import param, workdir_param
+from launcher.agent.paths import (
+    checkpoint_problem,
+    is_strict_child,
+    protected_paths,
+    remove_tree,
+    state_dir,
+    tmp_path,
+)
+from launcher.protocol import CURRENT_LINK, RELEASES_DIR
+
+# Only mypy reads the annotations (postponed by the __future__ import): the
+# agent's start, on every call, need not import typing.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-if __name__ != "launcher_agent":  # imported by the package; in the container agent.py ran first
-    from launcher.agent import (
-        HANDLERS,
-        AgentError,
-        Deploy,
-        checkpoint_problem,
-        emit_event,
-        is_strict_child,
-        list_dir,
-        new_run_id,
-        param,
-        protected_paths,
-        remove_quietly,
-        remove_tree,
-        run_to_the_end,
-        sha256_file,
-        state_dir,
-        tmp_path,
-        utc_iso,
-        workdir_param,
-        write_atomic,
-    )
-    from launcher.protocol import CURRENT_LINK, OPS, RELEASES_DIR
 
 RELEASE_ID = r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$"
 SHA256 = r"^[0-9a-f]{64}$"
@@ -633,7 +633,7 @@ def run_release_transaction(request, warnings):
 
 
 def dispatching(plain):
-    """The op handler for a request with a release, and agent.py's own for the rest."""
+    """The op handler for a request with a release, and `plain` (a script's) for the rest."""
 
     def handler(request, warnings):
         if request.get("release"):
@@ -641,9 +641,3 @@ def dispatching(plain):
         return plain(request, warnings)
 
     return handler
-
-
-HANDLERS["apply"] = dispatching(HANDLERS["apply"])
-HANDLERS["rollback"] = dispatching(HANDLERS["rollback"])
-HANDLERS["releases"] = op_releases
-assert set(HANDLERS) == set(OPS), "protocol.OPS lists every op handled"

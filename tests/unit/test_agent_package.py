@@ -1,0 +1,78 @@
+"""The agent as a package shipped as one bundle: every module is in it, in an order in which each
+imports only what came before (the loader runs them in that order, inside the container, with no
+import system to find anything else), and the loader sent is the loader written."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.agent import MODULES
+from launcher.agentclient import AGENT_ARGV, agent_sources, boot_source, payload
+
+PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "agent"
+
+
+def launcher_imports(source: str) -> set[str]:
+    """The launcher modules a source imports at its top level (TYPE_CHECKING imports aside)."""
+    found = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("launcher"):
+            assert node.level == 0 and node.module
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("launcher"))
+    return found
+
+
+def test_every_module_of_the_package_is_in_the_bundle() -> None:
+    on_disk = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__", "boot"}
+    assert set(MODULES) == on_disk
+    assert len(MODULES) == len(set(MODULES))
+    names = [name for name, _ in agent_sources()]
+    assert names == ["launcher.protocol", *(f"launcher.agent.{m}" for m in MODULES)]
+
+
+def test_each_module_imports_only_what_runs_before_it() -> None:
+    done: set[str] = set()
+    for name, source in agent_sources():
+        assert launcher_imports(source) <= done, name
+        done.add(name)
+
+
+def test_the_agent_imports_nothing_but_the_standard_library() -> None:
+    for name, source in agent_sources():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                tops = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                tops = {node.module.split(".")[0]}
+            else:
+                continue
+            allowed = sys.stdlib_module_names | {"launcher", "__future__"}
+            assert tops <= allowed, (name, tops)
+
+
+def test_the_loader_sent_is_the_loader_written() -> None:
+    """Comments and blank lines dropped and indents shortened change no code."""
+    written = (PACKAGE / "boot.py").read_text()
+    assert ast.dump(ast.parse(boot_source())) == ast.dump(ast.parse(written))
+    assert len(boot_source()) < 2600  # it travels on every call
+
+
+def test_the_agent_in_the_container_does_not_import_typing(tmp_path: Path) -> None:
+    """The loader marks the modules it makes, so protocol.py's types cost no typing import on
+    each call's start (~10 ms)."""
+    request = {"op": "history", "workdir": str(tmp_path)}
+    result = subprocess.run(
+        ["python3", "-X", "importtime", *AGENT_ARGV[1:]],
+        input=payload(request),
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    assert b'"ok": true' in result.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.decode().splitlines()}
+    assert "typing" not in imported and "launcher" not in imported
