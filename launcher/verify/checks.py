@@ -5,19 +5,7 @@ time and keeps the run's own history (every line once, stamped with the time of 
 first showed it): the throughput peak, the lowest loss, the restarts, the fatal signs and what
 followed them. Each poll is then judged against that history.
 
-How a failing check counts (`Failure`, the `failure` of a FAIL result):
-
-- immediate: ends the probe at this poll. The pane is dead or the session gone; the step has not
-  changed for `step.stall_after` seconds; a queue bucket stayed empty for `failure_threshold`
-  polls. (These carry their own time scale, so waiting longer would add nothing.)
-- definite: ends the probe after `failure_threshold` failing polls in a row. A fatal sign the run
-  did not survive; a restart; loss not finite, risen by more than `loss.max_rise` over the lowest
-  seen, or back near `loss.ceiling`; another number (e.g. grad_norm) not finite; throughput below
-  `throughput.drop` x this run's peak, or below `throughput.min` and not rising; a queue of the
-  wrong length.
-- pending: not passing *yet*; only the end of the window makes it a verdict. No status line; no
-  step, throughput or queue reported; throughput below the minimum but still rising; loss still
-  near the ceiling it started at; a fatal sign printed before any progress, during the warmup.
+How a failing check counts (`Failure`) towards a verdict is the policy's: `launcher.verify.policy`.
 
 Fatal signs in context: a fail pattern that ends the process (the pane dies, the run restarts, or
 nothing advances the step afterwards) is fatal. A fail pattern after which the step advances is
@@ -30,9 +18,8 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from statistics import median
 
 from pydantic import BaseModel, Field, StrictInt, field_validator
@@ -40,6 +27,7 @@ from pydantic import BaseModel, Field, StrictInt, field_validator
 from launcher.verify.gpus import GpuCheckSpec, GpuSample
 from launcher.verify.gpus import judge as judge_gpus
 from launcher.verify.parse import Quantity, Sample, clean_text, logical_lines, parse_rate
+from launcher.verify.results import CheckResult, Failure, Verdict, worst_verdict
 
 __all__ = [
     "CheckResult",
@@ -58,42 +46,6 @@ __all__ = [
     "history",
     "worst_verdict",
 ]
-
-
-class Verdict(StrEnum):
-    PASS = "pass"
-    WARN = "warn"
-    FAIL = "fail"
-    # Not judged: the run's format never reports the quantity and the playbook does not ask
-    # for it (an HF Trainer without its progress bar prints no rate). Neither pass nor fail.
-    SKIP = "skip"
-
-
-class Failure(StrEnum):
-    """How a failing check counts towards the verdict (see the module docstring)."""
-
-    IMMEDIATE = "immediate"
-    DEFINITE = "definite"
-    PENDING = "pending"
-
-
-_RANK = {Verdict.SKIP: 0, Verdict.PASS: 0, Verdict.WARN: 1, Verdict.FAIL: 2}
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    verdict: Verdict
-    observed: str
-    expected: str
-    failure: Failure | None = None  # for a FAIL; None means definite
-
-    @property
-    def kind(self) -> Failure | None:
-        """How this result counts: None unless it fails."""
-        if self.verdict is not Verdict.FAIL:
-            return None
-        return self.failure or Failure.DEFINITE
 
 
 @dataclass(frozen=True)
@@ -177,11 +129,6 @@ class ChecksSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     # Failing polls in a row that end the probe (Kubernetes' failureThreshold).
     failure_threshold: StrictInt = Field(default=3, ge=1, le=1000)
     gpus: GpuCheckSpec = Field(default_factory=GpuCheckSpec)
-
-
-def worst_verdict(results: Iterable[CheckResult]) -> Verdict:
-    """The most severe verdict; PASS for no results."""
-    return max((r.verdict for r in results), key=_RANK.__getitem__, default=Verdict.PASS)
 
 
 # --- history --------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from launcher.verify.checks import (
 from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State, ended, status_exit, verdict_word
 from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.policy import counted
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import (
-    WARMUP_CHECKS,
     ParseFn,
     PollEvent,
     Prober,
@@ -160,7 +160,7 @@ def status_state(
         return over, "; ".join(failing) or str(over)
     if not failing:
         return State.HEALTHY, "one poll (status)"
-    early = any(r.kind is not None and r.name in WARMUP_CHECKS for r in checks)
+    early = any(r.kind is not None for r in counted(checks, judging=False))
     age = state.age
     if not early and age is not None:
         silent = not any(r.name == "samples" and r.kind is None for r in checks)
