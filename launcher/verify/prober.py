@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from launcher.errors import ContainerError, ExitCode, RemoteError
-from launcher.verify.checks import CheckResult, ChecksSpec, Failure, Judge, PaneState, Poll, Verdict
+from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.policy import Tally, probe_reason
+from launcher.verify.rules.events import replaced
 
 # Unreachable polls in a row before the probe gives up with exit 3 (a blip is retried).
 UNREACHABLE_LIMIT = 3
@@ -232,13 +233,7 @@ class Prober:
             self.run_id, self._pinned = state.run, True
         elif state.session_exists and self._pinned and state.run != self.run_id:
             new = state.run or "a session launcher did not start"
-            check = CheckResult(
-                "run",
-                Verdict.FAIL,
-                f"run replaced by {new}",
-                f"run {self.run_id or '(unmarked)'} throughout",
-                Failure.IMMEDIATE,
-            )
+            check = replaced(self.run_id, new)
             self._all = [check, *(self._all or self._results)]
             self._finish("unhealthy", ExitCode.UNHEALTHY, f"run replaced by {new}")
         if gone and state.deploy_lock and self.clock() < self._end:
