@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
+from launcher.verify.lines import logical_lines
 from launcher.verify.pane import Poll
-from launcher.verify.parse import Quantity, Sample, logical_lines
 from launcher.verify.rules.text import fmt
+from launcher.verify.samples import Quantity, Sample
 from launcher.verify.spec import ChecksSpec
 
 __all__ = ["FatalSign", "Restart", "RunHistory", "Seen", "Series", "history"]

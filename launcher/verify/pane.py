@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.verify.gpus import GpuSample
-from launcher.verify.parse import Sample
+from launcher.verify.samples import Sample
 
 __all__ = ["PaneState", "Poll"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, StrictInt, field_validator
 
 from launcher.verify.gpus import GpuCheckSpec
-from launcher.verify.parse import parse_rate
+from launcher.verify.samples import parse_rate
 
 __all__ = ["ChecksSpec", "LossSpec", "StepSpec", "ThroughputSpec"]
 

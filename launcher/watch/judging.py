@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
-from launcher.verify.parse import Sample
 from launcher.verify.policy import Judgement, Tally, describe_failures
 from launcher.verify.prober import ParseFn
+from launcher.verify.samples import Sample
 from launcher.watch.events import LAST_LINES
 
 

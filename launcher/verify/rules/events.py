@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from launcher.verify.parse import clean_text
+from launcher.verify.lines import clean_text
 from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.verify.rules.base import Check, check
 
