@@ -36,7 +36,7 @@ from launcher.verify.readers import (
     kv_value,
     regex_fields,
 )
-from launcher.verify.samples import Quantity, Reading, ReadSample, Sample, classify
+from launcher.verify.samples import MISS, Quantity, Reading, ReadSample, RowMemo, Sample, classify
 
 __all__ = [
     "FORMATS",
@@ -381,7 +381,7 @@ class LineReader:
     bar_reading: Reading = field(default_factory=Reading)
     bar_throughput: bool = True  # the bars' rate is the throughput (the lines carry none)
 
-    def read(self, lines: list[str], cut: bool) -> list[Sample]:
+    def read(self, lines: list[str], cut: bool, memo: RowMemo | None = None) -> list[Sample]:
         samples: list[Sample] = []
         collecting = gc.isenabled()
         gc.disable()  # as parse_pane: no cycles are made, so the collector would only rescan
@@ -390,25 +390,39 @@ class LineReader:
             for line in lines:
                 if not line.strip():
                     continue
-                start = message_start(line)
-                body = line[start:] if start else line
-                if self.progress:
-                    bar = _BAR_RE.match(body)
-                    if bar is not None:
-                        # A bar right below a bar that was read is a nested one (an
-                        # evaluation's): its count is not the training step.
-                        made = None if below_bar else self._bar(bar, line)
-                        self._add(samples, made)
-                        below_bar = made is not None
-                        continue
+                if memo is None:
+                    bar, made = self._row(line)
+                else:
+                    found = memo.get(line)
+                    if found is MISS:
+                        found = self._row(line)
+                        memo.put(line, found)
+                    bar, made = found  # type: ignore[misc]
+                if bar:
+                    # A bar right below a bar that was read is a nested one (an
+                    # evaluation's): its count is not the training step.
+                    made = None if below_bar else made
+                    self._add(samples, made)
+                    below_bar = made is not None
+                    continue
                 below_bar = False
-                self._add(samples, self._line(body, line))
+                self._add(samples, made)
         finally:
             if collecting:
                 gc.enable()
         if cut and samples and samples[-1].raw == last_nonblank(lines):
             samples.pop()  # it ran to the pane's edge and the capture ended: incomplete
         return samples
+
+    def _row(self, line: str) -> tuple[bool, _Made | None]:
+        """One line read on its own: whether it is a progress bar, and what it gives."""
+        start = message_start(line)
+        body = line[start:] if start else line
+        if self.progress:
+            bar = _BAR_RE.match(body)
+            if bar is not None:
+                return True, self._bar(bar, line)
+        return False, self._line(body, line)
 
     @staticmethod
     def _add(samples: list[Sample], made: _Made | None) -> None:

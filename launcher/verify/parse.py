@@ -31,11 +31,13 @@ from launcher.verify.lines import (
 )
 from launcher.verify.samples import (
     DFLASH,
+    MISS,
     NUMBER,
     Fields,
     Quantity,
     Reading,
     ReadSample,
+    RowMemo,
     Sample,
     SampleReader,
     parse_rate,
@@ -162,6 +164,20 @@ def _parse(line: str, index: int, shapes: _Shapes | None = None) -> Sample | Non
     return Sample(index, float(prefix[1]) if prefix else None, fields, line.strip())
 
 
+def _remembered(line: str, index: int, shapes: _Shapes, memo: RowMemo) -> Sample | None:
+    """`_parse`, for a line the previous capture did not hold; else what it read to then."""
+    found = memo.get(line)
+    if found is MISS:
+        found = _parse(line, index, shapes)
+        memo.put(line, found)
+    if found is None:
+        return None
+    assert isinstance(found, Sample)
+    if found.index == index:
+        return found
+    return Sample(index, found.elapsed_min, found.fields, found.raw)
+
+
 def _drop_cut_field(sample: Sample) -> Sample:
     # The row ran to the pane's edge and the capture ended there: the last value is partial.
     line = sample.raw
@@ -187,7 +203,11 @@ def parse_line(line: str) -> Sample | None:
 
 
 def parse_pane(
-    text: str, spec: SampleReader | None = None, *, width: int | None = None
+    text: str,
+    spec: SampleReader | None = None,
+    *,
+    width: int | None = None,
+    memo: RowMemo | None = None,
 ) -> list[Sample]:
     """All status lines in a captured pane, in order.
 
@@ -198,9 +218,11 @@ def parse_pane(
     `Pane is dead`, ...) or starts the way the line it would continue started.
     """
     lines, cut = split_rows(text, width)
+    if memo is not None:
+        memo.begin()
     reader = spec.reader() if spec is not None else None
     if reader is not None:
-        return reader.read(lines, cut)
+        return reader.read(lines, cut, memo)
     samples: list[Sample] = []
     # The objects made here hold no reference cycles, so pausing the cyclic collector only saves
     # it rescanning them: about a third of the time on a long scrollback.
@@ -209,7 +231,10 @@ def parse_pane(
     shapes = _Shapes()
     try:
         for line in lines:
-            sample = _parse(line, len(samples), shapes)
+            if memo is None:
+                sample = _parse(line, len(samples), shapes)
+            else:
+                sample = _remembered(line, len(samples), shapes, memo)
             if sample is not None:
                 samples.append(sample)
     finally:

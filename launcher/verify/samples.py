@@ -19,12 +19,14 @@ from typing import Any, Protocol
 
 __all__ = [
     "DFLASH",
+    "MISS",
     "NUMBER",
     "Fields",
     "LinesReader",
     "Quantity",
     "ReadSample",
     "Reading",
+    "RowMemo",
     "Sample",
     "SampleReader",
     "classify",
@@ -326,7 +328,7 @@ class LinesReader(Protocol):
     """Reads a format's status lines out of a capture's logical lines (`cut`: the last one ran
     to the pane's edge as the capture ended)."""
 
-    def read(self, lines: list[str], cut: bool) -> list[Sample]: ...
+    def read(self, lines: list[str], cut: bool, memo: RowMemo | None = None) -> list[Sample]: ...
 
 
 class SampleReader(Protocol):
@@ -334,3 +336,42 @@ class SampleReader(Protocol):
     (`launcher.verify.formats.StatusSpec`); None from `reader()` means DFlash lines."""
 
     def reader(self) -> LinesReader | None: ...
+
+
+_MISS = object()
+
+
+class RowMemo:
+    """What the previous poll's rows parsed to, by their text: a poll parses only rows that
+    were not in the previous capture (a capture repeats most of the one before it).
+
+    Reading a line is a function of its text alone (its index among the status lines is set
+    afresh), so a remembered line reads as it would again. Only the latest capture's lines are
+    kept: memory stays one capture's worth. `parsed`: lines the latest capture parsed.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[str, object] = {}
+        self._current: dict[str, object] = {}
+        self.parsed = 0
+
+    def begin(self) -> None:
+        """A new capture: what the last one read is what this one may reuse."""
+        self._previous, self._current = self._current, {}
+        self.parsed = 0
+
+    def get(self, line: str) -> object:
+        """What `line` read to, or `MISS`."""
+        found = self._current.get(line, _MISS)
+        if found is _MISS:
+            found = self._previous.get(line, _MISS)
+            if found is not _MISS:
+                self._current[line] = found
+        return found
+
+    def put(self, line: str, value: object) -> None:
+        self._current[line] = value
+        self.parsed += 1
+
+
+MISS = _MISS
