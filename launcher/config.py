@@ -27,8 +27,8 @@ from launcher.bounded import regular_file_problem
 from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.sshconfig import JUMP_RE
-from launcher.verify.checks import ChecksSpec, StepSpec
 from launcher.verify.formats import StatusSpec
+from launcher.verify.spec import ChecksSpec, StepSpec
 from launcher.yamlsource import YamlDocument, load_yaml
 
 DEFAULT_INVENTORY = "inventory.yaml"

@@ -27,8 +27,8 @@ from launcher import __version__
 from launcher.errors import UsageError
 from launcher.termsafe import sanitize
 from launcher.verify.checks import Verdict, history
-from launcher.verify.parse import Sample
 from launcher.verify.prober import ProbeResult
+from launcher.verify.samples import Sample
 
 if TYPE_CHECKING:
     from launcher.fleet import Outcome

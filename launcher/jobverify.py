@@ -23,7 +23,7 @@ from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import Cancelled, FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
-from launcher.verify.checks import PaneState
+from launcher.verify.pane import PaneState
 from launcher.verify.poll import poll_once
 from launcher.verify.workflows import (
     ProbeOverrides,

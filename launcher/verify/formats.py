@@ -18,40 +18,43 @@ for the step, the rate and the elapsed time a bar shows.
 
 from __future__ import annotations
 
-import ast
 import gc
-import json
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from launcher.verify.parse import (
-    Quantity,
-    Reading,
-    ReadSample,
-    Sample,
-    _classify,
-    message_start,
-    parse_line,
+from launcher.verify.lines import last_nonblank, message_start
+from launcher.verify.readers import (
+    MAX_OBJECT_CHARS,
+    READERS,
+    dict_fields,
+    json_fields,
+    keyvalue_fields,
+    kv_value,
+    regex_fields,
 )
+from launcher.verify.samples import MISS, Quantity, Reading, ReadSample, RowMemo, Sample, classify
 
 __all__ = [
     "FORMATS",
+    "MAX_OBJECT_CHARS",
     "PRESETS",
     "FieldsSpec",
     "LineReader",
     "StatusSpec",
+    "dict_fields",
+    "json_fields",
+    "keyvalue_fields",
+    "kv_value",
     "rate_unit",
+    "regex_fields",
     "to_rate",
 ]
 
-FORMATS = ("dflash", "keyvalue", "json", "python-dict", "regex")
-MAX_OBJECT_CHARS = 64 * 1024  # a JSON / dict line longer than this is not read
-_MAX_DEPTH = 32  # nesting of a printed dict that is still read
+FORMATS = tuple(READERS)
 
 _ABSENT = object()
 
@@ -378,7 +381,7 @@ class LineReader:
     bar_reading: Reading = field(default_factory=Reading)
     bar_throughput: bool = True  # the bars' rate is the throughput (the lines carry none)
 
-    def read(self, lines: list[str], cut: bool) -> list[Sample]:
+    def read(self, lines: list[str], cut: bool, memo: RowMemo | None = None) -> list[Sample]:
         samples: list[Sample] = []
         collecting = gc.isenabled()
         gc.disable()  # as parse_pane: no cycles are made, so the collector would only rescan
@@ -387,25 +390,39 @@ class LineReader:
             for line in lines:
                 if not line.strip():
                     continue
-                start = message_start(line)
-                body = line[start:] if start else line
-                if self.progress:
-                    bar = _BAR_RE.match(body)
-                    if bar is not None:
-                        # A bar right below a bar that was read is a nested one (an
-                        # evaluation's): its count is not the training step.
-                        made = None if below_bar else self._bar(bar, line)
-                        self._add(samples, made)
-                        below_bar = made is not None
-                        continue
+                if memo is None:
+                    bar, made = self._row(line)
+                else:
+                    found = memo.get(line)
+                    if found is MISS:
+                        found = self._row(line)
+                        memo.put(line, found)
+                    bar, made = found  # type: ignore[misc]
+                if bar:
+                    # A bar right below a bar that was read is a nested one (an
+                    # evaluation's): its count is not the training step.
+                    made = None if below_bar else made
+                    self._add(samples, made)
+                    below_bar = made is not None
+                    continue
                 below_bar = False
-                self._add(samples, self._line(body, line))
+                self._add(samples, made)
         finally:
             if collecting:
                 gc.enable()
-        if cut and samples and samples[-1].raw == _last_nonblank(lines):
+        if cut and samples and samples[-1].raw == last_nonblank(lines):
             samples.pop()  # it ran to the pane's edge and the capture ended: incomplete
         return samples
+
+    def _row(self, line: str) -> tuple[bool, _Made | None]:
+        """One line read on its own: whether it is a progress bar, and what it gives."""
+        start = message_start(line)
+        body = line[start:] if start else line
+        if self.progress:
+            bar = _BAR_RE.match(body)
+            if bar is not None:
+                return True, self._bar(bar, line)
+        return False, self._line(body, line)
 
     @staticmethod
     def _add(samples: list[Sample], made: _Made | None) -> None:
@@ -414,22 +431,7 @@ class LineReader:
             samples.append(ReadSample(len(samples), elapsed, fields, raw, reading))
 
     def _line(self, body: str, line: str) -> _Made | None:
-        fields: dict[str, object] | None
-        elapsed: float | None = None
-        if self.format == "dflash":
-            sample = parse_line(line)
-            if sample is None:
-                return None
-            fields, elapsed = dict(sample.fields), sample.elapsed_min
-        elif self.format == "keyvalue":
-            fields = keyvalue_fields(body)
-        elif self.format == "json":
-            fields = json_fields(body)
-        elif self.format == "python-dict":
-            fields = dict_fields(body)
-        else:
-            assert self.pattern is not None
-            fields = regex_fields(body, self.pattern)
+        fields, elapsed = READERS[self.format](body, line, self.pattern)
         if not fields:
             return None
         fields, mapped_elapsed = self.mapping.apply(fields)
@@ -457,9 +459,9 @@ class LineReader:
         fields["rate"] = rate
         if self.bar_throughput:
             fields["throughput"] = rate
-        elapsed = _classify(bar["elapsed"])
+        elapsed = classify(bar["elapsed"])
         if bar["remaining"] and bar["remaining"] != "?":
-            fields["eta"] = _classify(bar["remaining"])
+            fields["eta"] = classify(bar["remaining"])
         reading = self.bar_reading if unit is None else _bar_reading(self.bar_reading, unit[0])
         return fields, _minutes(elapsed), line.strip(), reading
 
@@ -476,13 +478,6 @@ def _scaled(text: str) -> float:
 
 def _count(text: str) -> int:
     return int(_scaled(text))
-
-
-def _last_nonblank(lines: list[str]) -> str:
-    for line in reversed(lines):
-        if line.strip():
-            return line.strip()
-    return ""
 
 
 def _compile(spec: StatusSpec) -> LineReader | None:
@@ -525,183 +520,6 @@ def _compile(spec: StatusSpec) -> LineReader | None:
         # bars' rate then stays a field of its own (`rate`).
         bar_throughput=bar_throughput,
     )
-
-
-# --- keyvalue -----------------------------------------------------------------------------------
-
-_KV_KEY = r"[A-Za-z_][\w.\-/]*+"
-_KV_WORDS = rf"{_KV_KEY}(?: {_KV_KEY})*(?: \([^()\s]{{1,16}}\))?"
-_KV_VALUE = r"\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|;\[\"][^\s|;]*+"
-_KV_NUMBER = (
-    r"(?:[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
-    r"(?:[A-Za-z%µ]+(?:/[A-Za-z]+)?)?|[-+]?(?:nan|NaN|inf|Inf))(?![\w.])"
-)
-# A field starts a token (line start, whitespace, `|`, `,` or `;` before it): `key=value`,
-# `key: value` (the key may be words: `lm loss: 2.5`, `elapsed time per iteration (ms): 512`),
-# or words then a number (`iter 100`, `loss 4.2345,`, `iteration   100/ 1000`).
-_KV_RE = re.compile(
-    rf"(?<![^\s|,;])(?:(?P<a>{_KV_KEY})\s*=\s*(?P<av>{_KV_VALUE})"
-    rf"|(?P<b>{_KV_WORDS})\s*:(?!//)\s*(?P<bv>{_KV_VALUE})"
-    rf"|(?P<c>{_KV_WORDS})\s+(?P<cv>{_KV_NUMBER}))"
-)
-_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_OF_TOTAL_RE = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*/\s*\d+(?:\.\d+)?")  # 100/1000 -> 100
-_WITH_NOTE_RE = re.compile(r"(.+?)\([^()]*\)")  # 66.91GiB(37.51%) -> 66.91GiB
-
-
-def kv_value(text: str) -> object:
-    """A value as printed in a key/value line: thousands commas, `n/total` and notes read."""
-    v = text.rstrip(",;")
-    if "," in v and _THOUSANDS_RE.fullmatch(v):
-        v = v.replace(",", "")
-    else:
-        m = _OF_TOTAL_RE.fullmatch(v) if "/" in v else None
-        if m is None and v.endswith(")"):
-            m = _WITH_NOTE_RE.fullmatch(v)
-        if m is not None:
-            v = m[1]
-    return _classify(v) if v else None
-
-
-def keyvalue_fields(body: str) -> dict[str, object]:
-    fields: dict[str, object] = {}
-    for m in _KV_RE.finditer(body):
-        key = m["a"] or m["b"] or m["c"]
-        fields[key] = kv_value(m["av"] if m["a"] else m["bv"] if m["b"] else m["cv"])
-    return fields
-
-
-def regex_fields(body: str, pattern: re.Pattern[str]) -> dict[str, object] | None:
-    m = pattern.search(body)
-    if m is None:
-        return None
-    return {key: kv_value(value) for key, value in m.groupdict().items() if value is not None}
-
-
-# --- json and python-dict -----------------------------------------------------------------------
-
-
-def _object_text(body: str) -> str | None:
-    # The object is the whole message (after the prefixes): `{...}`, nothing before or after.
-    text = body.strip()
-    if not text.startswith("{") or not text.endswith("}") or len(text) > MAX_OBJECT_CHARS:
-        return None
-    return text
-
-
-def json_fields(body: str) -> dict[str, object] | None:
-    text = _object_text(body)
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)  # NaN and Infinity are read, as Python's json writes them
-    except (ValueError, RecursionError):
-        return None
-    return _flatten(value) if isinstance(value, dict) else None
-
-
-def _flatten(
-    obj: Mapping[Any, Any], prefix: str = "", out: dict[str, object] | None = None
-) -> dict[str, object]:
-    """Nested objects as dotted keys; lists as tuples; strings read as values (`"1h30m"`)."""
-    out = {} if out is None else out
-    for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _flatten(value, name + ".", out)
-        elif isinstance(value, list | tuple):
-            out[name] = tuple(_scalar(v) for v in value)
-        else:
-            out[name] = _scalar(value)
-    return out
-
-
-def _scalar(value: object) -> object:
-    if isinstance(value, str):
-        return _classify(value) if value else None
-    if isinstance(value, dict | list | tuple):
-        return None  # nested inside a list: not a reading
-    return value
-
-
-# Names and calls a printed dict may hold: nan/inf (repr of a float), numpy 2's `np.float64(x)`,
-# a tensor's `tensor(x, device='cuda:0')`.
-_NAMES: dict[str, object] = {
-    "nan": math.nan,
-    "inf": math.inf,
-    "NaN": math.nan,
-    "Infinity": math.inf,
-    "True": True,
-    "False": False,
-    "None": None,
-    "true": True,
-    "false": False,
-    "null": None,
-}
-_WRAPPERS = frozenset(
-    ("float", "int", "tensor", "float64", "float32", "float16", "bfloat16", "int64", "int32")
-)
-
-
-class _NotLiteral(Exception):
-    pass
-
-
-def dict_fields(body: str) -> dict[str, object] | None:
-    """A printed Python dict's fields, read as `ast.literal_eval` reads literals (never run).
-
-    Beyond literal_eval: `nan`/`inf` (how a float's repr prints), and a number wrapped as
-    `np.float64(0.5)` or `tensor(0.5, device='cuda:0')`.
-    """
-    text = _object_text(body)
-    if text is None:
-        return None
-    try:
-        tree = ast.parse(text, mode="eval")
-        value = _literal(tree.body, 0)
-    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, _NotLiteral):
-        return None
-    return _flatten(value) if isinstance(value, dict) else None
-
-
-def _literal(node: ast.AST, depth: int) -> object:
-    if depth > _MAX_DEPTH:
-        raise _NotLiteral
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Dict):
-        out: dict[str, object] = {}
-        for k, v in zip(node.keys, node.values, strict=True):
-            if k is None:
-                raise _NotLiteral  # `**other`
-            out[_key(_literal(k, depth + 1))] = _literal(v, depth + 1)
-        return out
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return tuple(_literal(e, depth + 1) for e in node.elts)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        operand = _literal(node.operand, depth + 1)
-        if type(operand) not in (int, float):
-            raise _NotLiteral
-        return -operand if isinstance(node.op, ast.USub) else operand  # type: ignore[operator]
-    if isinstance(node, ast.Name) and node.id in _NAMES:
-        return _NAMES[node.id]
-    if isinstance(node, ast.Call) and node.args and _callee(node.func) in _WRAPPERS:
-        return _literal(node.args[0], depth + 1)
-    raise _NotLiteral
-
-
-def _key(value: object) -> str:
-    if isinstance(value, dict | tuple):
-        raise _NotLiteral
-    return str(value)
-
-
-def _callee(func: ast.AST) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
 
 
 # --- progress bars ------------------------------------------------------------------------------

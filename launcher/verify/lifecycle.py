@@ -19,7 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from launcher.errors import ExitCode
-from launcher.verify.checks import PaneState
+from launcher.verify.pane import PaneState
 
 
 class State(StrEnum):

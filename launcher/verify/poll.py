@@ -7,8 +7,8 @@ from launcher import protocol as p
 from launcher.agentclient import AgentClient
 from launcher.config import Target
 from launcher.container import Container
-from launcher.verify.checks import PaneState
 from launcher.verify.gpus import sample_from_answer
+from launcher.verify.pane import PaneState
 
 
 def poll_request(target: Target, lines: int) -> p.PollRequest:

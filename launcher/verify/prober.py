@@ -1,16 +1,11 @@
 """The startup probe: fail fast, judge every poll after the warmup, pass after K in a row.
 
 Modelled on a Kubernetes startup probe. Every poll feeds one `Judge` (the run's own history);
-how a failing check ends the probe depends on its kind (see `launcher.verify.checks`):
-
-- immediate failures (dead pane, gone session, a stall past `stall_after`, a queue empty for
-  `failure_threshold` polls, the run replaced by another) end it at once;
-- definite failures end it after `failure_threshold` failing polls in a row;
-- pending ones (not passing yet) only when the window ends.
-
-During the warmup only `alive`, `fatal` and `restarts` count. The probe pins the run it started
-on (the deploy's run marker): if a deploy replaces it meanwhile, the probe ends with exit 1
-"run replaced by ...", and never judges samples of two runs together.
+the verdict policy (`launcher.verify.policy`) counts its results: an immediate failure ends the
+probe at once, definite ones after `failure_threshold` failing polls in a row, pending ones
+only when the window ends; during the warmup only the checks that count in it. The probe pins
+the run it started on (the deploy's run marker): if a deploy replaces it meanwhile, the probe
+ends with exit 1 "run replaced by ...", and never judges samples of two runs together.
 
 Every poll is bounded by the host's `command_timeout` and by what is left of the probe (but at
 least `POLL_FLOOR`), so a hung host costs at most one bounded poll past `wait + window`.
@@ -21,23 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from launcher.errors import ContainerError, ExitCode, RemoteError
-from launcher.verify.checks import (
-    CheckResult,
-    ChecksSpec,
-    Failure,
-    Judge,
-    PaneState,
-    Poll,
-    Verdict,
-    worst_verdict,
-)
+from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.policy import Tally, probe_reason
+from launcher.verify.rules.events import replaced
 
 # Unreachable polls in a row before the probe gives up with exit 3 (a blip is retried).
 UNREACHABLE_LIMIT = 3
@@ -45,12 +33,6 @@ UNREACHABLE_LIMIT = 3
 KEEP_SAMPLES_PER_OLD_POLL = 3
 # The shortest deadline a poll gets, even at the very end of the window.
 POLL_FLOOR = 10.0
-# Checks that count during the warmup: a crash, a fatal sign or a restart needs no warm run.
-WARMUP_CHECKS = frozenset({"alive", "fatal", "restarts"})
-# Events, not states: "for N polls" says nothing about them.
-EVENT_CHECKS = frozenset({"alive", "fatal", "restarts", "run"})
-# The order failures are named in a reason: the most telling first.
-REASON_ORDER = ("run", "alive", "restarts", "fatal", "samples", "step", "loss", "finite")
 
 
 @dataclass(frozen=True)
@@ -154,9 +136,7 @@ class Prober:
         self._results: list[CheckResult] = []  # what counted at the latest poll
         self._all: list[CheckResult] = []  # every check at the latest poll
         self._unreachable = 0
-        self._consecutive = 0
-        self._failing = 0
-        self._streaks: dict[str, int] = {}
+        self.tally = Tally(settings.failure_threshold)
 
     def run(self) -> ProbeResult:
         s = self.settings
@@ -185,19 +165,13 @@ class Prober:
         results = self._all = self.judge.add(poll, warmup_over=judging)
         if ended(state) is State.FINISHED:
             self._finished()
-        counted = results if judging else [r for r in results if r.name in WARMUP_CHECKS]
-        self._results = results if judging else counted
-        self._count(counted)
-        immediate = [r for r in counted if r.kind is Failure.IMMEDIATE]
-        definite = [r for r in counted if r.kind is Failure.DEFINITE]
-        if immediate or self._failing >= self.settings.failure_threshold:
-            self._finish("unhealthy", ExitCode.UNHEALTHY, self._reason(immediate + definite))
-        if judging:
-            passing = worst_verdict(results) is not Verdict.FAIL
-            self._consecutive = self._consecutive + 1 if passing else 0
+        judged = self.tally.take(results, judging=judging)
+        self._results = judged.counted
+        if judged.unhealthy:
+            self._finish("unhealthy", ExitCode.UNHEALTHY, self._reason(judged.failures))
         self._emit("judging" if judging else "warmup", poll, now)
-        if judging and self._consecutive >= self.settings.successes:
-            self._finish("healthy", ExitCode.OK, f"{self._consecutive} consecutive passing polls")
+        if judging and self.tally.passing >= self.settings.successes:
+            self._finish("healthy", ExitCode.OK, f"{self.tally.passing} consecutive passing polls")
         if judging and self.clock() >= self._end:
             self._finish("unhealthy", ExitCode.UNHEALTHY, self._window_reason())
         # Sleep one interval, but never past the end of the warmup or of the window.
@@ -230,7 +204,7 @@ class Prober:
                     self._results,
                     now - self._start,
                     max(0.0, self._warm_end - now),
-                    self._consecutive,
+                    self.tally.passing,
                     error=error.message,
                 )
             )
@@ -259,13 +233,7 @@ class Prober:
             self.run_id, self._pinned = state.run, True
         elif state.session_exists and self._pinned and state.run != self.run_id:
             new = state.run or "a session launcher did not start"
-            check = CheckResult(
-                "run",
-                Verdict.FAIL,
-                f"run replaced by {new}",
-                f"run {self.run_id or '(unmarked)'} throughout",
-                Failure.IMMEDIATE,
-            )
+            check = replaced(self.run_id, new)
             self._all = [check, *(self._all or self._results)]
             self._finish("unhealthy", ExitCode.UNHEALTHY, f"run replaced by {new}")
         if gone and state.deploy_lock and self.clock() < self._end:
@@ -277,25 +245,18 @@ class Prober:
             return True
         return False
 
-    def _count(self, counted: Sequence[CheckResult]) -> None:
-        definite = {r.name for r in counted if r.kind is Failure.DEFINITE}
-        self._streaks = {name: self._streaks.get(name, 0) + 1 for name in definite}
-        self._failing = self._failing + 1 if definite else 0
-
     # -- reasons --------------------------------------------------------------------------
 
     def _reason(self, failures: Sequence[CheckResult]) -> str:
         """One line: each failing check and its evidence, the most telling first."""
-        if any(r.name == "samples" for r in failures):
-            # No status line at all: what else was never reported follows from that.
-            failures = [r for r in failures if r.kind is not Failure.PENDING or r.name == "samples"]
-        return describe_failures(failures, self._streaks)
+        return probe_reason(failures, self.tally.streaks)
 
     def _window_reason(self) -> str:
         failing = [r for r in self._results if r.verdict is Verdict.FAIL]
         if failing:
             return self._reason(failing)
-        return f"only {self._consecutive} of {self.settings.successes} passing polls in the window"
+        passing = self.tally.passing
+        return f"only {passing} of {self.settings.successes} passing polls in the window"
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -307,9 +268,9 @@ class Prober:
                 self._results,
                 now - self._start,
                 max(0.0, self._warm_end - now),
-                self._consecutive,
+                self.tally.passing,
                 error=error,
-                failing=self._failing,
+                failing=self.tally.failing,
             )
         )
 
@@ -351,30 +312,3 @@ class Prober:
                 state=state,
             )
         )
-
-
-def describe_failures(
-    failures: Sequence[CheckResult], streaks: Mapping[str, int] | None = None
-) -> str:
-    """One line: each failing check and its evidence, the most telling first; with `streaks`
-    (failing polls in a row by check), a definite failure says for how many polls."""
-
-    def rank(result: CheckResult) -> int:
-        head = result.name.split(".")[0]
-        return REASON_ORDER.index(head) if head in REASON_ORDER else len(REASON_ORDER)
-
-    parts = []
-    for result in sorted(failures, key=rank):
-        text = _first_line(result.observed)
-        subject = result.name.split(".")[-1]
-        if not text.startswith(subject) and not text.startswith("restarted"):
-            text = f"{result.name}: {text}"
-        polls = (streaks or {}).get(result.name, 0)
-        if result.kind is Failure.DEFINITE and polls > 1 and result.name not in EVENT_CHECKS:
-            text += f", for {polls} polls"
-        parts.append(text)
-    return "; ".join(parts)
-
-
-def _first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""

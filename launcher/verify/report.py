@@ -11,8 +11,8 @@ from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
 from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State
-from launcher.verify.parse import Sample
 from launcher.verify.prober import ProbeResult
+from launcher.verify.samples import Sample
 
 SCHEMA_ID = "launcher.verify/2"
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -21,10 +21,10 @@ from launcher.verify.checks import (
 )
 from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State, ended, status_exit, verdict_word
-from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.parse import parse_pane
+from launcher.verify.policy import counted
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import (
-    WARMUP_CHECKS,
     ParseFn,
     PollEvent,
     Prober,
@@ -32,6 +32,7 @@ from launcher.verify.prober import (
     ProbeSettings,
 )
 from launcher.verify.report import format_rate, latest_line
+from launcher.verify.samples import RowMemo, Sample
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,17 @@ def settings_for(target: Target, overrides: ProbeOverrides) -> ProbeSettings:
 
 
 def parser_for(target: Target) -> ParseFn:
-    """How this target's status lines are read: the playbook's `status:` section, if any."""
+    """How this target's status lines are read: the playbook's `status:` section, if any.
+
+    Each parser remembers what the previous capture's lines read to, so a poll parses only
+    the rows that are new since (a capture repeats most of the one before it).
+    """
     status = getattr(target.playbook.spec, "status", None)
+    memo = RowMemo()
 
     def parse(text: str, width: int | None) -> list[Sample]:
         # Rows are re-joined only where the pane's own width says they were wrapped.
-        if status is None:
-            return parse_pane(text, width=width)
-        return parse_pane(text, status, width=width)
+        return parse_pane(text, status, width=width, memo=memo)
 
     return parse
 
@@ -160,7 +164,7 @@ def status_state(
         return over, "; ".join(failing) or str(over)
     if not failing:
         return State.HEALTHY, "one poll (status)"
-    early = any(r.kind is not None and r.name in WARMUP_CHECKS for r in checks)
+    early = any(r.kind is not None for r in counted(checks, judging=False))
     age = state.age
     if not early and age is not None:
         silent = not any(r.name == "samples" and r.kind is None for r in checks)

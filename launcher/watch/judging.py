@@ -1,11 +1,11 @@
 """One target's runs judged poll after poll, for as long as the watcher runs.
 
-The same engine as `verify` (`launcher.verify.checks.Judge`, one per run, fed every poll) with the
-same counting: during the warmup only a crash, a fatal sign or a restart counts; an immediate
-failure is unhealthy at once, a definite one after `failure_threshold` failing polls in a row;
-`successes` passing polls in a row are healthy. Unlike the probe it never ends: a run that is
-not healthy by the end of its window is unhealthy, and a run that recovers (the step advances
-again) becomes healthy again.
+The same engine as `verify` (`launcher.verify.checks.Judge`, one per run, fed every poll) under
+the same policy (`launcher.verify.policy`): during the warmup only a crash, a fatal sign or a
+restart counts; an immediate failure is unhealthy at once, a definite one after
+`failure_threshold` failing polls in a row; `successes` passing polls in a row are healthy.
+Unlike the probe it never ends: a run that is not healthy by the end of its window is
+unhealthy, and a run that recovers (the step advances again) becomes healthy again.
 
 Runs are never mixed: the run marker deploy sets (tmux option @launcher_run) names the run; a
 new marker starts a new Judge. A restart inside one run (torchrun's elastic agent) makes the
@@ -18,19 +18,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.verify.checks import (
-    CheckResult,
-    ChecksSpec,
-    Failure,
-    Judge,
-    PaneState,
-    Poll,
-    Verdict,
-    worst_verdict,
-)
+from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
-from launcher.verify.parse import Sample
-from launcher.verify.prober import WARMUP_CHECKS, ParseFn, describe_failures
+from launcher.verify.policy import Judgement, Tally, describe_failures
+from launcher.verify.prober import ParseFn
+from launcher.verify.samples import Sample
 from launcher.watch.events import LAST_LINES
 
 
@@ -86,8 +78,7 @@ class RunJudge:
         self.judge: Judge | None = None
         self.started = 0.0
         self.ever_healthy = False
-        self.failing = 0
-        self.passing = 0
+        self.tally = Tally(settings.failure_threshold)
         self._step: int | None = None
         self._step_at = 0.0
         self._numbers: tuple[float | None, float | None] = (None, None)
@@ -103,7 +94,7 @@ class RunJudge:
         )
         self.started = now
         self.ever_healthy = False
-        self.failing = self.passing = 0
+        self.tally = Tally(self.settings.failure_threshold)
         self._step, self._step_at = None, now
 
     def observe(self, state: PaneState, now: float) -> Observation:
@@ -133,13 +124,13 @@ class RunJudge:
             observation = Observation(str(over), reason, self.run, new_run, last_lines=lines)
             self._numbers_from(samples, now, observation)
             return observation
-        counted = results if judging else [r for r in results if r.name in WARMUP_CHECKS]
-        verdict, reason = self._verdict(results, counted, judging, now)
+        judged = self.tally.take(results, judging=judging)
+        verdict, reason = self._verdict(results, judged, judging, now)
         observation = Observation(verdict, reason, self.run, new_run, last_lines=lines)
         if verdict == "unhealthy" and over is State.FAILED:
             observation.state = State.FAILED
         self._numbers_from(samples, now, observation)
-        if verdict == "unhealthy" and any(r.name == "restarts" for r in counted if r.kind):
+        if verdict == "unhealthy" and any(r.name == "restarts" for r in judged.counted if r.kind):
             # Reported once; a fresh judge lets the restarted process prove itself.
             run, expected = self.run, self.expected
             self._begin(run, now)
@@ -149,25 +140,19 @@ class RunJudge:
     def _verdict(
         self,
         results: list[CheckResult],
-        counted: list[CheckResult],
+        judged: Judgement,
         judging: bool,
         now: float,
     ) -> tuple[str, str]:
-        immediate = [r for r in counted if r.kind is Failure.IMMEDIATE]
-        definite = [r for r in counted if r.kind is Failure.DEFINITE]
-        self.failing = self.failing + 1 if definite else 0
-        if immediate or self.failing >= self.settings.failure_threshold:
-            self.passing = 0
-            return "unhealthy", reason_of(immediate + definite)
+        if judged.unhealthy:
+            return "unhealthy", reason_of(judged.failures)
         if not judging:
             return "pending", "warmup"
-        if worst_verdict(results) is not Verdict.FAIL:
-            self.passing += 1
-            if self.passing >= self.settings.successes:
+        if judged.passing:
+            if judged.passing >= self.settings.successes:
                 self.ever_healthy = True
-                return "healthy", f"{self.passing} passing polls in a row"
-            return "pending", f"{self.passing} of {self.settings.successes} passing polls"
-        self.passing = 0
+                return "healthy", f"{judged.passing} passing polls in a row"
+            return "pending", f"{judged.passing} of {self.settings.successes} passing polls"
         failing = [r for r in results if r.verdict is Verdict.FAIL]
         end = self.started + self.settings.wait + self.settings.window
         if not self.ever_healthy and now >= end:
