@@ -18,7 +18,7 @@ from launcher.cluster import place_all
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 
 
 @dataclass

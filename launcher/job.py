@@ -29,7 +29,7 @@ from launcher.config import (
 )
 from launcher.container import HostConnection
 from launcher.errors import ConfigError, LauncherError, RemoteError, UsageError
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 
 RENDEZVOUS_KEYS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_ID")
 

@@ -24,10 +24,10 @@ from launcher.deploy import (
     run_transaction,
     transaction_request,
 )
-from launcher.endpoint import Endpoint
 from launcher.errors import ExitCode, LauncherError
 from launcher.localhistory import append_local_history
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
+from launcher.transport.endpoint import Endpoint
 from launcher.verify.poll import poll_once
 
 LineSink = Callable[[str], None]

@@ -48,7 +48,7 @@ def _say(app: AppContext) -> Callable[[str, str], None]:
 
 def _run(app: AppContext, name: str, action: Callable[[Job, JobNodes], JobResult]) -> JobResult:
     from launcher.job import JobNodes, load_job
-    from launcher.remote import ConnectionPool
+    from launcher.transport.pool import ConnectionPool
 
     loaded = load_job(app.inventory(), name)
     with ConnectionPool() as pool:
@@ -233,8 +233,8 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
     """
     from launcher.job import JobNodes, load_job
     from launcher.jobhistory import job_history
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
+    from launcher.transport.pool import ConnectionPool
 
     loaded = load_job(app.inventory(), name)
     with ConnectionPool() as pool:
@@ -290,8 +290,8 @@ def watch_command(
     """
     from launcher.job import JobNodes, load_job
     from launcher.jobwatch import JobWatchOptions, watch_job
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
+    from launcher.transport.pool import ConnectionPool
 
     loaded = load_job(app.inventory(), name)
     options = JobWatchOptions(
@@ -397,8 +397,8 @@ def logs_command(
     """
     from launcher.job import JobNodes, load_job
     from launcher.joblogs import job_logs
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
+    from launcher.transport.pool import ConnectionPool
 
     loaded = load_job(app.inventory(), name)
 

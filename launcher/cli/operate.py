@@ -75,7 +75,7 @@ def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     from launcher.cluster import place
     from launcher.errors import UsageError
     from launcher.operate import logs
-    from launcher.remote import ConnectionPool
+    from launcher.transport.pool import ConnectionPool
 
     target = app.target()
     if raw_bytes and sys.stdout.isatty():
@@ -176,7 +176,7 @@ def attach_command(app: AppContext) -> None:
     from launcher.cluster import place
     from launcher.errors import UsageError
     from launcher.operate import attach
-    from launcher.remote import ConnectionPool
+    from launcher.transport.pool import ConnectionPool
 
     target = app.target()
     with ConnectionPool() as pool:
@@ -400,7 +400,7 @@ def disconnect_command() -> None:
       launcher disconnect
     Exit codes: 0 (also when there was none).
     """
-    from launcher import persist
+    from launcher.transport import persist
 
     ended = persist.stop_all()
     click.echo(f"ended {len(ended)} persisted connection(s)")

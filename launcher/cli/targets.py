@@ -32,7 +32,7 @@ def run_on_targets(
     Several: in parallel, with progress per target (the caller prints the closing table).
     `live`: the progress is polls (one updating line on a terminal), not steps to keep."""
     from launcher.cluster import place
-    from launcher.remote import ConnectionPool
+    from launcher.transport.pool import ConnectionPool
     from launcher.ui import FleetDisplay, LiveLine, progress_line
 
     targets = app.targets()

@@ -147,7 +147,7 @@ def watch_command(
     """
     from launcher.config import inventory_path
     from launcher.errors import ExitCode, UsageError
-    from launcher.remote import ConnectionPool
+    from launcher.transport.pool import ConnectionPool
     from launcher.watch.metrics import Metrics
     from launcher.watch.monitor import Hub, Watcher, WatchSettings
     from launcher.watch.notify import (

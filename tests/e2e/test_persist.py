@@ -39,7 +39,7 @@ def servers() -> list[int]:
         except OSError:
             continue
         mine = f"XDG_RUNTIME_DIR={runtime}".encode() in environ
-        if b"launcher.persistserver" in cmdline and mine:
+        if b"launcher.transport.persistserver" in cmdline and mine:
             pids.append(int(proc.name))
     return pids
 

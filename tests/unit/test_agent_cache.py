@@ -33,8 +33,8 @@ from launcher.agentclient import (
     payload,
 )
 from launcher.container import Container
-from launcher.endpoint import CommandResult
 from launcher.protocol import FollowRequest
+from launcher.transport.endpoint import CommandResult
 
 PYTHON = shutil.which("python3") or "python3"
 TEXT, DIGEST = bundle()

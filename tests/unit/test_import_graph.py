@@ -116,11 +116,16 @@ def test_the_cycle_finder_finds_cycles_and_ignores_type_only_imports(tmp_path: P
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from launcher.remote import Connection\n"
+        "    from launcher.transport.connection import Connection\n"
         "def f():\n"
-        "    from launcher import persist, version\n"
-        "    from launcher.endpoint import Endpoint\n"
+        "    from launcher.transport import persist\n"
+        "    from launcher import version\n"
+        "    from launcher.transport.endpoint import Endpoint\n"
     )
     modules = module_files()
     got = imports_of("launcher.m", source, modules)
-    assert got == {"launcher.persist", "launcher.version", "launcher.endpoint"}
+    assert got == {
+        "launcher.transport.persist",
+        "launcher.version",
+        "launcher.transport.endpoint",
+    }
