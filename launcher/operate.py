@@ -512,3 +512,14 @@ def rollback(
             f"(was {release.get('rollback_from')})"
         )
     return result
+
+
+# --------------------------------------------------------------------------- disconnect
+
+
+def disconnect() -> int:
+    """End this user's persisted connections now (each ends after its idle time anyway); how
+    many were asked to."""
+    from launcher.transport import persist
+
+    return len(persist.stop_all())

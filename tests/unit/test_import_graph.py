@@ -129,3 +129,17 @@ def test_the_cycle_finder_finds_cycles_and_ignores_type_only_imports(tmp_path: P
         "launcher.version",
         "launcher.transport.endpoint",
     }
+
+
+def test_the_cli_handles_no_connection() -> None:
+    """cli/ parses options and renders results; the workflows own their connections
+    (fleet.run_one, fleet.on_target, fleet.connections_for, job.on_job)."""
+    graph = import_graph()
+    reached = {
+        (module, dep)
+        for module, deps in graph.items()
+        if module.startswith("launcher.cli")
+        for dep in deps
+        if dep.startswith("launcher.transport")
+    }
+    assert reached == set()
