@@ -287,3 +287,73 @@ def test_an_endpoint_round_trips_through_json() -> None:
     assert back == ep
     assert back != dataclasses.replace(ep, port=2222)
     assert back != dataclasses.replace(ep, via=dataclasses.replace(via, user="other"))
+
+
+class Follower(FakeConnection):
+    """A command that prints once and then waits, as `logs -f` does, until it is cut off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut_off = threading.Event()
+        self.streamed: tuple[bool, float | None] | None = None
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+        cancel: threading.Event,
+    ) -> int:
+        self.streamed = (close_stdin, idle_timeout)
+        on_stdout(b"line 1\n")
+        if cancel.wait(10):
+            self.cut_off.set()
+            raise ConnectError("pve: connection failed during a command: the client went away")
+        return 0
+
+
+def test_a_stream_is_cut_off_when_its_client_goes_away(runtime: Path) -> None:
+    """Output arrives as it is written; the client's sink failing (a reader gone) closes its
+    socket, and the server cuts the command off at once (and keeps serving)."""
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None
+    server = persistserver.Server(ep, path)
+    fake = Follower()
+    server.conn = fake  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    got: list[bytes] = []
+
+    def sink(data: bytes) -> None:
+        got.append(data)
+        raise BrokenPipeError("the reader went away")
+
+    try:
+        with pytest.raises(BrokenPipeError):
+            persist.PersistedRunner(ep).stream(
+                "follow",
+                sink,
+                got.append,
+                stdin=b"{}",
+                close_stdin=False,
+                timeout=None,
+                idle_timeout=30.0,
+            )
+        assert got == [b"line 1\n"]
+        assert fake.cut_off.wait(5), "the command was not cut off"
+        assert fake.streamed == (False, 30.0)
+        assert not server.stopping.is_set()  # a client going away is not a broken connection
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        path.unlink()
