@@ -208,6 +208,8 @@ class PersistedRunner:
         timeout: float | None,
         idle_timeout: float | None,
     ) -> int:
+        if len(stdin or b"") * 4 // 3 > frames.MAX_FRAME - 64 * 1024:
+            raise Unavailable()  # more than the server reads in one frame: a channel of its own
         path = socket_path(self.endpoint)
         sock = _connect(path) if path is not None and path.exists() else None
         if sock is None:

@@ -357,3 +357,16 @@ def test_a_stream_is_cut_off_when_its_client_goes_away(runtime: Path) -> None:
         thread.join(5)
         listener.close()
         path.unlink()
+
+
+def test_stdin_larger_than_a_frame_takes_a_channel_of_its_own(
+    served: tuple[Endpoint, FakeConnection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push bigger than the server reads in one frame is not sent at all (not encoded, not
+    refused half-way): the caller's own connection carries it."""
+    ep, fake = served
+    monkeypatch.setattr(frames, "MAX_FRAME", 64 * 1024 + 3000)
+    fake.answers["push"] = ok()
+    assert run(ep, "push", stdin=b"x" * 3000, timeout=5.0) is None
+    assert run(ep, "push", stdin=b"x" * 1000, timeout=5.0) is not None
+    assert [command for command, _, _ in fake.ran] == ["push"]
