@@ -6,10 +6,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import queue
 from pathlib import Path
 
 import pytest
 
+from launcher.errors import ConnectError
 from launcher.transport import frames, relay, relayhost
 from launcher.transport.connection import Connection
 from launcher.transport.endpoint import Endpoint
@@ -115,3 +117,59 @@ def test_one_place_chooses_the_runner() -> None:
     persisted = Connection(dataclasses.replace(endpoint(), control_persist=60.0))
     persisted.use_relay()  # not for a persisted connection: its process carries them
     assert [type(r) for r in persisted.runners()] == [PersistedRunner, SSHConnection]
+
+
+class FakeChannel:
+    """A relay's channel: the hello, then for each Run frame sent, the line `reply` gives."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.inbox: queue.Queue[bytes] = queue.Queue()
+        self.inbox.put(frames.encode(frames.Hello(frames.VERSION)))
+        self.closed = False
+
+    def sendall(self, data: bytes) -> None:
+        if data.startswith(b"{") and b'"command"' in data:
+            self.inbox.put(self.reply)
+
+    def recv(self, size: int) -> bytes:
+        return self.inbox.get(timeout=5)
+
+    def settimeout(self, seconds: float | None) -> None:
+        pass
+
+
+class FakeSSH:
+    """What the relay needs from the SSH connection: one channel, opened once."""
+
+    def __init__(self, channel: FakeChannel) -> None:
+        self.endpoint = endpoint()
+        self.channel = channel
+        self.opened = 0
+
+    def open_command(self, command: str, timeout: float) -> FakeChannel:
+        assert "launcher_relay" in command
+        self.opened += 1
+        return self.channel
+
+    def close_command(self, channel: FakeChannel) -> None:
+        channel.closed = True
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (b'{"id": 1, "fd": 9, "data": ""}\n', "output frame for fd 9"),
+        (b"garbage\n", "not JSON"),
+        (b'{"hello": 2}\n', "the relay sent Hello"),
+    ],
+)
+def test_a_malformed_frame_from_the_relay_fails_its_calls_clearly(reply: bytes, says: str) -> None:
+    """Never a KeyError in a reader thread and a call left waiting: the calls the relay carried
+    fail as on a dropped channel, saying what was wrong, and the channel is closed."""
+    channel = FakeChannel(reply)
+    ssh = FakeSSH(channel)
+    carrier = relay.Relay(ssh)  # type: ignore[arg-type]
+    with pytest.raises(ConnectError, match=says):
+        carrier.run("pct exec 1 -- true", stdin=None, timeout=5.0)
+    assert channel.closed and ssh.opened == 1
