@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -34,6 +35,7 @@ from launcher.transport.persist import (
 from launcher.transport.ssh import SSHConnection
 
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long has gone away
+POLL_SECONDS = 0.5  # how often a command's watcher looks whether its client went away
 
 
 class Server:
@@ -74,8 +76,7 @@ class Server:
                 if peer_uid(client) != os.geteuid():
                     return
                 client.settimeout(SEND_TIMEOUT)
-                lines = frames.Lines(client.recv)
-                request = lines.next()
+                request = frames.Lines(client.recv).next()
                 if isinstance(request, frames.Stop):
                     self.stopping.set()
                     client.sendall(frames.encode(frames.Taken(0)))
@@ -83,7 +84,7 @@ class Server:
                     # Taken before it runs (raises if the client gave up): a command whose
                     # Taken was not delivered is not run, and the client connects by itself.
                     client.sendall(frames.encode(frames.Taken(request.id)))
-                    self.run(client, lines, request)
+                    self.run(client, request)
                 # anything else (or while ending): closed unanswered
         except (OSError, ValueError):
             pass  # the client went away or sent nonsense: nothing to answer
@@ -92,20 +93,29 @@ class Server:
                 self.busy -= 1
                 self.last_used = time.monotonic()
 
-    def run(self, client: socket.socket, lines: frames.Lines, request: frames.Run) -> None:
+    def run(self, client: socket.socket, request: frames.Run) -> None:
         """The command on this process's connection, its output sent as it arrives. The
         client's socket closing (Ctrl-C, its reader gone) cuts the command off at once."""
         send_lock = threading.Lock()
-        gone = threading.Event()
+        gone = threading.Event()  # the client went away
+        done = threading.Event()  # the command ended
 
         def send(frame: frames.Frame) -> None:
             with send_lock:
                 client.sendall(frames.encode(frame))
 
         def watch() -> None:
-            with contextlib.suppress(OSError, ValueError):
-                lines.next()  # nothing more is expected: EOF, a Cancel, or an error
-            gone.set()
+            # Nothing more is expected from the client: its socket turning readable is its
+            # end (EOF) or a Cancel. Not a read with the socket's timeout, which would take
+            # a quiet command for a gone client.
+            while not done.is_set():
+                try:
+                    readable, _, _ = select.select([client], [], [], POLL_SECONDS)
+                except (OSError, ValueError):
+                    readable = [client]
+                if readable:
+                    gone.set()
+                    return
 
         threading.Thread(target=watch, daemon=True).start()
         rid = request.id
@@ -130,6 +140,8 @@ class Server:
                 self.stopping.set()
             send(failure_frame(rid, error))
             return
+        finally:
+            done.set()
         send(frames.Exit(rid, code))
 
 

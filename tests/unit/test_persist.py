@@ -370,3 +370,50 @@ def test_stdin_larger_than_a_frame_takes_a_channel_of_its_own(
     assert run(ep, "push", stdin=b"x" * 3000, timeout=5.0) is None
     assert run(ep, "push", stdin=b"x" * 1000, timeout=5.0) is not None
     assert [command for command, _, _ in fake.ran] == ["push"]
+
+
+class Quiet(FakeConnection):
+    """A command that prints nothing for a while, then ends."""
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+        cancel: threading.Event,
+    ) -> int:
+        if cancel.wait(1.2):
+            raise ConnectError("pve: connection failed during a command: the client went away")
+        on_stdout(b"done\n")
+        return 4
+
+
+def test_a_quiet_command_is_not_taken_for_a_gone_client(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Silence longer than the server's socket timeout (a deploy's stop waiting out its grace)
+    is not the client going away."""
+    monkeypatch.setattr(persistserver, "SEND_TIMEOUT", 0.3)
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None
+    server = persistserver.Server(ep, path)
+    server.conn = Quiet()  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    try:
+        result = run(ep, "quiet", stdin=None, timeout=10.0)
+        assert result is not None and (result.exit_code, result.stdout) == (4, b"done\n")
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        path.unlink()
