@@ -24,7 +24,7 @@ from harness import Recording  # also puts the checkout on sys.path
 
 from launcher.agentclient import BOOT, container_for, payload
 from launcher.config import inventory_path, load_inventory
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 from launcher.verify.poll import poll_once, poll_request
 
 LINES = 500  # what the benchmark playbooks' verify reads per poll

@@ -26,7 +26,8 @@ import launcher.agentclient  # noqa: E402
 import launcher.cli.main  # noqa: E402
 import launcher.container  # noqa: E402
 import launcher.deploy  # noqa: E402
-import launcher.remote  # noqa: E402
+import launcher.transport.pool  # noqa: E402
+import launcher.transport.ssh  # noqa: E402
 
 IMPORTED = time.perf_counter()
 NESTED = "(in the next) "  # timed inside the phase listed after it (not added to the sum)
@@ -72,7 +73,9 @@ def main() -> None:
     args = parser.parse_args()
     phases[0] = (phases[0][0], IMPORTED - T0)
 
-    timed(launcher.remote.Connection, "_connect", lambda *a, **k: NESTED + "connect (SSH)")
+    timed(
+        launcher.transport.ssh.SSHConnection, "_connect", lambda *a, **k: NESTED + "connect (SSH)"
+    )
     timed(
         launcher.container.Container,
         "push",
@@ -104,7 +107,7 @@ def main() -> None:
     from launcher.verify.poll import poll_once
 
     target = load_inventory(inventory_path(args.inventory)).target(args.target)
-    with launcher.remote.ConnectionPool() as pool:
+    with launcher.transport.pool.ConnectionPool() as pool:
         container = container_for(target, pool.get(target.host_name, target.host))
         poll_once(container, target, 10)  # connects
         poll_start = time.perf_counter()

@@ -35,7 +35,6 @@ from launcher import agent
 from launcher import protocol as p
 from launcher.agent import boot
 from launcher.container import Container, HostShell, exec_command
-from launcher.endpoint import CommandResult
 from launcher.errors import (
     ContainerError,
     LauncherError,
@@ -49,6 +48,7 @@ from launcher.errors import (
 )
 from launcher.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
 from launcher.protocolcheck import present_problem, problem
+from launcher.transport.endpoint import CommandResult
 
 if TYPE_CHECKING:
     from launcher.config import Target

@@ -39,7 +39,8 @@ from launcher.operate import (
     rollback,
     stop,
 )
-from launcher.remote import Connection, ConnectionPool
+from launcher.transport.connection import Connection
+from launcher.transport.pool import ConnectionPool
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
 from launcher.verify.workflows import deployed_run, run_probe, status_work

@@ -31,7 +31,7 @@ EXIT_MARK = "launcher-pvesh-exit"
 
 
 class Pool(Protocol):
-    """What placement needs from a connection pool (remote.ConnectionPool is the real one)."""
+    """What placement needs from a connection pool (transport/pool.py's is the real one)."""
 
     def get(self, name: str, host: HostSpec) -> HostShell: ...
 

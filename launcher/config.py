@@ -26,7 +26,7 @@ from pydantic import (
 from launcher.bounded import regular_file_problem
 from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
-from launcher.sshconfig import JUMP_RE
+from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
 from launcher.verify.spec import ChecksSpec, StepSpec
 from launcher.yamlsource import YamlDocument, load_yaml

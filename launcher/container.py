@@ -11,8 +11,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
-from launcher.endpoint import CommandResult, Endpoint
 from launcher.errors import ContainerError
+from launcher.transport.endpoint import CommandResult, Endpoint
 
 NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
 NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
@@ -32,7 +32,8 @@ class HostShell(Protocol):
 
 class HostConnection(HostShell, Protocol):
     """What workflows need from a host connection: commands, streams and the endpoint's
-    settings (deadlines). remote.Connection is the real one; unit tests pass strict fakes."""
+    settings (deadlines). transport/connection.py's Connection is the real one; unit tests
+    pass strict fakes."""
 
     @property
     def endpoint(self) -> Endpoint: ...
@@ -102,7 +103,7 @@ class Container:
         idle_timeout: float | None = None,
     ) -> int:
         """Run argv inside the container, handing its output over as it arrives (see
-        remote.Connection.stream); a missing or stopped container raises ContainerError."""
+        transport/connection.py); a missing or stopped container raises ContainerError."""
         host = cast(HostConnection, self.host)
         if not hasattr(host, "stream"):
             raise ContainerError(f"{self.label}: this connection cannot stream")

@@ -7,18 +7,19 @@ Ctrl-C cancels all of them and closes their connections.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from launcher.cluster import place_all
+from launcher.cluster import place, place_all
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 
 
 @dataclass
@@ -63,6 +64,33 @@ class FleetContext:
 
 
 Work = Callable[[FleetContext], Outcome]
+T = TypeVar("T")
+
+
+def on_target(target: Target, action: Callable[[Target, HostConnection], T]) -> T:
+    """`action` on one target, in this thread: a cluster target placed on the node that runs
+    its VMID now, its host's connection opened for it and closed after (the one place a
+    single-target command's connection is handled; errors propagate)."""
+    with ConnectionPool() as pool:
+        placed = place(target, pool)
+        return action(placed, pool.get(placed.host_name, placed.host))
+
+
+@contextlib.contextmanager
+def connections_for(targets: Sequence[Target]) -> Iterator[Callable[[Target], HostConnection]]:
+    """A long-running command's connections (watch): each target's host connection, opened on
+    first use, shared by the targets on that host (several: their commands on one relay
+    channel), all closed at the end."""
+    per_host = Counter(t.host_name for t in targets)
+    with ConnectionPool() as pool:
+        yield lambda t: pool.get(t.host_name, t.host, targets=per_host[t.host_name])
+
+
+def run_one(target: Target, work: Work, *, say: Callable[[str], None]) -> Outcome:
+    """`work` for one target, in this thread (errors propagate: the caller shows them once)."""
+    return on_target(
+        target, lambda placed, conn: work(FleetContext(placed, conn, threading.Event(), say))
+    )
 
 
 def worst(codes: Sequence[ExitCode]) -> ExitCode:

@@ -29,7 +29,7 @@ from launcher.config import (
 )
 from launcher.container import HostConnection
 from launcher.errors import ConfigError, LauncherError, RemoteError, UsageError
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 
 RENDEZVOUS_KEYS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_ID")
 
@@ -179,3 +179,10 @@ class JobNodes:
 
         with ThreadPoolExecutor(max_workers=len(chosen)) as executor:
             return list(executor.map(one, range(len(chosen))))
+
+
+def on_job(job: Job, action: Callable[[Job, JobNodes], T]) -> T:
+    """`action` on the job's nodes, their hosts' connections opened for it and closed after
+    (the one place a job command's connections are handled)."""
+    with ConnectionPool() as pool:
+        return action(job, JobNodes(pool, job.nodes))

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.config import HostSpec, Inventory
-from launcher.remote import known_hosts_override
+from launcher.transport.resolve import known_hosts_override
 
 
 def hosts_of(inventory: Inventory) -> Iterator[tuple[tuple[str, ...], HostSpec]]:

@@ -24,10 +24,10 @@ from launcher.deploy import (
     run_transaction,
     transaction_request,
 )
-from launcher.endpoint import Endpoint
 from launcher.errors import ExitCode, LauncherError
 from launcher.localhistory import append_local_history
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
+from launcher.transport.endpoint import Endpoint
 from launcher.verify.poll import poll_once
 
 LineSink = Callable[[str], None]
@@ -512,3 +512,14 @@ def rollback(
             f"(was {release.get('rollback_from')})"
         )
     return result
+
+
+# --------------------------------------------------------------------------- disconnect
+
+
+def disconnect() -> int:
+    """End this user's persisted connections now (each ends after its idle time anyway); how
+    many were asked to."""
+    from launcher.transport import persist
+
+    return len(persist.stop_all())

@@ -47,12 +47,9 @@ def _say(app: AppContext) -> Callable[[str, str], None]:
 
 
 def _run(app: AppContext, name: str, action: Callable[[Job, JobNodes], JobResult]) -> JobResult:
-    from launcher.job import JobNodes, load_job
-    from launcher.remote import ConnectionPool
+    from launcher.job import load_job, on_job
 
-    loaded = load_job(app.inventory(), name)
-    with ConnectionPool() as pool:
-        return action(loaded, JobNodes(pool, loaded.nodes))
+    return on_job(load_job(app.inventory(), name), action)
 
 
 def _render(result: JobResult, as_json: bool) -> None:
@@ -231,14 +228,12 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
       launcher job history --limit 5 train
     Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.job import JobNodes, load_job
+    from launcher.job import load_job, on_job
     from launcher.jobhistory import job_history
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
 
     loaded = load_job(app.inventory(), name)
-    with ConnectionPool() as pool:
-        result = job_history(loaded, JobNodes(pool, loaded.nodes), limit=limit)
+    result = on_job(loaded, lambda job, nodes: job_history(job, nodes, limit=limit))
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -288,9 +283,8 @@ def watch_command(
     Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
     3 a node unreachable or a restart failed.
     """
-    from launcher.job import JobNodes, load_job
+    from launcher.job import load_job, on_job
     from launcher.jobwatch import JobWatchOptions, watch_job
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
 
     loaded = load_job(app.inventory(), name)
@@ -304,10 +298,9 @@ def watch_command(
     def event(line: str) -> None:
         click.echo(sanitize(line, keep_sgr=False))
 
-    with ConnectionPool() as pool:
-        result = watch_job(
-            loaded, JobNodes(pool, loaded.nodes), options, say=_say(app), event=event
-        )
+    result = on_job(
+        loaded, lambda job, nodes: watch_job(job, nodes, options, say=_say(app), event=event)
+    )
     sys.exit(int(result.exit_code))
 
 
@@ -395,9 +388,8 @@ def logs_command(
     Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
     2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.job import JobNodes, load_job
+    from launcher.job import load_job, on_job
     from launcher.joblogs import job_logs
-    from launcher.remote import ConnectionPool
     from launcher.termsafe import sanitize
 
     loaded = load_job(app.inventory(), name)
@@ -406,16 +398,10 @@ def logs_command(
         # The line is sanitised already (operate.logs); the node's name comes from the inventory.
         click.echo(f"[{node_name}] {line}")
 
-    with ConnectionPool() as pool:
-        result = job_logs(
-            loaded,
-            JobNodes(pool, loaded.nodes),
-            show,
-            node=node,
-            tail=tail,
-            raw=raw,
-            follow=follow,
-        )
+    result = on_job(
+        loaded,
+        lambda job, nodes: job_logs(job, nodes, show, node=node, tail=tail, raw=raw, follow=follow),
+    )
     for outcome in result.nodes:
         if outcome.exit_code or follow:
             click.echo(sanitize(f"[{outcome.node}] {outcome.summary}", keep_sgr=False), err=True)

@@ -72,10 +72,9 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
 
 def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     """The run's log on one target (also `launcher.tasks.logs`)."""
-    from launcher.cluster import place
     from launcher.errors import UsageError
+    from launcher.fleet import on_target
     from launcher.operate import logs
-    from launcher.remote import ConnectionPool
 
     target = app.target()
     if raw_bytes and sys.stdout.isatty():
@@ -91,18 +90,18 @@ def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
-    with ConnectionPool() as pool:
-        target = place(target, pool)  # a cluster target: the node running its VMID
-        conn = pool.get(target.host_name, target.host)
-        result = logs(
-            target,
+    result = on_target(
+        target,
+        lambda placed, conn: logs(
+            placed,
             conn,
             tail=request.tail,
             raw=request.raw,
             follow=request.follow,
             on_line=show,
             raw_bytes=write if raw_bytes else None,
-        )
+        ),
+    )
     if result.exit_code or request.follow:
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))
@@ -173,15 +172,11 @@ def attach_command(app: AppContext) -> None:
       launcher attach -t prod
     Exit codes: 0 detached, 1 no session, 2 not a terminal or bad input, 3 unreachable.
     """
-    from launcher.cluster import place
     from launcher.errors import UsageError
+    from launcher.fleet import on_target
     from launcher.operate import attach
-    from launcher.remote import ConnectionPool
 
-    target = app.target()
-    with ConnectionPool() as pool:
-        target = place(target, pool)
-        result = attach(target, pool.get(target.host_name, target.host))
+    result = on_target(app.target(), attach)
     if result.exit_code:
         click.echo(f"error: {result.summary}", err=True)
         sys.exit(int(result.exit_code))
@@ -400,7 +395,6 @@ def disconnect_command() -> None:
       launcher disconnect
     Exit codes: 0 (also when there was none).
     """
-    from launcher import persist
+    from launcher.operate import disconnect
 
-    ended = persist.stop_all()
-    click.echo(f"ended {len(ended)} persisted connection(s)")
+    click.echo(f"ended {disconnect()} persisted connection(s)")

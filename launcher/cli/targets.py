@@ -6,7 +6,6 @@ elsewhere; -q silences it. stdout gets only the result: text, a fleet's table, o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,12 +14,12 @@ import click
 from launcher.cli.context import AppContext, print_error
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import (
-    FleetContext,
     Outcome,
     Work,
     error_outcome,
     render_table,
     run_fleet,
+    run_one,
     worst,
 )
 
@@ -31,24 +30,18 @@ def run_on_targets(
     """One target: run in this thread, its error printed once on stderr (with its hint).
     Several: in parallel, with progress per target (the caller prints the closing table).
     `live`: the progress is polls (one updating line on a terminal), not steps to keep."""
-    from launcher.cluster import place
-    from launcher.remote import ConnectionPool
     from launcher.ui import FleetDisplay, LiveLine, progress_line
 
     targets = app.targets()
     silent = quiet or app.quiet
     if len(targets) == 1:
         target = targets[0]
-        with ConnectionPool() as pool, LiveLine(enabled=live and not silent) as line:
+        with LiveLine(enabled=live and not silent) as line:
             say: Callable[[str], None] = (
                 (lambda text: None) if silent else line.say if live else progress_line
             )
             try:
-                # A cluster target: the node that runs its VMID now.
-                target = place(target, pool)
-                conn = pool.get(target.host_name, target.host)
-                outcome = work(FleetContext(target, conn, threading.Event(), say))
-                return [outcome]
+                return [run_one(target, work, say=say)]
             except LauncherError as error:
                 print_error(error, debug=app.debug)
                 return [error_outcome(target.name, error)]

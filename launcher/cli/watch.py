@@ -6,7 +6,6 @@ import json
 import signal
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -147,7 +146,7 @@ def watch_command(
     """
     from launcher.config import inventory_path
     from launcher.errors import ExitCode, UsageError
-    from launcher.remote import ConnectionPool
+    from launcher.fleet import connections_for
     from launcher.watch.metrics import Metrics
     from launcher.watch.monitor import Hub, Watcher, WatchSettings
     from launcher.watch.notify import (
@@ -179,47 +178,40 @@ def watch_command(
         policy=RestartPolicy(max_restarts, restart_window, restart_backoff),
     )
     say = _printer(as_json)
-    pool = ConnectionPool()
-    hub = Hub(state, notifier, metrics, say)
-    per_host = Counter(t.host_name for t in targets)  # several on one host: one relay channel
-    watcher = Watcher(
-        targets,
-        settings,
-        hub,
-        lambda t: pool.get(t.host_name, t.host, targets=per_host[t.host_name]),
-    )
-    terminated = threading.Event()
+    with connections_for(targets) as connection:
+        hub = Hub(state, notifier, metrics, say)
+        watcher = Watcher(targets, settings, hub, connection)
+        terminated = threading.Event()
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        terminated.set()
-        watcher.stop()
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            terminated.set()
+            watcher.stop()
 
-    try:
-        if metrics is not None and metrics_port is not None:
-            try:
-                metrics.serve(metrics_port, metrics_address)
-            except OSError as exc:
-                raise UsageError(
-                    f"--metrics-port {metrics_port}: cannot listen on "
-                    f"{metrics_address}:{metrics_port}: {exc.strerror or exc}"
-                ) from None
-        if notifier is not None:
-            notifier.start()
-        previous = signal.signal(signal.SIGTERM, on_term)
-        names = ", ".join(t.name for t in targets)
-        click.echo(f"watching {names} (state {path})", err=True)
         try:
-            watcher.run(duration)
+            if metrics is not None and metrics_port is not None:
+                try:
+                    metrics.serve(metrics_port, metrics_address)
+                except OSError as exc:
+                    raise UsageError(
+                        f"--metrics-port {metrics_port}: cannot listen on "
+                        f"{metrics_address}:{metrics_port}: {exc.strerror or exc}"
+                    ) from None
+            if notifier is not None:
+                notifier.start()
+            previous = signal.signal(signal.SIGTERM, on_term)
+            names = ", ".join(t.name for t in targets)
+            click.echo(f"watching {names} (state {path})", err=True)
+            try:
+                watcher.run(duration)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
         finally:
-            signal.signal(signal.SIGTERM, previous)
-    finally:
-        watcher.stop()
-        pool.close()
-        if notifier is not None:
-            notifier.stop(DRAIN_SECONDS)
-        if metrics is not None:
-            metrics.close()
-        state.close()
+            watcher.stop()
+            if notifier is not None:
+                notifier.stop(DRAIN_SECONDS)
+            if metrics is not None:
+                metrics.close()
+            state.close()
     if terminated.is_set():
         raise SystemExit(int(ExitCode.OK))
     raise SystemExit(int(_final_code(watcher)))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import persist
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.transport import persist
 from tests.e2e.project import Project
 
 # Four containers: the fleet tests use all of them, the others mostly 200 and 201.

@@ -14,10 +14,11 @@ import pytest
 from launcher.agentclient import AgentClient, bundle
 from launcher.config import HostSpec
 from launcher.container import Container
-from launcher.endpoint import CommandResult, Endpoint
 from launcher.protocol import FollowRequest
-from launcher.remote import Connection, resolve_endpoint
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.transport.connection import Connection
+from launcher.transport.endpoint import CommandResult, Endpoint
+from launcher.transport.resolve import resolve_endpoint
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,8 @@ import yaml
 from launcher.config import HostSpec
 from launcher.errors import ConnectError
 from launcher.protocol import LOCK_PATH
-from launcher.remote import Connection, resolve_endpoint
+from launcher.transport.connection import Connection
+from launcher.transport.resolve import resolve_endpoint
 from tests.e2e.project import DEMO_TRAINER, Project
 
 pytestmark = pytest.mark.e2e

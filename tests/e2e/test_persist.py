@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +43,7 @@ def servers() -> list[int]:
         except OSError:
             continue
         mine = f"XDG_RUNTIME_DIR={runtime}".encode() in environ
-        if b"launcher.persistserver" in cmdline and mine:
+        if b"launcher.transport.persistserver" in cmdline and mine:
             pids.append(int(proc.name))
     return pids
 
@@ -78,8 +82,11 @@ def test_later_commands_use_the_persisted_connection(
     assert accepted(project) == before  # no new SSH connection: all through the background one
     assert project.sandbox.pct_calls() - pct0 == 3  # one poll each
 
-    # `logs` (a plain command) goes through it too; a streamed deploy connects by itself.
+    # `logs` goes through it too, and so does a deploy, whose transaction is streamed.
     assert project.launcher("logs", "-t", NAME, "-n", "5").returncode == 0
+    deployed = project.launcher("deploy", "-t", NAME, "--restart")
+    assert deployed.returncode == 0, deployed.stderr
+    assert "launch" in deployed.stderr  # its steps, as they happened
     assert accepted(project) == before
 
     ended = project.launcher("disconnect")
@@ -183,3 +190,75 @@ def test_on_an_interactive_terminal_the_connection_persists_by_default(
     on_a_terminal(ci=False)
     assert accepted(project) == before + 1  # through the background process
     assert servers() == [pid]
+
+
+def agents_in(project: Project) -> list[str]:
+    out = project.ct_text(VMID, "ps", "-eo", "args=")
+    return [line for line in out.splitlines() if "launcher_agent" in line or "json,sys" in line]
+
+
+def test_logs_follow_streams_through_it_and_ctrl_c_ends_the_remote_follower(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """`logs -f` through the background process: new lines as they are written, no SSH
+    connection of its own; Ctrl-C closes its socket, and the background process cuts the
+    command off at once (the agent in the container sees its stdin close and ends), while the
+    run goes on and the background process keeps serving."""
+    project = persisted
+    project.wait_for(lambda: servers(), what="the background process")
+    [pid] = servers()
+    before = accepted(project)
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    follower = subprocess.Popen(
+        [*argv, "logs", "-f", "--tail", "0", "-t", NAME],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    found: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert follower.stdout is not None
+        for line in follower.stdout:
+            found.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 30
+    seen = 0
+    while seen < 2:  # two new status lines, printed while following
+        assert time.monotonic() < deadline, "no new lines while following"
+        with contextlib.suppress(queue.Empty):
+            seen += "step=" in found.get(timeout=0.5)
+    assert agents_in(project), "the follower runs in the container"
+    follower.send_signal(signal.SIGINT)
+    _, err = follower.communicate(timeout=15)
+    assert follower.returncode == 0, err
+    assert "stopped following" in err
+    project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
+    assert project.processes(VMID, "train_demo.py"), "Ctrl-C must leave the run alive"
+    assert accepted(project) == before  # all through the background process
+    code, doc = status(project)
+    assert code == 0 and doc["verdict"] == "healthy"
+    assert servers() == [pid] and accepted(project) == before
+
+
+def test_a_reader_that_goes_away_ends_the_persisted_follow(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """`logs -f | head -2`: the reader goes away, launcher exits 141 as with a direct
+    connection, and the remote follower ends."""
+    project = persisted
+    project.wait_for(lambda: servers(), what="the background process")
+    before = accepted(project)
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv += ["logs", "-f", "--tail", "5", "-t", NAME]
+    script = f'{shlex.join(argv)} | head -2; echo "PIPESTATUS=${{PIPESTATUS[*]}}" >&2'
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "PIPESTATUS=141 0" in done.stderr, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    for noise in ("Traceback", "Broken pipe", "Exception ignored", "error:"):
+        assert noise not in done.stderr, done.stderr
+    project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
+    assert accepted(project) == before

@@ -18,7 +18,7 @@ from launcher.container import Container
 from launcher.deploy import operator_info, transaction_request
 from launcher.errors import ExitCode, ProtocolError
 from launcher.protocolcheck import declared_keys, problem
-from launcher.remote import ConnectionPool
+from launcher.transport.pool import ConnectionPool
 from tests.e2e.project import DEMO_TRAINER, Project
 
 pytestmark = pytest.mark.e2e

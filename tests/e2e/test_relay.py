@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from launcher import relay
 from launcher.container import Container
 from launcher.errors import CommandTimeout, ConnectError
-from launcher.remote import STATS, Connection
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.transport import relay
+from launcher.transport.connection import Connection
+from launcher.transport.runner import STATS
 from tests.e2e.project import Project
 from tests.e2e.test_remote import connect
 

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from launcher.config import HostSpec
 from launcher.container import Container
 from launcher.errors import CommandTimeout, ConnectError, ContainerError, HostKeyError
-from launcher.remote import STATS, Connection, resolve_endpoint
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.transport.connection import Connection
+from launcher.transport.resolve import resolve_endpoint
+from launcher.transport.runner import STATS
 
 pytestmark = pytest.mark.e2e
 
@@ -159,7 +161,7 @@ def test_dropped_link_reconnects_on_next_command(sandbox: tuple[Sandbox, Sandbox
     with connect(sandbox[1]) as connection:
         assert connection.run("true").ok
         # Cut the TCP connection under the SSH session, as a network drop would.
-        transport = connection._connected().get_transport()
+        transport = connection.ssh._connected().get_transport()
         assert transport is not None
         transport.sock.close()  # type: ignore[union-attr]
         transport.join(5)
@@ -177,7 +179,7 @@ def test_the_connection_is_fabrics_with_launchers_host_key_policy(conn: Connecti
     policy = conn.fabric.client._policy
     assert not isinstance(policy, paramiko.AutoAddPolicy | paramiko.WarningPolicy)
     # One connection: launcher's channels and Fabric's API share the transport.
-    assert conn.fabric.transport is conn._connected().get_transport()
+    assert conn.fabric.transport is conn.ssh._connected().get_transport()
     assert conn.fabric.run("echo via fabric", hide=True, in_stream=False).stdout == "via fabric\n"
 
 

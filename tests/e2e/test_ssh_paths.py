@@ -24,12 +24,14 @@ from typing import Any
 import pytest
 import yaml
 
-import launcher.sshopen  # imported up front: the timings are about connecting
+import launcher.transport.sshopen  # imported up front: the timings are about connecting
 from launcher.config import HostSpec
 from launcher.errors import ConnectError, HostKeyError
-from launcher.remote import STATS, Connection, resolve_endpoint
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.manager import JumpHost
+from launcher.transport.connection import Connection
+from launcher.transport.resolve import resolve_endpoint
+from launcher.transport.runner import STATS
 from tests.e2e.project import DEMO_TRAINER
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.agentclient import AGENT_ARGV
-from launcher.endpoint import CommandResult
+from launcher.transport.endpoint import CommandResult
 
 
 @dataclass

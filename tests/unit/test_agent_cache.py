@@ -34,8 +34,8 @@ from launcher.agentclient import (
     payload,
 )
 from launcher.container import Container
-from launcher.endpoint import CommandResult
 from launcher.protocol import FollowRequest
+from launcher.transport.endpoint import CommandResult
 
 PYTHON = shutil.which("python3") or "python3"
 # A cached call's stdin line: the loader (~2.3 KB as sent), the sha256 and the request.

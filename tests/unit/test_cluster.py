@@ -9,8 +9,8 @@ import pytest
 
 from launcher.cluster import PveshError, locate, parse_node_ips, parse_resources, place
 from launcher.config import HostSpec, load_inventory
-from launcher.endpoint import CommandResult
 from launcher.errors import ConfigError, ContainerError, ExitCode, RemoteError
+from launcher.transport.endpoint import CommandResult
 
 RESOURCES = [
     {"id": "lxc/200", "type": "lxc", "vmid": 200, "node": "pve2", "status": "running"},

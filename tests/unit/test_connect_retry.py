@@ -1,4 +1,4 @@
-"""Connect retries (remote.Connection._connect, with tenacity): only the retryable failures are
+"""Connect retries (ssh.SSHConnection._connect, with tenacity): only the retryable failures are
 retried, at most CONNECT_ATTEMPTS times, the pause doubling, and never past the one deadline."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from launcher import remote, sshopen
-from launcher.endpoint import Endpoint
 from launcher.errors import AuthError, ConnectError
+from launcher.transport import ssh, sshopen
+from launcher.transport.endpoint import Endpoint
 
 
 def endpoint(connect_timeout: float) -> Endpoint:
@@ -48,28 +48,28 @@ class Attempts:
 def attempts(monkeypatch: pytest.MonkeyPatch) -> Attempts:
     made = Attempts([])
     monkeypatch.setattr(sshopen, "open_once", made)
-    monkeypatch.setattr(remote.Connection, "_fabric_connection", lambda self: "fab")
-    monkeypatch.setattr(remote.Connection, "_socket", lambda self, deadline: "sock")
+    monkeypatch.setattr(ssh.SSHConnection, "_fabric_connection", lambda self: "fab")
+    monkeypatch.setattr(ssh.SSHConnection, "_socket", lambda self, deadline: "sock")
     return made
 
 
 @pytest.mark.timing
 def test_a_retryable_failure_is_retried_with_a_doubling_pause(attempts: Attempts) -> None:
     attempts.failures = [sshopen.RetryableConnect("reset"), sshopen.RetryableConnect("reset")]
-    connects = remote.STATS.connects
-    assert remote.Connection(endpoint(10.0))._connect() == "client"
+    connects = ssh.STATS.connects
+    assert ssh.SSHConnection(endpoint(10.0))._connect() == "client"
     assert len(attempts.times) == 3
     first, second = (b - a for a, b in zip(attempts.times, attempts.times[1:], strict=False))
-    assert remote.RETRY_PAUSE <= first < remote.RETRY_PAUSE + 0.15
-    assert 2 * remote.RETRY_PAUSE <= second < 2 * remote.RETRY_PAUSE + 0.15
-    assert remote.STATS.connects == connects + 1
+    assert ssh.RETRY_PAUSE <= first < ssh.RETRY_PAUSE + 0.15
+    assert 2 * ssh.RETRY_PAUSE <= second < 2 * ssh.RETRY_PAUSE + 0.15
+    assert ssh.STATS.connects == connects + 1
 
 
 def test_attempts_end_at_the_limit_with_the_last_failure_worded(attempts: Attempts) -> None:
     attempts.failures = [sshopen.RetryableConnect(f"refused {i}") for i in range(5)]
     with pytest.raises(ConnectError, match=r"cannot connect to root@10.0.0.5:22: refused 2"):
-        remote.Connection(endpoint(10.0))._connect()
-    assert len(attempts.times) == remote.CONNECT_ATTEMPTS
+        ssh.SSHConnection(endpoint(10.0))._connect()
+    assert len(attempts.times) == ssh.CONNECT_ATTEMPTS
 
 
 @pytest.mark.timing
@@ -78,7 +78,7 @@ def test_no_pause_is_taken_that_ends_past_the_deadline(attempts: Attempts) -> No
     attempts.failures = [sshopen.RetryableConnect("timed out") for _ in range(5)]
     started = time.monotonic()
     with pytest.raises(ConnectError, match="timed out"):
-        remote.Connection(endpoint(0.3))._connect()
+        ssh.SSHConnection(endpoint(0.3))._connect()
     assert len(attempts.times) == 2
     assert time.monotonic() - started < 0.3 + 0.1
 
@@ -86,5 +86,5 @@ def test_no_pause_is_taken_that_ends_past_the_deadline(attempts: Attempts) -> No
 def test_a_failure_that_is_not_retryable_is_raised_at_once(attempts: Attempts) -> None:
     attempts.failures = [AuthError("pve: key refused")]
     with pytest.raises(AuthError, match="key refused"):
-        remote.Connection(endpoint(10.0))._connect()
+        ssh.SSHConnection(endpoint(10.0))._connect()
     assert len(attempts.times) == 1

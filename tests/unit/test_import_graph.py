@@ -116,11 +116,30 @@ def test_the_cycle_finder_finds_cycles_and_ignores_type_only_imports(tmp_path: P
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from launcher.remote import Connection\n"
+        "    from launcher.transport.connection import Connection\n"
         "def f():\n"
-        "    from launcher import persist, version\n"
-        "    from launcher.endpoint import Endpoint\n"
+        "    from launcher.transport import persist\n"
+        "    from launcher import version\n"
+        "    from launcher.transport.endpoint import Endpoint\n"
     )
     modules = module_files()
     got = imports_of("launcher.m", source, modules)
-    assert got == {"launcher.persist", "launcher.version", "launcher.endpoint"}
+    assert got == {
+        "launcher.transport.persist",
+        "launcher.version",
+        "launcher.transport.endpoint",
+    }
+
+
+def test_the_cli_handles_no_connection() -> None:
+    """cli/ parses options and renders results; the workflows own their connections
+    (fleet.run_one, fleet.on_target, fleet.connections_for, job.on_job)."""
+    graph = import_graph()
+    reached = {
+        (module, dep)
+        for module, deps in graph.items()
+        if module.startswith("launcher.cli")
+        for dep in deps
+        if dep.startswith("launcher.transport")
+    }
+    assert reached == set()

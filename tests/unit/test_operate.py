@@ -46,7 +46,7 @@ from launcher.operate import (
     rollback,
     stop,
 )
-from launcher.remote import resolve_endpoint
+from launcher.transport.resolve import resolve_endpoint
 from tests.unit.agentcontract import HandlerContract
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import NO_SESSION, load_target

@@ -13,15 +13,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from launcher import persist, persistserver
-from launcher.endpoint import CommandResult, Endpoint
 from launcher.errors import CommandTimeout, ConnectError
+from launcher.transport import frames, persist, persistserver
+from launcher.transport.endpoint import CommandResult, Endpoint
+from launcher.transport.runner import Unavailable
 
 
 def endpoint(**overrides: Any) -> Endpoint:
@@ -43,18 +44,32 @@ def endpoint(**overrides: Any) -> Endpoint:
 
 
 class FakeConnection:
-    """Answers `run` from a script of (command -> result or exception); anything else fails."""
+    """Answers `stream` from a script of (command -> result or exception); anything else
+    fails."""
 
     def __init__(self) -> None:
-        self.ran: list[tuple[str, bytes | None, float]] = []
+        self.ran: list[tuple[str, bytes | None, float | None]] = []
         self.answers: dict[str, CommandResult | Exception] = {}
 
-    def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+        cancel: threading.Event,
+    ) -> int:
         self.ran.append((command, stdin, timeout))
         answer = self.answers[command]  # KeyError: an unexpected command
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        on_stdout(answer.stdout)
+        on_stderr(answer.stderr)
+        return answer.exit_code
 
     def close(self) -> None:
         pass
@@ -94,6 +109,14 @@ def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
 
 def ok(out: bytes = b"out", code: int = 0) -> CommandResult:
     return CommandResult("x", code, out, b"err", 0.1)
+
+
+def run(ep: Endpoint, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult | None:
+    """The command through the persisted connection; None when no server took it."""
+    try:
+        return persist.PersistedRunner(ep).run(command, stdin=stdin, timeout=timeout)
+    except Unavailable:
+        return None
 
 
 # --------------------------------------------------------------------------- where
@@ -143,7 +166,7 @@ def test_a_host_needing_a_typed_passphrase_is_never_persisted() -> None:
 def test_run_goes_through_the_server(served: tuple[Endpoint, FakeConnection]) -> None:
     ep, fake = served
     fake.answers["pct exec 200 -- true"] = ok(b"\x00\xffbinary", code=3)
-    result = persist.run(ep, "pct exec 200 -- true", stdin=b"\x00in", timeout=7.0)
+    result = run(ep, "pct exec 200 -- true", stdin=b"\x00in", timeout=7.0)
     assert result is not None
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"\x00\xffbinary", b"err")
     assert fake.ran == [("pct exec 200 -- true", b"\x00in", 7.0)]
@@ -154,9 +177,9 @@ def test_errors_keep_their_kind(served: tuple[Endpoint, FakeConnection]) -> None
     fake.answers["slow"] = CommandTimeout("pve: command did not finish within 1 s")
     fake.answers["lost"] = ConnectError("pve: connection lost", hint="check the network")
     with pytest.raises(CommandTimeout, match="within 1 s"):
-        persist.run(ep, "slow", stdin=None, timeout=1.0)
+        run(ep, "slow", stdin=None, timeout=1.0)
     with pytest.raises(ConnectError) as caught:
-        persist.run(ep, "lost", stdin=None, timeout=1.0)
+        run(ep, "lost", stdin=None, timeout=1.0)
     assert caught.value.hint == "check the network"
 
 
@@ -169,21 +192,21 @@ def test_a_failed_connection_ends_the_server(
     ep, fake = served
     fake.answers["true"] = ConnectError("pve: connection to 10.0.0.5 was lost")
     with pytest.raises(ConnectError, match="was lost"):
-        persist.run(ep, "true", stdin=None, timeout=5.0)
+        run(ep, "true", stdin=None, timeout=5.0)
     deadline = time.monotonic() + 5
-    while persist.run(ep, "true", stdin=None, timeout=5.0) is not None:
+    while run(ep, "true", stdin=None, timeout=5.0) is not None:
         assert time.monotonic() < deadline, "the server kept serving"
         time.sleep(0.1)
 
 
 def test_no_server_means_no_answer(runtime: Path) -> None:
-    assert persist.run(endpoint(), "true", stdin=None, timeout=1.0) is None
+    assert run(endpoint(), "true", stdin=None, timeout=1.0) is None
     path = persist.socket_path(endpoint())
     assert path is not None
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(str(path))  # a socket file nobody listens on: a killed server's
     dead.close()
-    assert persist.run(endpoint(), "true", stdin=None, timeout=1.0) is None
+    assert run(endpoint(), "true", stdin=None, timeout=1.0) is None
 
 
 def test_server_answers_only_its_own_user() -> None:
@@ -207,8 +230,8 @@ def test_server_answers_only_its_own_user() -> None:
         "os.setgid(65534); os.setuid(65534)\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
         "try:\n"  # the server may close before the request is even written
-        "    s.sendall(json.dumps({'v': 1, 'op': 'run', 'command': 'id', 'stdin': None,"
-        " 'timeout': 5}).encode() + b'\\n')\n"
+        "    s.sendall(json.dumps({'id': 1, 'command': 'id', 'stdin': '', 'timeout': 5})"
+        ".encode() + b'\\n')\n"
         "    print(repr(s.recv(100)))\n"
         "except (ConnectionResetError, BrokenPipeError):\n"
         "    print(repr(b''))\n"
@@ -241,16 +264,16 @@ def test_an_answer_that_breaks_off(runtime: Path, acknowledged: bool) -> None:
         client, _ = listener.accept()
         client.recv(65536)
         if acknowledged:
-            client.sendall(json.dumps(persist.ACK).encode() + b"\n")
+            client.sendall(frames.encode(frames.Taken(1)))
         client.close()
 
     thread = threading.Thread(target=take_and_hang_up)
     thread.start()
     if acknowledged:
         with pytest.raises(ConnectError, match="broke off"):
-            persist.run(endpoint(), "true", stdin=None, timeout=2.0)
+            run(endpoint(), "true", stdin=None, timeout=2.0)
     else:
-        assert persist.run(endpoint(), "true", stdin=None, timeout=2.0) is None
+        assert run(endpoint(), "true", stdin=None, timeout=2.0) is None
     thread.join(5)
     listener.close()
 
@@ -264,3 +287,133 @@ def test_an_endpoint_round_trips_through_json() -> None:
     assert back == ep
     assert back != dataclasses.replace(ep, port=2222)
     assert back != dataclasses.replace(ep, via=dataclasses.replace(via, user="other"))
+
+
+class Follower(FakeConnection):
+    """A command that prints once and then waits, as `logs -f` does, until it is cut off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut_off = threading.Event()
+        self.streamed: tuple[bool, float | None] | None = None
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+        cancel: threading.Event,
+    ) -> int:
+        self.streamed = (close_stdin, idle_timeout)
+        on_stdout(b"line 1\n")
+        if cancel.wait(10):
+            self.cut_off.set()
+            raise ConnectError("pve: connection failed during a command: the client went away")
+        return 0
+
+
+def test_a_stream_is_cut_off_when_its_client_goes_away(runtime: Path) -> None:
+    """Output arrives as it is written; the client's sink failing (a reader gone) closes its
+    socket, and the server cuts the command off at once (and keeps serving)."""
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None
+    server = persistserver.Server(ep, path)
+    fake = Follower()
+    server.conn = fake  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    got: list[bytes] = []
+
+    def sink(data: bytes) -> None:
+        got.append(data)
+        raise BrokenPipeError("the reader went away")
+
+    try:
+        with pytest.raises(BrokenPipeError):
+            persist.PersistedRunner(ep).stream(
+                "follow",
+                sink,
+                got.append,
+                stdin=b"{}",
+                close_stdin=False,
+                timeout=None,
+                idle_timeout=30.0,
+            )
+        assert got == [b"line 1\n"]
+        assert fake.cut_off.wait(5), "the command was not cut off"
+        assert fake.streamed == (False, 30.0)
+        assert not server.stopping.is_set()  # a client going away is not a broken connection
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        path.unlink()
+
+
+def test_stdin_larger_than_a_frame_takes_a_channel_of_its_own(
+    served: tuple[Endpoint, FakeConnection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push bigger than the server reads in one frame is not sent at all (not encoded, not
+    refused half-way): the caller's own connection carries it."""
+    ep, fake = served
+    monkeypatch.setattr(frames, "MAX_FRAME", 64 * 1024 + 3000)
+    fake.answers["push"] = ok()
+    assert run(ep, "push", stdin=b"x" * 3000, timeout=5.0) is None
+    assert run(ep, "push", stdin=b"x" * 1000, timeout=5.0) is not None
+    assert [command for command, _, _ in fake.ran] == ["push"]
+
+
+class Quiet(FakeConnection):
+    """A command that prints nothing for a while, then ends."""
+
+    def stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+        cancel: threading.Event,
+    ) -> int:
+        if cancel.wait(1.2):
+            raise ConnectError("pve: connection failed during a command: the client went away")
+        on_stdout(b"done\n")
+        return 4
+
+
+def test_a_quiet_command_is_not_taken_for_a_gone_client(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Silence longer than the server's socket timeout (a deploy's stop waiting out its grace)
+    is not the client going away."""
+    monkeypatch.setattr(persistserver, "SEND_TIMEOUT", 0.3)
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None
+    server = persistserver.Server(ep, path)
+    server.conn = Quiet()  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    try:
+        result = run(ep, "quiet", stdin=None, timeout=10.0)
+        assert result is not None and (result.exit_code, result.stdout) == (4, b"done\n")
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        path.unlink()

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher import sshconfig, sshkeys
 from launcher.config import HostSpec, parse_jumps
-from launcher.endpoint import Endpoint
 from launcher.errors import AuthError, ConfigError, ExitCode
-from launcher.remote import resolve_endpoint
-from launcher.sshconfig import Hop, HostOptions, expand_proxy_command, split_jump
+from launcher.transport import sshconfig, sshkeys
+from launcher.transport.endpoint import Endpoint
+from launcher.transport.resolve import resolve_endpoint
+from launcher.transport.sshconfig import Hop, HostOptions, expand_proxy_command, split_jump
 
 HAS_SSH = shutil.which("ssh") is not None
 needs_openssh = pytest.mark.skipif(not HAS_SSH, reason="the OpenSSH client (ssh) is not installed")
@@ -278,7 +278,7 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
     for loading the modules that connect, nor for a configuration error."""
     code = (
         "import sys\n"
-        "import launcher.remote, launcher.container, launcher.fleet, launcher.deploy\n"
+        "import launcher.transport.pool, launcher.container, launcher.fleet, launcher.deploy\n"
         "from launcher.cli.main import main\n"
         "print(sorted(m for m in ('paramiko', 'fabric', 'invoke', 'cryptography')"
         " if m in sys.modules))\n"
@@ -308,7 +308,8 @@ def test_control_persist_defaults_to_launcher_control_persist(
 def test_the_console_sets_the_default_only_on_an_interactive_terminal_and_not_in_ci(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher import console, persist
+    from launcher import console
+    from launcher.transport import persist
 
     class Tty:
         def __init__(self, tty: bool) -> None:

@@ -1,8 +1,9 @@
 """Persisted connections: a host's SSH connection kept open between commands.
 
 With `control_persist: SECONDS` on a host, the first command that connects to it also starts a
-small background process (`python -m launcher.persistserver`) that opens a connection of its own and
-runs later commands' remote commands over a Unix socket, until nothing used it for SECONDS.
+small background process (`python -m launcher.transport.persistserver`) that opens a
+connection of its own and runs later commands' remote commands over a Unix socket, until
+nothing used it for SECONDS.
 A later `launcher status` then skips importing the SSH libraries and the SSH handshake, as
 OpenSSH's ControlPersist lets a later `ssh` skip them.
 
@@ -17,8 +18,10 @@ Why this is safe to trust:
 - The background process connects through the same code as any command: host keys are checked
   the same way. A key that needs a passphrase typed on the terminal cannot be used by it (it
   has no terminal): such a host is never persisted.
-- Only plain commands travel this way (polls, logs, history, stop, pushes); streamed ones (a
-  deploy's transaction, `logs -f`) open a connection of their own, as before.
+- Every command travels this way, streamed ones too (a deploy's transaction, `logs -f`): the
+  frames are frames.py's, as the relay's. A client that goes away (Ctrl-C, a closed pipe)
+  closes its socket, and the background process closes that command's channel at once, as a
+  dropped direct connection would.
 - A socket that does not answer (its process was killed) only means the command connects by
   itself and starts a new background process; an answer that breaks off mid-command is a
   connection error, as when a direct connection drops: the command is not run a second time.
@@ -26,7 +29,6 @@ Why this is safe to trust:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -36,9 +38,8 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from launcher.errors import (
     AuthError,
@@ -48,15 +49,15 @@ from launcher.errors import (
     LauncherError,
     RemoteError,
 )
+from launcher.transport import frames
+from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
 
 if TYPE_CHECKING:
-    from launcher.endpoint import CommandResult, Endpoint
+    from launcher.transport.endpoint import CommandResult, Endpoint
 
-VERSION = 1
 ANSWER_MARGIN = 10.0  # seconds past the command's own deadline before the answer is given up
-ACK = {"taken": True}  # the server's first line: it will run the command
-ACK_TIMEOUT = 5.0
-MAX_REQUEST = 64 * 1024 * 1024  # a pushed script travels as stdin
+ACK_TIMEOUT = 5.0  # for the server's Taken
+NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle timeout instead)
 ERRORS: dict[str, type[LauncherError]] = {
     cls.__name__: cls for cls in (CommandTimeout, ConnectError, HostKeyError, AuthError)
 }
@@ -98,7 +99,7 @@ def endpoint_doc(endpoint: Endpoint) -> dict[str, Any]:
 
 
 def endpoint_from_doc(doc: dict[str, Any]) -> Endpoint:
-    from launcher.endpoint import Endpoint
+    from launcher.transport.endpoint import Endpoint
 
     via = endpoint_from_doc(doc["via"]) if doc.get("via") else None
     fields = {**doc, "via": via, "known_hosts": Path(doc["known_hosts"])}
@@ -110,7 +111,9 @@ def socket_path(endpoint: Endpoint) -> Path | None:
     directory = runtime_dir()
     if directory is None:
         return None
-    key = json.dumps(endpoint_doc(endpoint), sort_keys=True).encode()
+    # The frame format's version too: a client never talks to a server of another release.
+    doc = {"frames": frames.VERSION, **endpoint_doc(endpoint)}
+    key = json.dumps(doc, sort_keys=True).encode()
     return directory / f"{hashlib.sha256(key).hexdigest()[:32]}.sock"
 
 
@@ -155,34 +158,6 @@ def peer_uid(sock: socket.socket) -> int:
     return int(_PEERCRED.unpack(data)[1])
 
 
-class Lines:
-    """Newline-ended messages from a socket, one at a time (a read may hold more than one)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def next(self, limit: int) -> bytes:
-        """The next line (b"" if the peer closed first); ValueError past `limit` bytes."""
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > limit:
-                raise ValueError("message too large")
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                return b""
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
-
-
-def read_line(sock: socket.socket, limit: int) -> bytes:
-    return Lines(sock).next(limit)
-
-
-def b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode()
-
-
 # -- the client side ---------------------------------------------------------------------------
 
 
@@ -200,85 +175,93 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-class BrokenOff(Exception):
-    """The background process took the command but gave no answer."""
+def failure_frame(rid: int, error: LauncherError) -> frames.Failed:
+    """A command's failure as the background process hands it over."""
+    return frames.Failed(rid, type(error).__name__, error.message, error.hint)
 
 
-def exchange(
-    path: Path, command: str, stdin: bytes | None, timeout: float
-) -> dict[str, Any] | None:
-    """Send one command to the background process at `path` and return its answer as it came;
-    None when nothing there took it (then it did not run: the server acknowledges a command
-    before it runs it, and runs none whose acknowledgement it could not deliver)."""
-    sock = _connect(path) if path.exists() else None
-    if sock is None:
-        return None
-    request = {"v": VERSION, "op": "run", "command": command, "stdin": b64(stdin)}
-    request["timeout"] = timeout
-    with sock:
-        lines = Lines(sock)
-        try:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            sock.settimeout(ACK_TIMEOUT)
-            if json.loads(lines.next(4096) or b"null") != ACK:
-                return None
-        except (OSError, ValueError):
-            return None  # an ending server closed it, or never read it: not run
-        try:
-            sock.settimeout(timeout + ANSWER_MARGIN)
-            answer = json.loads(lines.next(MAX_REQUEST * 2) or b"null")
-        except (OSError, ValueError) as exc:
-            raise BrokenOff(str(exc)) from None
-    if not isinstance(answer, dict):
-        raise BrokenOff("it closed the socket")
-    return answer
+def raise_failure(frame: frames.Failed) -> NoReturn:
+    """The failure the background process handed over, raised as the same kind of error."""
+    raise ERRORS.get(frame.kind, RemoteError)(frame.message, hint=frame.hint)
 
 
-def run(
-    endpoint: Endpoint, command: str, *, stdin: bytes | None, timeout: float
-) -> CommandResult | None:
-    """Run `command` through the host's persisted connection; None when there is none (the
-    caller then connects by itself)."""
-    path = socket_path(endpoint)
-    if path is None:
-        return None
-    started = time.monotonic()
-    try:
-        answer = exchange(path, command, stdin, timeout)
-    except BrokenOff as exc:
-        raise ConnectError(
-            f"{endpoint.name}: the persisted connection broke off during a command: {exc}"
-        ) from None
-    if answer is None:
-        return None
-    return answer_result(answer, command, time.monotonic() - started)
+class PersistedRunner:
+    """The runner over a host's persisted connection: one Unix-socket connection a command,
+    frames.py's frames on it. Unavailable when no background process takes the command (it
+    then did not run: the server sends Taken before it runs one, and runs none whose Taken it
+    could not deliver)."""
 
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
 
-def result_answer(result: CommandResult) -> dict[str, Any]:
-    """A command's result as another process hands it over (JSON)."""
-    return {
-        "ok": True,
-        "exit": result.exit_code,
-        "out": b64(result.stdout),
-        "err": b64(result.stderr),
-    }
+    def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+        return run_by_streaming(self, command, stdin=stdin, timeout=timeout)
 
+    def stream(
+        self,
+        command: str,
+        on_stdout: Sink,
+        on_stderr: Sink,
+        *,
+        stdin: bytes | None,
+        close_stdin: bool,
+        timeout: float | None,
+        idle_timeout: float | None,
+    ) -> int:
+        if len(stdin or b"") * 4 // 3 > frames.MAX_FRAME - 64 * 1024:
+            raise Unavailable()  # more than the server reads in one frame: a channel of its own
+        path = socket_path(self.endpoint)
+        sock = _connect(path) if path is not None and path.exists() else None
+        if sock is None:
+            raise Unavailable()
+        request = frames.Run(
+            id=1,
+            command=command,
+            stdin=stdin or b"",
+            timeout=NO_TIMEOUT if timeout is None else timeout,
+            idle_timeout=idle_timeout,
+            close_stdin=close_stdin,
+        )
+        with sock:  # closed on any exception: the server cuts the command off
+            lines = frames.Lines(sock.recv)
+            try:
+                sock.sendall(frames.encode(request))
+                sock.settimeout(ACK_TIMEOUT)
+                if lines.next() != frames.Taken(1):
+                    raise Unavailable()
+            except (OSError, ValueError):
+                raise Unavailable() from None  # an ending server closed it: not run
+            STATS.count("persisted")
+            # The server keeps the command's deadlines and says when one ran out; this only
+            # ends a wait for a server that stopped answering.
+            limits = [t for t in (timeout, idle_timeout) if t is not None]
+            sock.settimeout(min(limits) + ANSWER_MARGIN if limits else None)
+            while True:
+                try:
+                    frame = lines.next()
+                except (OSError, ValueError) as exc:
+                    raise self._broken(exc) from None
+                match frame:
+                    case frames.Output(fd=1, data=data):
+                        on_stdout(data)
+                    case frames.Output(data=data):
+                        on_stderr(data)
+                    case frames.Exit(exit=code):
+                        return code
+                    case frames.Failed():
+                        raise_failure(frame)
+                    case None:
+                        raise self._broken("it closed the socket")
+                    case _:
+                        raise self._broken(frames.FrameError(f"unexpected {frame}"))
 
-def error_answer(error: LauncherError) -> dict[str, Any]:
-    """A command's failure as another process hands it over (JSON)."""
-    return {"ok": False, "kind": type(error).__name__, "message": error.message, "hint": error.hint}
+    def _broken(self, reason: object) -> ConnectError:
+        return ConnectError(
+            f"{self.endpoint.name}: the persisted connection broke off during a command: {reason}"
+        )
 
-
-def answer_result(answer: dict[str, Any], command: str, duration: float) -> CommandResult:
-    """The result another process handed over (result_answer), or its failure raised (the
-    same kind of error, with its message and hint: error_answer)."""
-    from launcher.endpoint import CommandResult
-
-    if not answer.get("ok"):
-        error = ERRORS.get(str(answer.get("kind")), RemoteError)
-        raise error(str(answer.get("message")), hint=answer.get("hint"))
-    out, err = base64.b64decode(answer["out"]), base64.b64decode(answer["err"])
-    return CommandResult(command, int(answer["exit"]), out, err, duration)
+    def close(self) -> None:
+        pass  # one socket a command, closed with it
 
 
 def start(endpoint: Endpoint) -> bool:
@@ -292,7 +275,7 @@ def start(endpoint: Endpoint) -> bool:
         live.close()
         return False
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.persistserver"],
+        [sys.executable, "-m", "launcher.transport.persistserver"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -314,8 +297,8 @@ def stop_all() -> list[Path]:
         sock = _connect(path)
         if sock is None:
             continue
-        with sock, contextlib.suppress(OSError):
-            sock.sendall(json.dumps({"v": VERSION, "op": "exit"}).encode() + b"\n")
-            read_line(sock, 4096)
+        with sock, contextlib.suppress(OSError, ValueError):
+            sock.sendall(frames.encode(frames.Stop()))
+            frames.Lines(sock.recv, 4096).next_line()
             asked.append(path)
     return asked

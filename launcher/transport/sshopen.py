@@ -19,12 +19,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from launcher import sshkeys
 from launcher.errors import AuthError, ConfigError, HostKeyError
-from launcher.sshlibs import fabric, paramiko
+from launcher.transport import sshkeys
+from launcher.transport.sshlibs import fabric, paramiko
 
 if TYPE_CHECKING:
-    from launcher.endpoint import Endpoint
+    from launcher.transport.endpoint import Endpoint
 
 KEEPALIVE_SECONDS = 15
 # What a command may raise from the channel once connected.

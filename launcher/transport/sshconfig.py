@@ -237,7 +237,7 @@ def _parse_dump(alias: str, text: str) -> HostOptions:
 
 def _paramiko(alias: str, files: tuple[Path, ...]) -> HostOptions:
     """Without an OpenSSH client: paramiko's parser (no Include; tokens its own way)."""
-    from launcher.sshlibs import paramiko
+    from launcher.transport.sshlibs import paramiko
 
     parsed = paramiko.SSHConfig()
     for path in files:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from launcher.bounded import read_regular, regular_file_problem
 from launcher.errors import AuthError, UsageError
-from launcher.sshlibs import paramiko
+from launcher.transport.sshlibs import paramiko
 
 if TYPE_CHECKING:
-    from launcher.endpoint import Endpoint
+    from launcher.transport.endpoint import Endpoint
 
 # What paramiko's look_for_keys tries when no identity file is configured.
 DEFAULT_KEYS = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")

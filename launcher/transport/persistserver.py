@@ -1,42 +1,41 @@
-"""The background process of a persisted connection (`python -m launcher.persistserver`):
+"""The background process of a persisted connection (`python -m launcher.transport.persistserver`):
 started by persist.start, it opens its own connection to one endpoint and runs the commands
-that persist.exchange sends over its Unix socket, until idle for `control_persist` seconds.
+that persist.PersistedRunner sends over its Unix socket (frames.py's frames, output streamed as
+it comes), until idle for `control_persist` seconds.
 
-The client side (persist.py) is what remote.py uses; this side uses remote.py, so the two
-live apart (no import cycle).
+The client side (persist.py) is what connection.py uses; this side uses ssh.py, so the two live
+apart (no import cycle).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from launcher.endpoint import Endpoint
 from launcher.errors import CommandTimeout, LauncherError
-from launcher.persist import (
-    ACK,
-    MAX_REQUEST,
-    VERSION,
+from launcher.transport import frames
+from launcher.transport.endpoint import Endpoint
+from launcher.transport.persist import (
     endpoint_from_doc,
-    error_answer,
+    failure_frame,
     peer_uid,
     persistable,
-    read_line,
-    result_answer,
     socket_path,
 )
-from launcher.remote import Connection
+from launcher.transport.ssh import SSHConnection
+
+SEND_TIMEOUT = 30.0  # a client that reads nothing for this long has gone away
+POLL_SECONDS = 0.5  # how often a command's watcher looks whether its client went away
 
 
 class Server:
@@ -45,7 +44,7 @@ class Server:
     def __init__(self, endpoint: Endpoint, path: Path) -> None:
         self.endpoint = endpoint
         # Its own connection never starts another background process.
-        self.conn = Connection(dataclasses.replace(endpoint, control_persist=0.0))
+        self.conn = SSHConnection(dataclasses.replace(endpoint, control_persist=0.0))
         self.path = path
         self.busy = 0
         self.last_used = time.monotonic()
@@ -76,14 +75,17 @@ class Server:
             with client:
                 if peer_uid(client) != os.geteuid():
                     return
-                client.settimeout(30.0)
-                request = json.loads(read_line(client, MAX_REQUEST) or b"null")
-                if self.stopping.is_set():
-                    return  # closed unacknowledged: the client connects by itself
-                client.sendall(json.dumps(ACK).encode() + b"\n")  # raises if it gave up
-                answer = self.answer(request)
-                client.settimeout(30.0)
-                client.sendall(json.dumps(answer).encode() + b"\n")
+                client.settimeout(SEND_TIMEOUT)
+                request = frames.Lines(client.recv).next()
+                if isinstance(request, frames.Stop):
+                    self.stopping.set()
+                    client.sendall(frames.encode(frames.Taken(0)))
+                elif isinstance(request, frames.Run) and not self.stopping.is_set():
+                    # Taken before it runs (raises if the client gave up): a command whose
+                    # Taken was not delivered is not run, and the client connects by itself.
+                    client.sendall(frames.encode(frames.Taken(request.id)))
+                    self.run(client, request)
+                # anything else (or while ending): closed unanswered
         except (OSError, ValueError):
             pass  # the client went away or sent nonsense: nothing to answer
         finally:
@@ -91,29 +93,56 @@ class Server:
                 self.busy -= 1
                 self.last_used = time.monotonic()
 
-    def answer(self, request: object) -> dict[str, Any]:
-        if not isinstance(request, dict) or request.get("v") != VERSION:
-            return {"ok": False, "kind": "RemoteError", "message": "unknown request"}
-        if request.get("op") == "exit":
-            self.stopping.set()
-            return {"ok": True}
+    def run(self, client: socket.socket, request: frames.Run) -> None:
+        """The command on this process's connection, its output sent as it arrives. The
+        client's socket closing (Ctrl-C, its reader gone) cuts the command off at once."""
+        send_lock = threading.Lock()
+        gone = threading.Event()  # the client went away
+        done = threading.Event()  # the command ended
+
+        def send(frame: frames.Frame) -> None:
+            with send_lock:
+                client.sendall(frames.encode(frame))
+
+        def watch() -> None:
+            # Nothing more is expected from the client: its socket turning readable is its
+            # end (EOF) or a Cancel. Not a read with the socket's timeout, which would take
+            # a quiet command for a gone client.
+            while not done.is_set():
+                try:
+                    readable, _, _ = select.select([client], [], [], POLL_SECONDS)
+                except (OSError, ValueError):
+                    readable = [client]
+                if readable:
+                    gone.set()
+                    return
+
+        threading.Thread(target=watch, daemon=True).start()
+        rid = request.id
         try:
-            stdin = request.get("stdin")
-            result = self.conn.run(
-                str(request["command"]),
-                stdin=None if stdin is None else base64.b64decode(stdin),
-                timeout=float(request["timeout"]),
+            code = self.conn.stream(
+                request.command,
+                lambda data: send(frames.Output(rid, 1, data)),
+                lambda data: send(frames.Output(rid, 2, data)),
+                stdin=request.stdin,
+                close_stdin=request.close_stdin,
+                timeout=request.timeout,
+                idle_timeout=request.idle_timeout,
+                cancel=gone,
             )
         except LauncherError as error:
+            if gone.is_set():
+                return  # nobody to tell
             if not isinstance(error, CommandTimeout):
                 # The connection itself failed (dropped and not back, a key no longer offered):
                 # end, so that the next command connects by itself and says why, instead of
                 # every command failing here while keeping this process from going idle.
                 self.stopping.set()
-            return error_answer(error)
-        except (KeyError, TypeError, ValueError) as exc:
-            return {"ok": False, "kind": "RemoteError", "message": f"bad request: {exc}"}
-        return result_answer(result)
+            send(failure_frame(rid, error))
+            return
+        finally:
+            done.set()
+        send(frames.Exit(rid, code))
 
 
 def serve(endpoint: Endpoint) -> int:
@@ -129,7 +158,7 @@ def serve(endpoint: Endpoint) -> int:
         return 0  # another one serves this endpoint
     server = Server(endpoint, path)
     try:
-        server.conn.run("true", timeout=endpoint.connect_timeout + 30)  # connect before listening
+        server.conn.connect()  # before listening: a client finds a connected server or none
     except LauncherError:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())

@@ -1,11 +1,10 @@
-"""The SSH layer: where to connect (inventory + ssh_config), connections, commands.
+"""The SSH connection to one host, and the direct runner: a channel of its own per command.
 
-One `Connection` per host, opened lazily and shared by everything that acts on that host's
-containers. Under it is Fabric's `Connection` (launcher.sshopen). paramiko, cryptography and
-Fabric take ~0.3 s to import: they are imported only when a connection is handed out (while
-OpenSSH reads ssh_config for it), so `--help`, `--version` and configuration errors do not pay
-for them. Host keys are always checked; connecting (TCP, banner, key exchange, auth, every jump
-host) ends within connect_timeout as a whole, retries included; every command is bounded; only
+Under it is Fabric's `Connection` (transport/sshopen.py). paramiko, cryptography and Fabric take
+~0.3 s to import: they are imported only when a connection is opened, so `--help`, `--version`,
+configuration errors and a command through a persisted connection do not pay for them. Host
+keys are always checked; connecting (TCP, banner, key exchange, auth, every jump host) ends
+within connect_timeout as a whole, retries included (tenacity); every command is bounded; only
 the connect phase is retried.
 
 Commands run on launcher's own channel code over Fabric's transport, not through invoke's
@@ -18,17 +17,14 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from launcher import sshconfig
-from launcher.endpoint import (
+from launcher.errors import CommandTimeout, ConnectError, LauncherError
+from launcher.transport.endpoint import (
     CommandResult,
     Endpoint,
     busy_error,
@@ -37,21 +33,18 @@ from launcher.endpoint import (
     link_error,
     short,
 )
-from launcher.errors import CommandTimeout, ConfigError, ConnectError, LauncherError
+from launcher.transport.runner import STATS
 
 if TYPE_CHECKING:
     import paramiko
     import tenacity
 
-    from launcher.config import HostSpec
-    from launcher.relay import Relay
-    from launcher.sshopen import BoundedConnection, Sock
+    from launcher.transport.sshopen import BoundedConnection, Sock
 
 # Attempts at connecting, all within one connect_timeout; the pause between them doubles.
 CONNECT_ATTEMPTS = 3
 RETRY_PAUSE = 0.2
 MAX_RETRY_PAUSE = 2.0
-MAX_HOPS = 8  # jump hosts in one chain, the jump hosts' own included
 POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
 
 # paramiko logs a traceback from its transport thread for every failed handshake (a port that
@@ -60,146 +53,7 @@ POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
-@dataclass
-class ConnectionStats:
-    connects: int = 0
-    commands: int = 0  # channels opened
-    relayed: int = 0  # commands carried by a relay (relay.py) instead
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count(self, what: str) -> None:
-        with self.lock:
-            setattr(self, what, getattr(self, what) + 1)
-
-
-STATS = ConnectionStats()
-
-
-def known_hosts_override() -> str | None:
-    """`--known-hosts FILE` / LAUNCHER_KNOWN_HOSTS: one known_hosts file for every host (a CI
-    job writes its secret there instead of rewriting the inventory)."""
-    return os.environ.get("LAUNCHER_KNOWN_HOSTS") or None
-
-
-def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) -> Endpoint:
-    """Where to connect for inventory host `name`: inventory values win; ssh_config fills what
-    the inventory left unset, from the blocks for the host's name, then for its address.
-
-    The address is what is connected to (an ssh_config HostName for the address is followed);
-    jump hosts are resolved too (`via`). `ssh_config` replaces the user's and system's files.
-    Raises ConfigError (exit 2) for ssh_config that OpenSSH rejects or a jump chain that loops.
-    """
-    aliases = [name, host.address] if name != host.address else [host.address]
-    explicit = host.model_fields_set
-    if "control_persist" in explicit:
-        control_persist = host.control_persist
-    else:
-        from launcher import persist
-
-        control_persist = persist.default_idle(host.passphrase)
-    # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
-    # whose connection may be persisted, where the command usually needs none.
-    meanwhile = None if control_persist else _load_ssh_stack
-    found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
-    by_address = found[-1]
-    options = found[0].before(by_address)
-    identities = (host.identity_file,) if host.identity_file else options.identity_files
-    known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
-    known_hosts = known_hosts or "~/.ssh/known_hosts"
-    endpoint = Endpoint(
-        name=name,
-        hostname=by_address.hostname or host.address,
-        port=host.port if "port" in explicit else options.port or host.port,
-        user=host.user if "user" in explicit else options.user or host.user,
-        identity_files=tuple(os.path.expanduser(p) for p in identities),
-        known_hosts=Path(os.path.expanduser(known_hosts)),
-        accept_new=host.host_key_policy == "accept-new",
-        jump=None,
-        connect_timeout=host.connect_timeout,
-        command_timeout=host.command_timeout,
-        passphrase=host.passphrase,
-        max_sessions=host.max_sessions,
-        control_persist=control_persist,
-    )
-    if "jump" in explicit:
-        jump, proxy = (None if host.jump == "none" else host.jump), None
-    else:
-        jump, proxy = options.proxy_jump, options.proxy_command
-    return _with_route(endpoint, jump, proxy, host, ssh_config, alias=name)
-
-
-def _load_ssh_stack() -> None:
-    """Import paramiko and Fabric (a connection follows) while OpenSSH reads ssh_config."""
-    import launcher.sshopen  # noqa: F401
-
-
-def _with_route(
-    endpoint: Endpoint,
-    jump: str | None,
-    proxy: str | None,
-    host: HostSpec,
-    ssh_config: Path | None,
-    *,
-    alias: str,
-    seen: tuple[tuple[str, int], ...] = (),
-) -> Endpoint:
-    """The endpoint with its ProxyCommand expanded, or its jump chain resolved (`via`)."""
-    seen = (*seen, (endpoint.hostname, endpoint.port))
-    if proxy:
-        command = sshconfig.expand_proxy_command(
-            proxy, host=endpoint.hostname, port=endpoint.port, user=endpoint.user, alias=alias
-        )
-        return replace(endpoint, proxy_command=command)
-    hops = sshconfig.split_jump(jump) if jump else []
-    if not hops:
-        return endpoint
-    if len(seen) + len(hops) > MAX_HOPS:
-        raise ConfigError([f"{endpoint.name}: more than {MAX_HOPS} jump hosts in a row"])
-    found = sshconfig.lookup([hop.host for hop in hops], ssh_config)
-    via: Endpoint | None = None
-    for index, (hop, options) in enumerate(zip(hops, found, strict=True)):
-        label = "jump" if len(hops) == 1 else f"jump {index + 1}"
-        identities = (host.identity_file,) if host.identity_file else options.identity_files
-        known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
-        known_hosts = known_hosts or "~/.ssh/known_hosts"
-        hop_endpoint = replace(
-            endpoint,
-            name=f"{endpoint.name} ({label})",
-            hostname=options.hostname or hop.host,
-            port=hop.port or options.port or 22,
-            user=hop.user or options.user or endpoint.user,
-            identity_files=tuple(os.path.expanduser(p) for p in identities),
-            known_hosts=Path(os.path.expanduser(known_hosts)),
-            jump=None,
-            proxy_command=None,
-            via=via,
-        )
-        key = (hop_endpoint.hostname, hop_endpoint.port)
-        if key in seen:
-            raise ConfigError(
-                [f"{endpoint.name}: the jump chain {jump!r} loops through {key[0]}:{key[1]}"],
-                hint="check ProxyJump in the inventory and ssh_config (ssh -G ALIAS)",
-            )
-        if index == 0:
-            # As OpenSSH: the nearest hop is reached the way its own ssh_config says.
-            hop_endpoint = _with_route(
-                hop_endpoint,
-                options.proxy_jump,
-                options.proxy_command,
-                host,
-                ssh_config,
-                alias=hop.host,
-                seen=seen,
-            )
-        node: Endpoint | None = hop_endpoint
-        while node is not None:  # the hop, and the hosts it is reached through
-            seen = (*seen, (node.hostname, node.port))
-            node = node.via
-        via = hop_endpoint
-    return replace(endpoint, jump=jump, via=via)
-
-
-class Connection:
+class SSHConnection:
     """One SSH connection to one host, opened on first use and closed by `close()`.
 
     Connecting (TCP, banner, key exchange, auth, and the tunnel through every jump host) ends
@@ -210,10 +64,10 @@ class Connection:
     a command at most one connect_timeout, however often the command asks for it.
     """
 
-    def __init__(self, endpoint: Endpoint, *, jump: Connection | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, *, jump: SSHConnection | None = None) -> None:
         self.endpoint = endpoint
         if jump is None and endpoint.via is not None:
-            jump = Connection(endpoint.via)
+            jump = SSHConnection(endpoint.via)
         self._jump = jump
         self._fab: BoundedConnection | None = None  # made on the first connect
         self._client: paramiko.SSHClient | None = None  # set while connected
@@ -226,7 +80,6 @@ class Connection:
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
-        self._relay: Relay | None = None  # use_relay(): one channel carries every command
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -265,7 +118,7 @@ class Connection:
         if self.endpoint.control_persist <= 0 or self._persist_started:
             return
         self._persist_started = True
-        from launcher import persist
+        from launcher.transport import persist
 
         with contextlib.suppress(OSError):
             persist.start(self.endpoint)
@@ -286,14 +139,14 @@ class Connection:
         if self._prepared:
             return
         if self.endpoint.passphrase == "prompt":
-            from launcher import sshkeys
+            from launcher.transport import sshkeys
 
             self._pkey = sshkeys.unlock(self.endpoint)
         self._prepared = True
 
     def _fabric_connection(self) -> BoundedConnection:
         if self._fab is None:
-            from launcher import sshopen
+            from launcher.transport import sshopen
 
             gateway = self._jump._fabric_connection() if self._jump else self.endpoint.proxy_command
             self._fab = sshopen.fabric_connection(self.endpoint, gateway)
@@ -304,7 +157,7 @@ class Connection:
         pause between them doubles, and no pause is taken that would end past the deadline."""
         import tenacity
 
-        from launcher import sshopen
+        from launcher.transport import sshopen
 
         ep = self.endpoint
         if deadline is None:
@@ -341,7 +194,7 @@ class Connection:
 
     def _socket(self, deadline: float) -> Sock:
         """What SSH runs over: a tunnel through the jump host, a ProxyCommand, or TCP."""
-        from launcher import sshopen
+        from launcher.transport import sshopen
 
         if self._jump is not None:
             return self._jump.tunnel(self.endpoint, deadline)
@@ -351,7 +204,7 @@ class Connection:
 
     def tunnel(self, target: Endpoint, deadline: float) -> paramiko.Channel:
         """A direct-tcpip channel through this host (ProxyJump), within the caller's deadline."""
-        from launcher import sshopen
+        from launcher.transport import sshopen
 
         transport = self._connected(deadline).get_transport()
         if transport is None:
@@ -360,18 +213,6 @@ class Connection:
         return channel
 
     # -- commands -------------------------------------------------------------------------
-    def use_relay(self) -> None:
-        """Carry this connection's commands on one channel, through a relay on the host (the
-        command has several targets there: see relay.py). Not for a persisted connection,
-        whose commands go through its own process already."""
-        if self.endpoint.control_persist > 0:
-            return
-        from launcher.relay import Relay
-
-        with self._lock:  # targets may ask from several threads (watch)
-            if self._relay is None:
-                self._relay = Relay(self)
-
     def open_command(self, command: str, timeout: float) -> paramiko.Channel:
         """A channel running `command`, its session slot held until close_command()."""
         return self._exec(command, timeout, timeout)
@@ -380,38 +221,9 @@ class Connection:
         channel.close()
         self._sessions.release()
 
-    def _relayed(
-        self,
-        command: str,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None],
-        *,
-        stdin: bytes | None,
-        timeout: float | None,
-        idle_timeout: float | None = None,
-    ) -> int | None:
-        """`command` through the relay, its exit code; None when there is no relay to use."""
-        from launcher import relay
-
-        if self._relay is None or self._relay.unavailable:
-            return None
-        try:
-            code = self._relay.stream(
-                command,
-                on_stdout,
-                on_stderr,
-                stdin=stdin,
-                timeout=timeout,
-                idle_timeout=idle_timeout,
-            )
-        except relay.Unavailable:
-            return None  # nothing ran: the command gets a channel of its own
-        STATS.count("relayed")
-        return code
-
     def _open_channel(self) -> paramiko.Channel:
         """A new session channel on this host's one connection (opened on first use)."""
-        from launcher import sshopen
+        from launcher.transport import sshopen
 
         ep = self.endpoint
         transport = self._connected().get_transport()
@@ -448,29 +260,15 @@ class Connection:
             self._sessions.release()
             raise
 
-    def run(
-        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult:
-        """Run a shell command string on the host, with a deadline on the whole exchange."""
-        ep = self.endpoint
-        limit = timeout if timeout is not None else ep.command_timeout
-        if ep.control_persist > 0 and self._client is None:
-            from launcher import persist
+    @property
+    def connected(self) -> bool:
+        """Whether this process holds an open connection to the host (then its commands do
+        not go through a persisted connection: this one is at hand)."""
+        return self._client is not None
 
-            persisted = persist.run(ep, command, stdin=stdin, timeout=limit)
-            if persisted is not None:
-                return persisted
-        started = time.monotonic()
-        out, err = io.BytesIO(), io.BytesIO()
-        code = self._relayed(command, _sink(out), _sink(err), stdin=stdin, timeout=limit)
-        if code is not None:
-            duration = time.monotonic() - started
-            return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
-        return self.run_direct(command, stdin=stdin, timeout=limit)
-
-    def run_direct(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
-        """run() over this connection itself: no persisted connection, no relay."""
-        from launcher import sshopen
+    def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+        """`command` on a channel of its own, the whole exchange within `timeout` seconds."""
+        from launcher.transport import sshopen
 
         ep = self.endpoint
         started = time.monotonic()
@@ -503,12 +301,13 @@ class Connection:
         self,
         command: str,
         on_stdout: Callable[[bytes], None],
-        *,
         on_stderr: Callable[[bytes], None] | None = None,
+        *,
         stdin: bytes | None = None,
         close_stdin: bool = True,
         timeout: float | None = None,
         idle_timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> int:
         """Run a command and hand its output over as it arrives; returns its exit code.
 
@@ -517,23 +316,13 @@ class Connection:
         streams. With `close_stdin=False` the remote side's stdin stays open until the channel
         closes, so it can notice the client going away. On any exception, KeyboardInterrupt
         included, the channel is closed at once (the remote command loses its pipes) and the
-        exception propagates.
+        exception propagates. `cancel` set: the same, and ConnectError (the persisted
+        connection's client went away while the command was quiet).
         """
-        from launcher import sshopen
+        from launcher.transport import sshopen
 
         ep = self.endpoint
         deadline = None if timeout is None else time.monotonic() + timeout
-        if close_stdin:  # what the relay runs gets all its stdin at once
-            code = self._relayed(
-                command,
-                on_stdout,
-                on_stderr or (lambda data: None),
-                stdin=stdin,
-                timeout=timeout,
-                idle_timeout=idle_timeout,
-            )
-            if code is not None:
-                return code
         channel: paramiko.Channel | None = None
         try:
             channel = self._exec(command, timeout, ep.connect_timeout)
@@ -548,7 +337,10 @@ class Connection:
                 on_stderr,
                 deadline=deadline,
                 idle_timeout=idle_timeout,
+                cancel=cancel,
             )
+            if expired == "cancel":
+                raise link_error(ep, "the client went away")
             if expired == "deadline":
                 raise deadline_error(ep, timeout, command)
             if expired == "idle":
@@ -567,8 +359,6 @@ class Connection:
                 self._sessions.release()
 
     def close(self) -> None:
-        if self._relay is not None:
-            self._relay.close()
         with self._lock:
             if self._fab is not None:
                 self._fab.close()  # SFTP sessions Fabric opened, then the client
@@ -577,7 +367,7 @@ class Connection:
         if self._jump is not None:
             self._jump.close()
 
-    def __enter__(self) -> Connection:
+    def __enter__(self) -> SSHConnection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -591,7 +381,8 @@ def _read_until_eof(
     *,
     deadline: float | None,
     idle_timeout: float | None = None,
-) -> Literal["deadline", "idle"] | None:
+    cancel: threading.Event | None = None,
+) -> Literal["deadline", "idle", "cancel"] | None:
     """The one read loop: stdout and stderr together until EOF, so neither can fill up and
     block the other. Returns None at EOF, or which limit ran out first."""
     last_data = time.monotonic()
@@ -606,6 +397,8 @@ def _read_until_eof(
             if now - last_data >= idle_timeout:
                 return "idle"
             wait = min(wait, last_data + idle_timeout - now)
+        if cancel is not None and cancel.is_set():
+            return "cancel"
         select.select([channel], [], [], wait)
         while channel.recv_ready():
             last_data = time.monotonic()
@@ -647,37 +440,3 @@ def _sink(buffer: io.BytesIO) -> Callable[[bytes], None]:
 def _alive(client: paramiko.SSHClient) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
-
-
-class ConnectionPool:
-    """One lazily opened connection per host, shared by every target on that host."""
-
-    def __init__(self, ssh_config: Path | None = None) -> None:
-        self._ssh_config = ssh_config
-        self._connections: dict[str, Connection] = {}
-        self._lock = threading.Lock()
-
-    def get(self, name: str, host: HostSpec, *, targets: int = 1) -> Connection:
-        """The connection to host `name`; `targets`: how many of this command's targets it
-        serves (more than one: their commands share one channel, see Connection.use_relay)."""
-        with self._lock:
-            conn = self._connections.get(name)
-            if conn is None:
-                endpoint = resolve_endpoint(name, host, self._ssh_config)
-                conn = Connection(endpoint)
-                self._connections[name] = conn
-        if targets > 1:
-            conn.use_relay()
-        return conn
-
-    def close(self) -> None:
-        with self._lock:
-            for conn in self._connections.values():
-                conn.close()
-            self._connections.clear()
-
-    def __enter__(self) -> ConnectionPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

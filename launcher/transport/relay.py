@@ -10,10 +10,8 @@ every line is built by container.py with one shlex.join), concurrently, and send
 output as it comes and its exit code. `pct exec` still runs once per call; only the session and
 the shell around it are paid once.
 
-The protocol, one JSON object a line each way (bytes travel base64):
-  client -> relay: {"id": n, "command": str, "stdin": b64, "timeout": s}, or {"cancel": n}
-  relay -> client: {"hello": VERSION} once; then for each command {"id": n, "fd": 1 | 2,
-                   "data": b64} as output arrives, and {"id": n, "exit": code} at its end.
+Its frames are frames.py's (Run, Cancel; Hello, Output, Exit); its host program is
+relayhost.py, sent as source on the channel's first line.
 A command the client gives up on (its deadline, idle timeout, Ctrl-C, a sink that failed: a
 cancel), or every command when the client goes away (the relay's stdin closes), is cut off as
 a dropped channel would cut it: its pipes are closed (EOF on stdin, EPIPE on output) and it is
@@ -26,7 +24,6 @@ would); the next call starts a new one.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import json
@@ -34,97 +31,26 @@ import queue
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher import endpoint as failures
+from launcher.transport import endpoint as failures
+from launcher.transport import frames
+from launcher.transport.endpoint import CommandResult
+from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
 
 if TYPE_CHECKING:
     import paramiko
 
-    from launcher.remote import Connection
+    from launcher.transport.ssh import SSHConnection
 
-VERSION = 1
 # The relay's own deadline on a command is the client's plus this: the client normally cancels
 # first; this ends a command whose client has gone away without closing the channel.
 BACKSTOP = 30.0
 NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle timeout instead)
 
 # Runs on the host under `python3 -I -S` (Python 3.5+, standard library only).
-SOURCE = r"""
-import base64, json, os, selectors, subprocess, sys, threading, time
-out = sys.stdout.buffer
-lock = threading.Lock()
-running, cancelled = set(), set()
-def send(doc):
-    data = (json.dumps(doc) + "\n").encode()
-    with lock:
-        try:
-            out.write(data)
-            out.flush()
-        except OSError:
-            pass
-def feed(proc, data):
-    try:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    except (OSError, ValueError):
-        pass
-def given_up(rid, deadline):
-    return rid in cancelled or time.monotonic() >= deadline
-def run(req):
-    rid = req["id"]
-    try:
-        proc = subprocess.Popen(["/bin/sh", "-c", req["command"]], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-    except OSError as exc:
-        running.discard(rid)
-        send({"id": rid, "fd": 2, "data": base64.b64encode(str(exc).encode()).decode()})
-        send({"id": rid, "exit": 127})
-        return
-    threading.Thread(target=feed, args=(proc, base64.b64decode(req["stdin"])), daemon=True).start()
-    deadline = time.monotonic() + float(req["timeout"])
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, 1)
-    sel.register(proc.stderr, selectors.EVENT_READ, 2)
-    try:
-        while sel.get_map():
-            if given_up(rid, deadline):
-                return
-            for key, _ in sel.select(0.2):
-                chunk = os.read(key.fd, 65536)
-                if chunk:
-                    send({"id": rid, "fd": key.data, "data": base64.b64encode(chunk).decode()})
-                else:
-                    sel.unregister(key.fileobj)
-        while True:
-            try:
-                code = proc.wait(0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if given_up(rid, deadline):
-                    return
-        send({"id": rid, "exit": code})
-    finally:
-        sel.close()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                pipe.close()
-            except (OSError, ValueError):
-                pass
-        running.discard(rid)
-        cancelled.discard(rid)
-send({"hello": @VERSION@})
-for line in sys.stdin:
-    req = json.loads(line)
-    if "cancel" not in req:
-        running.add(req["id"])
-        threading.Thread(target=run, args=(req,), daemon=True).start()
-    elif req["cancel"] in running:
-        cancelled.add(req["cancel"])
-os._exit(0)
-""".replace("@VERSION@", str(VERSION))
+SOURCE = (Path(__file__).parent / "relayhost.py").read_text()
 # The command line: a short loader that takes the source from the first stdin line (so `ps`
 # shows a short line, as for the agent). The trailing comment names the process.
 COMMAND = shlex.join(
@@ -137,12 +63,7 @@ COMMAND = shlex.join(
     ]
 )
 
-Sink = Callable[[bytes], None]
 Item = tuple[str, Any]  # ("data", (fd, bytes)) | ("exit", code) | ("broken", ConnectError)
-
-
-class Unavailable(Exception):
-    """The host cannot run the relay (no python3, or it ended before its hello)."""
 
 
 class _Call:
@@ -153,7 +74,7 @@ class _Call:
 class Relay:
     """The relay on one host, over one channel of `conn`, started on the first call."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: SSHConnection) -> None:
         self.conn = conn
         self._lock = threading.Lock()  # starting, stopping, the pending calls
         self._send_lock = threading.Lock()
@@ -175,8 +96,8 @@ class Relay:
             channel = self.conn.open_command(COMMAND, ep.connect_timeout)
             try:
                 channel.sendall((json.dumps(SOURCE) + "\n").encode())
-                hello = _read_line(channel, time.monotonic() + ep.connect_timeout)
-                if json.loads(hello or b"{}").get("hello") != VERSION:
+                hello = frames.decode(_read_line(channel, time.monotonic() + ep.connect_timeout))
+                if hello != frames.Hello(frames.VERSION):
                     raise ValueError(hello)
             except (OSError, ValueError, EOFError, TimeoutError):
                 self.unavailable = True
@@ -188,30 +109,26 @@ class Relay:
 
     def _read(self, channel: paramiko.Channel) -> None:
         """Hands each frame to its call, until the channel ends; then fails what is pending."""
-        pending = b""
+        lines = frames.Lines(channel.recv)
         try:
-            while True:
-                data = channel.recv(65536)
-                if not data:
-                    break
-                pending += data
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._dispatch(json.loads(line))
+            while (frame := lines.next()) is not None:
+                self._dispatch(frame)
         except Exception as exc:  # a broken link or a garbled frame: the relay is done for
             reason = f"{exc}"
         else:
             reason = "the relay ended"
         self._broken(channel, reason)
 
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        call = self._calls.get(frame.get("id", -1))
+    def _dispatch(self, frame: frames.Frame) -> None:
+        if not isinstance(frame, frames.Output | frames.Exit):
+            raise frames.FrameError(f"the relay sent {frame}")
+        call = self._calls.get(frame.id)
         if call is None:
             return  # a call that was given up (timed out, cancelled)
-        if "exit" in frame:
-            call.items.put(("exit", int(frame["exit"])))
+        if isinstance(frame, frames.Exit):
+            call.items.put(("exit", frame.exit))
         else:
-            call.items.put(("data", (frame["fd"], base64.b64decode(frame["data"]))))
+            call.items.put(("data", (frame.fd, frame.data)))
 
     def _broken(self, channel: paramiko.Channel, reason: str) -> None:
         with self._lock:
@@ -225,11 +142,14 @@ class Relay:
         if ours:
             self.conn.close_command(channel)
 
-    def _send(self, channel: paramiko.Channel, doc: dict[str, Any]) -> None:
+    def _send(self, channel: paramiko.Channel, frame: frames.Frame) -> None:
         with self._send_lock:
-            channel.sendall((json.dumps(doc) + "\n").encode())
+            channel.sendall(frames.encode(frame))
 
     # -- commands ---------------------------------------------------------------------------
+    def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
+        return run_by_streaming(self, command, stdin=stdin, timeout=timeout)
+
     def stream(
         self,
         command: str,
@@ -237,12 +157,16 @@ class Relay:
         on_stderr: Sink,
         *,
         stdin: bytes | None,
+        close_stdin: bool = True,
         timeout: float | None,
         idle_timeout: float | None = None,
     ) -> int:
         """Run `command` on the host; its output goes to the sinks as it arrives (in this
-        thread); its exit code is returned. Raises Unavailable when the host cannot relay
-        (nothing ran), CommandTimeout, ConnectError, or what a sink raised."""
+        thread); its exit code is returned. Raises Unavailable when the host cannot relay, or
+        the command keeps its stdin open (nothing ran), CommandTimeout, ConnectError, or what
+        a sink raised."""
+        if not close_stdin:
+            raise Unavailable()  # the relay hands a command all its stdin at once
         channel = self._started()
         ep = self.conn.endpoint
         started = time.monotonic()
@@ -255,12 +179,12 @@ class Relay:
             self._calls[rid] = call
         finished = False
         try:
-            request = {
-                "id": rid,
-                "command": command,
-                "stdin": base64.b64encode(stdin or b"").decode(),
-                "timeout": (NO_TIMEOUT if timeout is None else timeout) + BACKSTOP,
-            }
+            request = frames.Run(
+                id=rid,
+                command=command,
+                stdin=stdin or b"",
+                timeout=(NO_TIMEOUT if timeout is None else timeout) + BACKSTOP,
+            )
             try:
                 self._send(channel, request)
             except OSError as exc:
@@ -283,6 +207,7 @@ class Relay:
                     finished = True
                     if kind == "broken":
                         raise value
+                    STATS.count("relayed")
                     return int(value)
                 fd, data = value
                 quiet_since = time.monotonic()
@@ -292,7 +217,7 @@ class Relay:
                 self._calls.pop(rid, None)
             if not finished:  # given up here (deadline, a sink's error, Ctrl-C): end it there
                 with contextlib.suppress(OSError):
-                    self._send(channel, {"cancel": rid})
+                    self._send(channel, frames.Cancel(rid))
             self._slots.release()
 
     def close(self) -> None:

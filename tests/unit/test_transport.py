@@ -1,0 +1,175 @@
+"""The transport's one frame format (frames.py), its relay host program, and the choice of
+runner (connection.py), without a host."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import queue
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import ConnectError
+from launcher.transport import frames, relay, relayhost
+from launcher.transport.connection import Connection
+from launcher.transport.endpoint import Endpoint
+from launcher.transport.persist import PersistedRunner
+from launcher.transport.ssh import SSHConnection
+
+ALL = [
+    frames.Run(7, "pct exec 1 -- true", b"\x00\xff", 5.0),
+    frames.Run(8, "x", b"", 1.5, idle_timeout=2.0, close_stdin=False),
+    frames.Cancel(7),
+    frames.Stop(),
+    frames.Hello(frames.VERSION),
+    frames.Taken(7),
+    frames.Output(7, 1, b"\x00out"),
+    frames.Output(7, 2, b"err"),
+    frames.Exit(7, 3),
+    frames.Failed(7, "CommandTimeout", "did not finish", None),
+    frames.Failed(7, "ConnectError", "lost", "check the network"),
+]
+
+
+@pytest.mark.parametrize("frame", ALL, ids=lambda f: type(f).__name__)
+def test_every_frame_round_trips(frame: frames.Frame) -> None:
+    line = frames.encode(frame)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert frames.decode(line.rstrip(b"\n")) == frame
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"{}", "not a frame"),
+        (b'{"id": 1, "exit": 0, "fd": 1}', "not a frame"),  # two kinds at once
+        (b'{"id": "1", "exit": 0}', "'id' is str"),
+        (b'{"id": 1, "exit": true}', "'exit' is True"),
+        (b'{"id": 1, "fd": 3, "data": ""}', "fd 3"),
+        (b'{"id": 1, "fd": 1, "data": "%%%"}', "not base64"),
+        (b'{"id": 1, "fd": 1}', "without 'data'"),
+        (b'{"id": 1, "exit": 0, "extra": 1}', "unknown keys ['extra']"),
+        (b'{"id": 1, "command": "x", "stdin": "", "timeout": "5"}', "'timeout' is str"),
+    ],
+)
+def test_a_malformed_frame_is_a_clear_error(line: bytes, says: str) -> None:
+    with pytest.raises(frames.FrameError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        frames.decode(line)
+
+
+def test_lines_split_frames_and_bound_them() -> None:
+    chunks = [frames.encode(frames.Exit(1, 0))[:5], frames.encode(frames.Exit(1, 0))[5:], b""]
+    lines = frames.Lines(lambda n: chunks.pop(0))
+    assert lines.next() == frames.Exit(1, 0)
+    assert lines.next() is None
+    endless = frames.Lines(lambda n: b"x" * 100, limit=1000)
+    with pytest.raises(frames.FrameError, match="longer than 1000"):
+        endless.next()
+
+
+def test_the_relay_host_program_speaks_the_same_frames() -> None:
+    """relayhost.py runs on the host's python3: the same version, Python 3.5 syntax, only the
+    standard library; and what the client sends it is what it reads."""
+    assert relayhost.VERSION == frames.VERSION
+    source = Path(relayhost.__file__).read_text()
+    assert source == relay.SOURCE
+    ast.parse(source, feature_version=(3, 5))
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert all(not name.startswith("launcher") for name in imported)
+    assert not any(isinstance(n, ast.ImportFrom) for n in ast.walk(ast.parse(source)))
+    doc = json.loads(frames.encode(frames.Run(3, "true", b"in", 9.0)))
+    assert {"id", "command", "stdin", "timeout"} == set(doc)  # what relayhost.run reads
+
+
+def endpoint(**overrides: object) -> Endpoint:
+    values: dict[str, object] = {
+        "name": "pve",
+        "hostname": "10.0.0.5",
+        "port": 22,
+        "user": "root",
+        "identity_files": (),
+        "known_hosts": Path("/kh"),
+        "accept_new": False,
+        "jump": None,
+        "connect_timeout": 5.0,
+        "command_timeout": 60.0,
+    }
+    values.update(overrides)
+    return Endpoint(**values)  # type: ignore[arg-type]
+
+
+def test_one_place_chooses_the_runner() -> None:
+    """Persisted first (while this process holds no connection of its own), then the relay
+    (several targets on the host), then a channel of its own, which takes every command."""
+    plain = Connection(endpoint())
+    assert [type(r) for r in plain.runners()] == [SSHConnection]
+    plain.use_relay()
+    assert [type(r) for r in plain.runners()] == [relay.Relay, SSHConnection]
+    persisted = Connection(dataclasses.replace(endpoint(), control_persist=60.0))
+    persisted.use_relay()  # not for a persisted connection: its process carries them
+    assert [type(r) for r in persisted.runners()] == [PersistedRunner, SSHConnection]
+
+
+class FakeChannel:
+    """A relay's channel: the hello, then for each Run frame sent, the line `reply` gives."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.inbox: queue.Queue[bytes] = queue.Queue()
+        self.inbox.put(frames.encode(frames.Hello(frames.VERSION)))
+        self.closed = False
+
+    def sendall(self, data: bytes) -> None:
+        if data.startswith(b"{") and b'"command"' in data:
+            self.inbox.put(self.reply)
+
+    def recv(self, size: int) -> bytes:
+        return self.inbox.get(timeout=5)
+
+    def settimeout(self, seconds: float | None) -> None:
+        pass
+
+
+class FakeSSH:
+    """What the relay needs from the SSH connection: one channel, opened once."""
+
+    def __init__(self, channel: FakeChannel) -> None:
+        self.endpoint = endpoint()
+        self.channel = channel
+        self.opened = 0
+
+    def open_command(self, command: str, timeout: float) -> FakeChannel:
+        assert "launcher_relay" in command
+        self.opened += 1
+        return self.channel
+
+    def close_command(self, channel: FakeChannel) -> None:
+        channel.closed = True
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (b'{"id": 1, "fd": 9, "data": ""}\n', "output frame for fd 9"),
+        (b"garbage\n", "not JSON"),
+        (b'{"hello": 2}\n', "the relay sent Hello"),
+    ],
+)
+def test_a_malformed_frame_from_the_relay_fails_its_calls_clearly(reply: bytes, says: str) -> None:
+    """Never a KeyError in a reader thread and a call left waiting: the calls the relay carried
+    fail as on a dropped channel, saying what was wrong, and the channel is closed."""
+    channel = FakeChannel(reply)
+    ssh = FakeSSH(channel)
+    carrier = relay.Relay(ssh)  # type: ignore[arg-type]
+    with pytest.raises(ConnectError, match=says):
+        carrier.run("pct exec 1 -- true", stdin=None, timeout=5.0)
+    assert channel.closed and ssh.opened == 1
