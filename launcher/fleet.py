@@ -20,6 +20,7 @@ from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
 from launcher.transport.pool import ConnectionPool
+from launcher.workflow import Cancelled, Context
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
     # The error that stopped this target, already printed on stderr (never again on stdout).
     error: str | None = None
+    # The run function's typed result (launcher.workflow.Result), when it returned one.
+    value: Any = None
 
     @property
     def result(self) -> str:
@@ -45,22 +48,8 @@ class Outcome:
         }[self.exit_code]
 
 
-class Cancelled(Exception):
-    """Raised inside a worker when the fleet run was interrupted."""
-
-
-@dataclass
-class FleetContext:
-    """Handed to each worker: its connection, a cancellable sleep and a line printer."""
-
-    target: Target
-    conn: HostConnection
-    cancel: threading.Event
-    say: Callable[[str], None]
-
-    def sleep(self, seconds: float) -> None:
-        if self.cancel.wait(seconds):
-            raise Cancelled()
+# A run function's context; the names fleet's callers have always used.
+FleetContext = Context
 
 
 Work = Callable[[FleetContext], Outcome]

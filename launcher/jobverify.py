@@ -20,7 +20,7 @@ from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
-from launcher.fleet import Cancelled, FleetContext, Outcome
+from launcher.fleet import FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
 from launcher.verify.pane import PaneState
@@ -32,6 +32,7 @@ from launcher.verify.workflows import (
     settings_for,
     status_work,
 )
+from launcher.workflow import Cancelled
 
 # torchrun's elastic agent on a worker's end: "failed (exitcode: 1) local_rank: 0 (pid: N)".
 WORKER_EXIT_RE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
