@@ -16,9 +16,35 @@ from typing import Any, Literal
 
 from launcher import apiargs as args
 from launcher.cli import params
-from launcher.deploy import DeployOptions
+from launcher.deploy import DeployOptions, deploy_row, run_deploy
+from launcher.doctor import DoctorRequest, doctor_row, run_doctor
 from launcher.errors import UsageError
-from launcher.verify.workflows import ProbeOverrides
+from launcher.fleet import Outcome, Work
+from launcher.operate import (
+    HistoryRequest,
+    LogsRequest,
+    RollbackRequest,
+    StopRequest,
+    history_row,
+    rollback_row,
+    run_history,
+    run_logs,
+    run_rollback,
+    run_stop,
+    stop_row,
+)
+from launcher.verify.workflows import (
+    SmokeRequest,
+    StatusRequest,
+    VerifyRequest,
+    run_smoke,
+    run_status,
+    run_verify,
+    smoke_row,
+    status_row,
+    verify_row,
+)
+from launcher.workflow import Context, Workflow
 
 CHECKPOINT_MODES = ("archive", "purge", "keep")
 
@@ -100,6 +126,12 @@ class Command:
     build: Callable[[dict[str, Any]], Any]
     runner: str
     fleet: bool = True  # accepts several targets (-t a,b, --all, --parallel)
+    request_type: type = object  # what `build` returns: its key in WORKFLOWS
+
+    @property
+    def workflow(self) -> Workflow[Any, Any]:
+        """The command's one run function (the CLI, the API and the tasks all call it)."""
+        return WORKFLOWS[self.request_type]
 
     def request(self, values: Mapping[str, Any]) -> Any:
         """Check every request value and build the workflow's request."""
@@ -162,41 +194,10 @@ def probe_values(
     }
 
 
-def _probe(v: dict[str, Any]) -> ProbeOverrides:
-    return ProbeOverrides(
+def _probe(v: dict[str, Any]) -> VerifyRequest:
+    return VerifyRequest(
         v["wait"], v["interval"], v["window"], v["successes"], v["failure_threshold"]
     )
-
-
-@dataclass(frozen=True)
-class SmokeRequest:
-    overrides: ProbeOverrides
-    wait_lock: float
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    grace: float | None
-
-
-@dataclass(frozen=True)
-class LogsRequest:
-    tail: int
-    follow: bool
-    raw: bool
-
-
-@dataclass(frozen=True)
-class HistoryRequest:
-    limit: int
-
-
-@dataclass(frozen=True)
-class RollbackRequest:
-    restart: bool
-    grace: float | None
-    keep_checkpoints: bool
-    wait_lock: float
 
 
 def _flag(name: str, text: str, *, cli: tuple[str, ...] = (), request: bool = True) -> Param:
@@ -267,6 +268,7 @@ COMMANDS: dict[str, Command] = {
             ),
             _deploy,
             "launcher.cli.deploy:run_deploy",
+            request_type=DeployOptions,
         ),
         Command(
             "verify",
@@ -274,6 +276,7 @@ COMMANDS: dict[str, Command] = {
             PROBE,
             _probe,
             "launcher.cli.verify:run_verify",
+            request_type=VerifyRequest,
         ),
         Command(
             "smoke",
@@ -281,13 +284,15 @@ COMMANDS: dict[str, Command] = {
             (*PROBE, WAIT_LOCK),
             lambda v: SmokeRequest(_probe(v), v["wait_lock"] or 0.0),
             "launcher.cli.verify:run_smoke",
+            request_type=SmokeRequest,
         ),
         Command(
             "status",
             "One poll of the run, judged at once: exit 0 healthy, 1 not.",
             (JSON, _flag("verbose", "Show every check with its expectation.", request=False)),
-            lambda v: None,
+            lambda v: StatusRequest(),
             "launcher.cli.verify:run_status",
+            request_type=StatusRequest,
         ),
         Command(
             "stop",
@@ -295,6 +300,7 @@ COMMANDS: dict[str, Command] = {
             (Param("grace", "duration", GRACE_HELP, type=params.GRACE),),
             lambda v: StopRequest(v["grace"]),
             "launcher.cli.operate:run_stop",
+            request_type=StopRequest,
         ),
         Command(
             "logs",
@@ -310,6 +316,7 @@ COMMANDS: dict[str, Command] = {
             lambda v: LogsRequest(v["tail"], v["follow"], v["raw"]),
             "launcher.cli.operate:run_logs",
             fleet=False,
+            request_type=LogsRequest,
         ),
         Command(
             "history",
@@ -320,6 +327,7 @@ COMMANDS: dict[str, Command] = {
             ),
             lambda v: HistoryRequest(v["limit"]),
             "launcher.cli.operate:run_history",
+            request_type=HistoryRequest,
         ),
         Command(
             "rollback",
@@ -334,6 +342,52 @@ COMMANDS: dict[str, Command] = {
                 v["restart"], v["grace"], v["keep_checkpoints"], v["wait_lock"] or 0.0
             ),
             "launcher.cli.operate:run_rollback",
+            request_type=RollbackRequest,
+        ),
+        Command(
+            "doctor",
+            "Check everything a deploy needs, and say how to fix what is wrong.",
+            (_flag("json", "Print the checks as JSON.", cli=("as_json",), request=False),),
+            lambda v: DoctorRequest(),
+            "launcher.cli.operate:run_doctor",
+            request_type=DoctorRequest,
         ),
     )
 }
+
+# Each request type and the one function that runs it on a target (`launcher.workflow`).
+WORKFLOWS: dict[type, Workflow[Any, Any]] = {
+    DeployOptions: run_deploy,
+    VerifyRequest: run_verify,
+    SmokeRequest: run_smoke,
+    StatusRequest: run_status,
+    StopRequest: run_stop,
+    LogsRequest: run_logs,
+    HistoryRequest: run_history,
+    RollbackRequest: run_rollback,
+    DoctorRequest: run_doctor,
+}
+
+# A result as a row of a fleet's table (its summary, and what the CLI renders it from).
+ROWS: dict[type, Callable[[Context, Any], Outcome]] = {
+    DeployOptions: deploy_row,
+    VerifyRequest: verify_row,
+    SmokeRequest: smoke_row,
+    StatusRequest: status_row,
+    StopRequest: stop_row,
+    HistoryRequest: history_row,
+    RollbackRequest: rollback_row,
+    DoctorRequest: doctor_row,
+}
+
+
+def run(ctx: Context, request: Any) -> Any:
+    """The request's workflow on the context's target: the one call the CLI, `api.Launcher`
+    and the Fabric tasks make."""
+    return WORKFLOWS[type(request)](ctx, request)
+
+
+def work(request: Any) -> Work:
+    """The request as a fleet's work (`fleet.run_fleet`, `fleet.run_one`): run, then its row."""
+    row = ROWS[type(request)]
+    return lambda ctx: row(ctx, run(ctx, request))

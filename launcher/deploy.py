@@ -31,7 +31,7 @@ from launcher.errors import (
     LauncherError,
     UsageError,
 )
-from launcher.fleet import FleetContext, Outcome
+from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
 from launcher.version import __version__
 from launcher.workflow import Context, StepSink
@@ -491,8 +491,3 @@ def deploy_row(ctx: Context, report: DeployReport) -> Outcome:
     return Outcome(
         ctx.target.name, report.exit_code, report.summary, report.to_json(), value=report
     )
-
-
-def deploy_work(options: DeployOptions) -> Callable[[FleetContext], Outcome]:
-    """Deploy as a fleet workflow: step lines go to the target's output, the report to the row."""
-    return lambda ctx: deploy_row(ctx, run_deploy(ctx, options))

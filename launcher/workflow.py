@@ -49,6 +49,9 @@ class Context:
     say: Callable[[str], None]
     # The API's `on_step`: steps as values. None: each step is a progress line.
     on_step: StepSink | None = None
+    # What the command prints as its output (logs' lines); with `raw_output`, bytes unfiltered.
+    output: Callable[[str], None] = lambda line: None
+    raw_output: Callable[[bytes], None] | None = None
 
     def sleep(self, seconds: float) -> None:
         if self.cancel.wait(seconds):

@@ -10,7 +10,7 @@ from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.deploy import DeployOptions, DeployReport, run_deploy
 from launcher.errors import ExitCode, LauncherError
-from launcher.fleet import FleetContext, Outcome, Work
+from launcher.fleet import FleetContext, Outcome
 from launcher.ui import progress_text
 from launcher.verify.checks import (
     CheckResult,
@@ -266,10 +266,6 @@ def verify_row(ctx: FleetContext, result: VerifyResult) -> Outcome:
     )
 
 
-def verify_work(overrides: ProbeOverrides) -> Work:
-    return lambda ctx: verify_row(ctx, run_verify(ctx, overrides))
-
-
 def status_state(
     state: PaneState, checks: list[CheckResult], wait: float, window: float
 ) -> tuple[State, str]:
@@ -380,8 +376,3 @@ def smoke_row(ctx: FleetContext, result: SmokeResult) -> Outcome:
     if result.probe is not None:
         data["probe"] = result.probe
     return Outcome(ctx.target.name, result.exit_code, result.summary, data, value=result)
-
-
-def smoke_work(overrides: ProbeOverrides, *, wait_lock: float = 0.0) -> Work:
-    """`deploy --restart` then `verify` of the run that deploy started, on one target, for CI."""
-    return lambda ctx: smoke_row(ctx, run_smoke(ctx, SmokeRequest(overrides, wait_lock)))
