@@ -113,7 +113,7 @@ def run_deploy(app: AppContext, options: DeployOptions, *, json: bool) -> None:
 
     outcomes = run_on_targets(app, work(options))
     if json:
-        emit_json("deploy", outcomes, [o.data for o in outcomes])
+        emit_json("deploy", outcomes)
     else:
         say_result(outcomes)
     exit_with(outcomes, title="deploy", table=not json)

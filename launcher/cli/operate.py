@@ -19,8 +19,6 @@ from launcher.cli.params import GRACE, LINES, wait_lock_option
 from launcher.termsafe import sanitize
 
 if TYPE_CHECKING:
-    from launcher.config import Target
-    from launcher.container import HostConnection
     from launcher.doctor import DoctorRequest
     from launcher.operate import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 
@@ -75,13 +73,10 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
 
 def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     """The run's log on one target (also `launcher.tasks.logs`)."""
-    import threading
-
     from launcher.commands import run
     from launcher.errors import UsageError
-    from launcher.fleet import on_target
+    from launcher.fleet import run_one
     from launcher.operate import LogsResult
-    from launcher.workflow import Context
 
     target = app.target()
     if raw_bytes and sys.stdout.isatty():
@@ -97,11 +92,13 @@ def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
-    def context(placed: Target, conn: HostConnection) -> Context:
-        raw = write if raw_bytes else None
-        return Context(placed, conn, threading.Event(), lambda _: None, output=show, raw_output=raw)
-
-    result: LogsResult = on_target(target, lambda placed, conn: run(context(placed, conn), request))
+    result: LogsResult = run_one(
+        target,
+        lambda ctx: run(ctx, request),
+        say=lambda _: None,
+        output=show,
+        raw_output=write if raw_bytes else None,
+    )
     if result.exit_code or request.follow:
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
     sys.exit(int(result.exit_code))
@@ -217,7 +214,7 @@ def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None
 
     outcomes = run_on_targets(app, work(request))
     if json:
-        emit_json("history", outcomes, [o.data for o in outcomes])
+        emit_json("history", outcomes)
         exit_with(outcomes, title="history", table=False)
     for outcome in outcomes:
         if outcome.error is not None:
@@ -327,7 +324,7 @@ def run_doctor(app: AppContext, request: DoctorRequest, *, json: bool) -> None:
 
     outcomes = run_on_targets(app, work(request))
     if json:
-        emit_json("doctor", outcomes, [o.data for o in outcomes])
+        emit_json("doctor", outcomes)
     else:
         say_result(outcomes)
     exit_with(outcomes, title="doctor", table=not json)
