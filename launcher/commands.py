@@ -12,39 +12,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from launcher import apiargs as args
 from launcher.cli import params
-from launcher.deploy import DeployOptions, deploy_row, run_deploy
-from launcher.doctor import DoctorRequest, doctor_row, run_doctor
+from launcher.deploy import DeployOptions
 from launcher.errors import UsageError
-from launcher.fleet import Outcome, Work
-from launcher.operate import (
+from launcher.requests import (
+    DoctorRequest,
     HistoryRequest,
     LogsRequest,
     RollbackRequest,
-    StopRequest,
-    history_row,
-    rollback_row,
-    run_history,
-    run_logs,
-    run_rollback,
-    run_stop,
-    stop_row,
-)
-from launcher.verify.workflows import (
     SmokeRequest,
     StatusRequest,
+    StopRequest,
     VerifyRequest,
-    run_smoke,
-    run_status,
-    run_verify,
-    smoke_row,
-    status_row,
-    verify_row,
 )
-from launcher.workflow import Context, Workflow
+
+if TYPE_CHECKING:
+    from launcher.fleet import Outcome, Work
+    from launcher.workflow import Context, Workflow
 
 CHECKPOINT_MODES = ("archive", "purge", "keep")
 
@@ -131,7 +118,7 @@ class Command:
     @property
     def workflow(self) -> Workflow[Any, Any]:
         """The command's one run function (the CLI, the API and the tasks all call it)."""
-        return WORKFLOWS[self.request_type]
+        return workflow_for(self.request_type)
 
     def request(self, values: Mapping[str, Any]) -> Any:
         """Check every request value and build the workflow's request."""
@@ -355,39 +342,50 @@ COMMANDS: dict[str, Command] = {
     )
 }
 
-# Each request type and the one function that runs it on a target (`launcher.workflow`).
-WORKFLOWS: dict[type, Workflow[Any, Any]] = {
-    DeployOptions: run_deploy,
-    VerifyRequest: run_verify,
-    SmokeRequest: run_smoke,
-    StatusRequest: run_status,
-    StopRequest: run_stop,
-    LogsRequest: run_logs,
-    HistoryRequest: run_history,
-    RollbackRequest: run_rollback,
-    DoctorRequest: run_doctor,
+# Each request type and the one function that runs it on a target (`launcher.workflow`), as
+# `module:function`: a command loads its own workflow module, not every command's.
+WORKFLOWS: dict[type, str] = {
+    DeployOptions: "launcher.deploy:run_deploy",
+    VerifyRequest: "launcher.verify.workflows:run_verify",
+    SmokeRequest: "launcher.verify.workflows:run_smoke",
+    StatusRequest: "launcher.verify.workflows:run_status",
+    StopRequest: "launcher.operate:run_stop",
+    LogsRequest: "launcher.operate:run_logs",
+    HistoryRequest: "launcher.operate:run_history",
+    RollbackRequest: "launcher.operate:run_rollback",
+    DoctorRequest: "launcher.doctor:run_doctor",
 }
 
 # A result as a row of a fleet's table (its summary, and what the CLI renders it from).
-ROWS: dict[type, Callable[[Context, Any], Outcome]] = {
-    DeployOptions: deploy_row,
-    VerifyRequest: verify_row,
-    SmokeRequest: smoke_row,
-    StatusRequest: status_row,
-    StopRequest: stop_row,
-    HistoryRequest: history_row,
-    RollbackRequest: rollback_row,
-    DoctorRequest: doctor_row,
+ROWS: dict[type, str] = {
+    DeployOptions: "launcher.deploy:deploy_row",
+    VerifyRequest: "launcher.verify.workflows:verify_row",
+    SmokeRequest: "launcher.verify.workflows:smoke_row",
+    StatusRequest: "launcher.verify.workflows:status_row",
+    StopRequest: "launcher.operate:stop_row",
+    HistoryRequest: "launcher.operate:history_row",
+    RollbackRequest: "launcher.operate:rollback_row",
+    DoctorRequest: "launcher.doctor:doctor_row",
 }
+
+
+def _resolve(where: str) -> Any:
+    module, _, function = where.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def workflow_for(request_type: type) -> Workflow[Any, Any]:
+    """The run function of a request type (KeyError: not a command's request)."""
+    return cast("Workflow[Any, Any]", _resolve(WORKFLOWS[request_type]))
 
 
 def run(ctx: Context, request: Any) -> Any:
     """The request's workflow on the context's target: the one call the CLI, `api.Launcher`
     and the Fabric tasks make."""
-    return WORKFLOWS[type(request)](ctx, request)
+    return workflow_for(type(request))(ctx, request)
 
 
 def work(request: Any) -> Work:
     """The request as a fleet's work (`fleet.run_fleet`, `fleet.run_one`): run, then its row."""
-    row = ROWS[type(request)]
+    row: Callable[[Context, Any], Outcome] = _resolve(ROWS[type(request)])
     return lambda ctx: row(ctx, run(ctx, request))

@@ -26,6 +26,7 @@ from launcher.errors import (
 )
 from launcher.fleet import Outcome
 from launcher.protocol import ReleaseSpec, TransactionAnswer
+from launcher.requests import DoctorRequest
 from launcher.workflow import Context, Step
 
 MIB = 1024 * 1024
@@ -38,11 +39,6 @@ class Check:
     detail: str
     fix: str | None = None
     exit_code: ExitCode = ExitCode.OK
-
-
-@dataclass(frozen=True)
-class DoctorRequest:
-    """`launcher doctor`: every check a deploy needs, nothing to choose but the target."""
 
 
 @dataclass

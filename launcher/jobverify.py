@@ -23,10 +23,10 @@ from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
+from launcher.requests import ProbeOverrides
 from launcher.verify.pane import PaneState
 from launcher.verify.poll import poll_once
 from launcher.verify.workflows import (
-    ProbeOverrides,
     probe_summary,
     run_probe,
     settings_for,

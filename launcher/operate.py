@@ -22,6 +22,7 @@ from launcher.deploy import operator_info, run_transaction, transaction_request
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
+from launcher.requests import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.transport.endpoint import Endpoint
 from launcher.verify.poll import poll_once
@@ -48,16 +49,6 @@ def _ended_text(ended: dict[str, Any] | None) -> str:
 
 
 # --------------------------------------------------------------------------- logs
-
-
-@dataclass(frozen=True)
-class LogsRequest:
-    """`launcher logs`: the last `tail` lines (of the pane with `raw`), then with `follow` the
-    new ones; they go to the context's `output` (`raw_output`: unfiltered bytes)."""
-
-    tail: int = 50
-    follow: bool = False
-    raw: bool = False
 
 
 @dataclass
@@ -258,13 +249,6 @@ def _follow(
 # --------------------------------------------------------------------------- stop
 
 
-@dataclass(frozen=True)
-class StopRequest:
-    """`launcher stop`: C-c, wait `grace` (None: the playbook's stop_grace), kill the rest."""
-
-    grace: float | None = None
-
-
 @dataclass
 class StopResult:
     exit_code: ExitCode
@@ -423,13 +407,6 @@ def attach(target: Target, conn: HostConnection) -> AttachResult:
 # --------------------------------------------------------------------------- history
 
 
-@dataclass(frozen=True)
-class HistoryRequest:
-    """`launcher history`: the newest `limit` deploy records (0: all)."""
-
-    limit: int = 0
-
-
 @dataclass
 class HistoryResult:
     exit_code: ExitCode
@@ -529,16 +506,6 @@ def history_lines(record: dict[str, Any]) -> list[str]:
 
 def _is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
-@dataclass(frozen=True)
-class RollbackRequest:
-    """`launcher rollback`: the previous version back, through deploy's transaction."""
-
-    restart: bool = False
-    grace: float | None = None
-    keep_checkpoints: bool = False
-    wait_lock: float = 0.0
 
 
 @dataclass

@@ -19,8 +19,13 @@ from launcher.cli.params import GRACE, LINES, wait_lock_option
 from launcher.termsafe import sanitize
 
 if TYPE_CHECKING:
-    from launcher.doctor import DoctorRequest
-    from launcher.operate import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
+    from launcher.requests import (
+        DoctorRequest,
+        HistoryRequest,
+        LogsRequest,
+        RollbackRequest,
+        StopRequest,
+    )
 
 
 @click.command("logs")

@@ -13,7 +13,7 @@ from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_opt
 if TYPE_CHECKING:
     from launcher.config import Target
     from launcher.fleet import Outcome
-    from launcher.verify.workflows import SmokeRequest, StatusRequest, VerifyRequest
+    from launcher.requests import SmokeRequest, StatusRequest, VerifyRequest
 
 
 def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | None:

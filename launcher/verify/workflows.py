@@ -11,6 +11,8 @@ from launcher.config import Target
 from launcher.deploy import DeployOptions, DeployReport, run_deploy
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import FleetContext, Outcome
+from launcher.requests import ProbeOverrides as ProbeOverrides  # its home before requests.py
+from launcher.requests import SmokeRequest, StatusRequest, VerifyRequest
 from launcher.ui import progress_text
 from launcher.verify.checks import (
     CheckResult,
@@ -33,33 +35,6 @@ from launcher.verify.prober import (
 )
 from launcher.verify.report import format_rate, latest_line, to_json
 from launcher.verify.samples import RowMemo, Sample
-
-
-@dataclass(frozen=True)
-class ProbeOverrides:
-    wait: float | None = None
-    interval: float | None = None
-    window: float | None = None
-    successes: int | None = None
-    failure_threshold: int | None = None
-
-
-@dataclass(frozen=True)
-class VerifyRequest(ProbeOverrides):
-    """`launcher verify`: the probe's settings that override the playbook's (None: its own)."""
-
-
-@dataclass(frozen=True)
-class StatusRequest:
-    """`launcher status`: one poll, nothing to choose but the target."""
-
-
-@dataclass(frozen=True)
-class SmokeRequest:
-    """`launcher smoke`: `deploy --restart` (waiting `wait_lock` for a lock), then the probe."""
-
-    overrides: ProbeOverrides
-    wait_lock: float = 0.0
 
 
 @dataclass
@@ -255,7 +230,7 @@ def run_probe(
     return result
 
 
-def run_verify(ctx: FleetContext, request: ProbeOverrides) -> VerifyResult:
+def run_verify(ctx: FleetContext, request: VerifyRequest) -> VerifyResult:
     """`launcher verify` on the context's target: the startup probe."""
     return VerifyResult.of(run_probe(ctx, request), ctx.target)
 
