@@ -18,69 +18,22 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from launcher import apiargs as args
 from launcher.cluster import place
-from launcher.commands import CHECKPOINT_MODES, COMMANDS, probe_values
+from launcher.commands import CHECKPOINT_MODES, COMMANDS, probe_values, run
 from launcher.config import Inventory, Target, inventory_path, load_inventory
-from launcher.deploy import CheckpointMode, DeployOptions, DeployReport, Step, deploy
-from launcher.doctor import DoctorResult, doctor
+from launcher.deploy import CheckpointMode, DeployReport
+from launcher.doctor import DoctorResult
 from launcher.errors import ExitCode, UnhealthyError, UsageError
-from launcher.fleet import FleetContext
-from launcher.operate import (
-    HistoryResult,
-    LogsResult,
-    RollbackResult,
-    StopResult,
-    history,
-    logs,
-    rollback,
-    stop,
-)
+from launcher.operate import HistoryResult, LogsResult, RollbackResult, StopResult
 from launcher.transport.connection import Connection
 from launcher.transport.pool import ConnectionPool
-from launcher.verify.lifecycle import State
-from launcher.verify.prober import ProbeResult
-from launcher.verify.workflows import deployed_run, run_probe, status_work
+from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
+from launcher.workflow import Context, Step, StepSink
 
 LineSink = Callable[[str], None]
 __all__ = ["CHECKPOINT_MODES", "Launcher", "SmokeResult", "StatusResult"]
-
-
-@dataclass
-class SmokeResult:
-    """A smoke check: the deploy's report and the probe of the run it started."""
-
-    exit_code: ExitCode
-    deploy: DeployReport
-    probe: ProbeResult
-
-    @property
-    def healthy(self) -> bool:
-        return self.exit_code == ExitCode.OK
-
-
-@dataclass
-class StatusResult:
-    """One poll of the run, judged at once, plus what the last deploy recorded."""
-
-    exit_code: ExitCode
-    summary: str
-    probe: ProbeResult
-    record: dict[str, Any] | None = None  # the newest deploy record in the container
-    log_age: float | None = None  # seconds since the run's log was last written
-
-    @property
-    def healthy(self) -> bool:
-        """Nothing wrong: healthy, starting, deploying or finished (see `state`)."""
-        return self.exit_code == ExitCode.OK
-
-    @property
-    def state(self) -> State | None:
-        """Where the run is in its life (launcher.verify.lifecycle)."""
-        return self.probe.state
 
 
 class Launcher:
@@ -121,9 +74,20 @@ class Launcher:
         target = place(self.target(name), self._pool)
         return target, self._pool.get(target.host_name, target.host)
 
-    def _context(self, name: str | None) -> FleetContext:
+    def _context(
+        self, name: str | None, on_step: StepSink | None = None, on_line: LineSink | None = None
+    ) -> Context:
+        """The workflow's context: the target placed, its connection, progress lines to the
+        Launcher's `on_line`, steps to `on_step` (or nowhere), output lines to `on_line`."""
         target, conn = self._connect(name)
-        return FleetContext(target, conn, threading.Event(), self._say)
+        return Context(
+            target,
+            conn,
+            threading.Event(),
+            self._say,
+            on_step=on_step or (lambda step: None),
+            output=on_line or (lambda line: None),
+        )
 
     # -- workflows ----------------------------------------------------------------------
 
@@ -165,8 +129,8 @@ class Launcher:
             )
         )
         on_step = args.callback("on_step", on_step)
-        resolved, conn = self._connect(target)
-        return deploy(resolved, conn, options, on_step=on_step or (lambda step: None))
+        report: DeployReport = run(self._context(target, on_step), options)
+        return report
 
     def verify(
         self,
@@ -178,17 +142,17 @@ class Launcher:
         successes: int | None = None,
         failure_threshold: int | None = None,
         check: bool = False,
-    ) -> ProbeResult:
+    ) -> VerifyResult:
         """The startup probe. Unset settings come from the playbook's `verify:` section.
 
         The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
-        overrides = COMMANDS["verify"].request(
+        request = COMMANDS["verify"].request(
             probe_values(wait, interval, window, successes, failure_threshold)
         )
         check = args.flag("check", check)
-        result = run_probe(self._context(target), overrides)
+        result: VerifyResult = run(self._context(target), request)
         if check and result.exit_code != ExitCode.OK:
             raise UnhealthyError(f"{result.verdict}: {result.reason}")
         return result
@@ -210,27 +174,22 @@ class Launcher:
         settings = probe_values(wait, interval, window, successes, failure_threshold)
         request = COMMANDS["smoke"].request({**settings, "wait_lock": wait_lock})
         on_step = args.callback("on_step", on_step)
-        ctx = self._context(target)
-        options = DeployOptions(restart=True, wait_lock=request.wait_lock)
-        report = deploy(ctx.target, ctx.conn, options, on_step=on_step or (lambda step: None))
-        probe = run_probe(ctx, request.overrides, expected_run=deployed_run(report.to_json()))
-        return SmokeResult(probe.exit_code, report, probe)
+        result: SmokeResult = run(self._context(target, on_step), request)
+        if result.deploy_error is not None:
+            raise result.deploy_error
+        return result
 
     def status(self, target: str | None = None) -> StatusResult:
         """One poll judged at once, in a lifecycle `state`: exit_code 0 for healthy, starting,
         deploying and finished; 1 for unhealthy, failed, stopped and absent."""
-        COMMANDS["status"].request({})
-        outcome = status_work(self._context(target))
-        data = outcome.data
-        return StatusResult(
-            outcome.exit_code, outcome.summary, data["probe"], data["record"], data["log_age"]
-        )
+        result: StatusResult = run(self._context(target), COMMANDS["status"].request({}))
+        return result
 
     def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
         """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
         request = COMMANDS["stop"].request(dict(grace=grace))
-        resolved, conn = self._connect(target)
-        return stop(resolved, conn, grace=request.grace)
+        result: StopResult = run(self._context(target), request)
+        return result
 
     def logs(
         self,
@@ -245,21 +204,14 @@ class Launcher:
         `on_line` until the run ends."""
         request = COMMANDS["logs"].request(dict(tail=tail, raw=raw, follow=follow))
         on_line = args.callback("on_line", on_line)
-        resolved, conn = self._connect(target)
-        return logs(
-            resolved,
-            conn,
-            tail=request.tail,
-            raw=request.raw,
-            follow=request.follow,
-            on_line=on_line or (lambda _: None),
-        )
+        result: LogsResult = run(self._context(target, on_line=on_line), request)
+        return result
 
     def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
         """The deploy records kept in the container, newest first."""
         request = COMMANDS["history"].request(dict(limit=limit))
-        resolved, conn = self._connect(target)
-        return history(resolved, conn, limit=request.limit)
+        result: HistoryResult = run(self._context(target), request)
+        return result
 
     def rollback(
         self,
@@ -282,21 +234,13 @@ class Launcher:
             )
         )
         on_step = args.callback("on_step", on_step)
-        resolved, conn = self._connect(target)
-        return rollback(
-            resolved,
-            conn,
-            restart=request.restart,
-            grace=request.grace,
-            keep_checkpoints=request.keep_checkpoints,
-            wait_lock=request.wait_lock,
-            on_step=on_step or (lambda step: None),
-        )
+        result: RollbackResult = run(self._context(target, on_step), request)
+        return result
 
     def doctor(self, target: str | None = None) -> DoctorResult:
         """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
-        resolved, conn = self._connect(target)
-        return doctor(resolved, conn)
+        result: DoctorResult = run(self._context(target), COMMANDS["doctor"].request({}))
+        return result
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -12,13 +12,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from launcher import apiargs as args
 from launcher.cli import params
 from launcher.deploy import DeployOptions
 from launcher.errors import UsageError
-from launcher.verify.workflows import ProbeOverrides
+from launcher.requests import (
+    DoctorRequest,
+    HistoryRequest,
+    LogsRequest,
+    RollbackRequest,
+    SmokeRequest,
+    StatusRequest,
+    StopRequest,
+    VerifyRequest,
+)
+
+if TYPE_CHECKING:
+    from launcher.fleet import Outcome, Work
+    from launcher.workflow import Context, Workflow
 
 CHECKPOINT_MODES = ("archive", "purge", "keep")
 
@@ -100,6 +113,12 @@ class Command:
     build: Callable[[dict[str, Any]], Any]
     runner: str
     fleet: bool = True  # accepts several targets (-t a,b, --all, --parallel)
+    request_type: type = object  # what `build` returns: its key in WORKFLOWS
+
+    @property
+    def workflow(self) -> Workflow[Any, Any]:
+        """The command's one run function (the CLI, the API and the tasks all call it)."""
+        return workflow_for(self.request_type)
 
     def request(self, values: Mapping[str, Any]) -> Any:
         """Check every request value and build the workflow's request."""
@@ -162,41 +181,10 @@ def probe_values(
     }
 
 
-def _probe(v: dict[str, Any]) -> ProbeOverrides:
-    return ProbeOverrides(
+def _probe(v: dict[str, Any]) -> VerifyRequest:
+    return VerifyRequest(
         v["wait"], v["interval"], v["window"], v["successes"], v["failure_threshold"]
     )
-
-
-@dataclass(frozen=True)
-class SmokeRequest:
-    overrides: ProbeOverrides
-    wait_lock: float
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    grace: float | None
-
-
-@dataclass(frozen=True)
-class LogsRequest:
-    tail: int
-    follow: bool
-    raw: bool
-
-
-@dataclass(frozen=True)
-class HistoryRequest:
-    limit: int
-
-
-@dataclass(frozen=True)
-class RollbackRequest:
-    restart: bool
-    grace: float | None
-    keep_checkpoints: bool
-    wait_lock: float
 
 
 def _flag(name: str, text: str, *, cli: tuple[str, ...] = (), request: bool = True) -> Param:
@@ -267,6 +255,7 @@ COMMANDS: dict[str, Command] = {
             ),
             _deploy,
             "launcher.cli.deploy:run_deploy",
+            request_type=DeployOptions,
         ),
         Command(
             "verify",
@@ -274,6 +263,7 @@ COMMANDS: dict[str, Command] = {
             PROBE,
             _probe,
             "launcher.cli.verify:run_verify",
+            request_type=VerifyRequest,
         ),
         Command(
             "smoke",
@@ -281,13 +271,15 @@ COMMANDS: dict[str, Command] = {
             (*PROBE, WAIT_LOCK),
             lambda v: SmokeRequest(_probe(v), v["wait_lock"] or 0.0),
             "launcher.cli.verify:run_smoke",
+            request_type=SmokeRequest,
         ),
         Command(
             "status",
             "One poll of the run, judged at once: exit 0 healthy, 1 not.",
             (JSON, _flag("verbose", "Show every check with its expectation.", request=False)),
-            lambda v: None,
+            lambda v: StatusRequest(),
             "launcher.cli.verify:run_status",
+            request_type=StatusRequest,
         ),
         Command(
             "stop",
@@ -295,6 +287,7 @@ COMMANDS: dict[str, Command] = {
             (Param("grace", "duration", GRACE_HELP, type=params.GRACE),),
             lambda v: StopRequest(v["grace"]),
             "launcher.cli.operate:run_stop",
+            request_type=StopRequest,
         ),
         Command(
             "logs",
@@ -310,6 +303,7 @@ COMMANDS: dict[str, Command] = {
             lambda v: LogsRequest(v["tail"], v["follow"], v["raw"]),
             "launcher.cli.operate:run_logs",
             fleet=False,
+            request_type=LogsRequest,
         ),
         Command(
             "history",
@@ -320,6 +314,7 @@ COMMANDS: dict[str, Command] = {
             ),
             lambda v: HistoryRequest(v["limit"]),
             "launcher.cli.operate:run_history",
+            request_type=HistoryRequest,
         ),
         Command(
             "rollback",
@@ -334,6 +329,63 @@ COMMANDS: dict[str, Command] = {
                 v["restart"], v["grace"], v["keep_checkpoints"], v["wait_lock"] or 0.0
             ),
             "launcher.cli.operate:run_rollback",
+            request_type=RollbackRequest,
+        ),
+        Command(
+            "doctor",
+            "Check everything a deploy needs, and say how to fix what is wrong.",
+            (_flag("json", "Print the checks as JSON.", cli=("as_json",), request=False),),
+            lambda v: DoctorRequest(),
+            "launcher.cli.operate:run_doctor",
+            request_type=DoctorRequest,
         ),
     )
 }
+
+# Each request type and the one function that runs it on a target (`launcher.workflow`), as
+# `module:function`: a command loads its own workflow module, not every command's.
+WORKFLOWS: dict[type, str] = {
+    DeployOptions: "launcher.deploy:run_deploy",
+    VerifyRequest: "launcher.verify.workflows:run_verify",
+    SmokeRequest: "launcher.verify.workflows:run_smoke",
+    StatusRequest: "launcher.verify.workflows:run_status",
+    StopRequest: "launcher.operate:run_stop",
+    LogsRequest: "launcher.operate:run_logs",
+    HistoryRequest: "launcher.operate:run_history",
+    RollbackRequest: "launcher.operate:run_rollback",
+    DoctorRequest: "launcher.doctor:run_doctor",
+}
+
+# A result as a row of a fleet's table (its summary, and what the CLI renders it from).
+ROWS: dict[type, str] = {
+    DeployOptions: "launcher.deploy:deploy_row",
+    VerifyRequest: "launcher.verify.workflows:verify_row",
+    SmokeRequest: "launcher.verify.workflows:smoke_row",
+    StatusRequest: "launcher.verify.workflows:status_row",
+    StopRequest: "launcher.operate:stop_row",
+    HistoryRequest: "launcher.operate:history_row",
+    RollbackRequest: "launcher.operate:rollback_row",
+    DoctorRequest: "launcher.doctor:doctor_row",
+}
+
+
+def _resolve(where: str) -> Any:
+    module, _, function = where.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def workflow_for(request_type: type) -> Workflow[Any, Any]:
+    """The run function of a request type (KeyError: not a command's request)."""
+    return cast("Workflow[Any, Any]", _resolve(WORKFLOWS[request_type]))
+
+
+def run(ctx: Context, request: Any) -> Any:
+    """The request's workflow on the context's target: the one call the CLI, `api.Launcher`
+    and the Fabric tasks make."""
+    return workflow_for(type(request))(ctx, request)
+
+
+def work(request: Any) -> Work:
+    """The request as a fleet's work (`fleet.run_fleet`, `fleet.run_one`): run, then its row."""
+    row: Callable[[Context, Any], Outcome] = _resolve(ROWS[type(request)])
+    return lambda ctx: row(ctx, run(ctx, request))

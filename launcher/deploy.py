@@ -31,10 +31,11 @@ from launcher.errors import (
     LauncherError,
     UsageError,
 )
-from launcher.fleet import FleetContext, Outcome
+from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
-from launcher.ui import step_line
 from launcher.version import __version__
+from launcher.workflow import Context, StepSink
+from launcher.workflow import Step as Step  # its home before workflow.py
 
 if TYPE_CHECKING:
     from launcher.releases import PreparedRelease
@@ -68,13 +69,6 @@ class DeployOptions:
     job: str | None = None
 
 
-@dataclass(frozen=True)
-class Step:
-    name: str
-    status: str  # ok | unchanged | skipped | failed | planned | warning
-    detail: str
-
-
 @dataclass
 class DeployReport:
     """A deploy that went through (a failed one raises a LauncherError instead)."""
@@ -83,6 +77,11 @@ class DeployReport:
     steps: list[Step] = field(default_factory=list)
     sha256: str = ""
     result: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""  # one line: what was deployed where (a fleet table's row)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.OK
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,7 +95,6 @@ class DeployReport:
         }
 
 
-StepSink = Callable[[Step], None]
 EmitFn = Callable[[str, str, str], None]
 
 
@@ -467,26 +465,29 @@ def _emit_agent_steps(
         emit(step.get("name", "?"), step.get("status", "?"), step.get("detail", ""))
 
 
-def deploy_work(options: DeployOptions) -> Callable[[FleetContext], Outcome]:
-    """Deploy as a fleet workflow: step lines go to the target's output, the report to the row."""
+# `launcher deploy`'s request: the options, as the CLI, the API and the tasks build them.
+DeployRequest = DeployOptions
 
-    def work(ctx: FleetContext) -> Outcome:
-        target = ctx.target
 
-        def show(step: Step) -> None:
-            ctx.say(step_line(step.name, step.status, step.detail))
+def run_deploy(ctx: Context, request: DeployOptions) -> DeployReport:
+    """`launcher deploy` on the context's target: steps to the context as they happen."""
+    target = ctx.target
+    report = deploy(target, ctx.conn, request, on_step=ctx.step)
+    if request.dry_run:
+        report.summary = f"dry run: nothing was changed on {target.label}"
+    elif "release" in report.result:
+        info = report.result["release"]
+        report.summary = (
+            f"deployed {target.label}: release {info.get('id')} (manifest "
+            f"{str(info.get('manifest_sha256'))[:12]}), {info.get('sent_files')} file(s) sent"
+        )
+    else:
+        report.summary = f"deployed {target.label}: sha256 {report.sha256[:12]}"
+    return report
 
-        report = deploy(target, ctx.conn, options, on_step=show)
-        if options.dry_run:
-            summary = f"dry run: nothing was changed on {target.label}"
-        elif "release" in report.result:
-            info = report.result["release"]
-            summary = (
-                f"deployed {target.label}: release {info.get('id')} (manifest "
-                f"{str(info.get('manifest_sha256'))[:12]}), {info.get('sent_files')} file(s) sent"
-            )
-        else:
-            summary = f"deployed {target.label}: sha256 {report.sha256[:12]}"
-        return Outcome(target.name, ExitCode.OK, summary, report.to_json())
 
-    return work
+def deploy_row(ctx: Context, report: DeployReport) -> Outcome:
+    """A deploy's row of a fleet's table; its JSON item is the report's."""
+    return Outcome(
+        ctx.target.name, report.exit_code, report.summary, report.to_json(), value=report
+    )

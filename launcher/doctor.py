@@ -8,7 +8,7 @@ changed), so doctor, `deploy --dry-run` and the deploy itself run the same check
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from launcher.agentclient import ERROR_KINDS, AgentClient, AgentFailure, container_for
 from launcher.config import Target
@@ -24,7 +24,10 @@ from launcher.errors import (
     RemoteError,
     UsageError,
 )
+from launcher.fleet import Outcome
 from launcher.protocol import ReleaseSpec, TransactionAnswer
+from launcher.requests import DoctorRequest
+from launcher.workflow import Context, Step
 
 MIB = 1024 * 1024
 
@@ -43,6 +46,38 @@ class DoctorResult:
     exit_code: ExitCode
     summary: str
     checks: list[Check] = field(default_factory=list)
+    target: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The target's item of `doctor --json` (schema launcher.doctor/1)."""
+        return {
+            "target": self.target,
+            "exit_code": int(self.exit_code),
+            "summary": self.summary,
+            "checks": [
+                {"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix}
+                for c in self.checks
+            ],
+        }
+
+
+def run_doctor(ctx: Context, request: DoctorRequest) -> DoctorResult:
+    """`launcher doctor` on the context's target: each check a step, with its fix."""
+    result = doctor(ctx.target, ctx.conn)
+    result.target = ctx.target.name
+    for check in result.checks:
+        ctx.step(Step(check.name, check.status, check.detail + check_fix(check)))
+    return result
+
+
+def check_fix(check: Check) -> str:
+    return f"  fix: {check.fix}" if check.fix else ""
+
+
+def doctor_row(ctx: Context, result: DoctorResult) -> Outcome:
+    return Outcome(
+        ctx.target.name, result.exit_code, result.summary, result.to_json(), value=result
+    )
 
 
 class _Checks:

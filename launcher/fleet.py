@@ -20,6 +20,7 @@ from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
 from launcher.transport.pool import ConnectionPool
+from launcher.workflow import Cancelled, Context
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
     # The error that stopped this target, already printed on stderr (never again on stdout).
     error: str | None = None
+    # The run function's typed result (launcher.workflow.Result), when it returned one.
+    value: Any = None
 
     @property
     def result(self) -> str:
@@ -45,22 +48,8 @@ class Outcome:
         }[self.exit_code]
 
 
-class Cancelled(Exception):
-    """Raised inside a worker when the fleet run was interrupted."""
-
-
-@dataclass
-class FleetContext:
-    """Handed to each worker: its connection, a cancellable sleep and a line printer."""
-
-    target: Target
-    conn: HostConnection
-    cancel: threading.Event
-    say: Callable[[str], None]
-
-    def sleep(self, seconds: float) -> None:
-        if self.cancel.wait(seconds):
-            raise Cancelled()
+# A run function's context; the names fleet's callers have always used.
+FleetContext = Context
 
 
 Work = Callable[[FleetContext], Outcome]
@@ -86,10 +75,21 @@ def connections_for(targets: Sequence[Target]) -> Iterator[Callable[[Target], Ho
         yield lambda t: pool.get(t.host_name, t.host, targets=per_host[t.host_name])
 
 
-def run_one(target: Target, work: Work, *, say: Callable[[str], None]) -> Outcome:
-    """`work` for one target, in this thread (errors propagate: the caller shows them once)."""
+def run_one(
+    target: Target,
+    work: Callable[[Context], T],
+    *,
+    say: Callable[[str], None],
+    output: Callable[[str], None] = lambda line: None,
+    raw_output: Callable[[bytes], None] | None = None,
+) -> T:
+    """`work` for one target, in this thread (errors propagate: the caller shows them once);
+    `output` takes what the command prints as its result (logs' lines)."""
     return on_target(
-        target, lambda placed, conn: work(FleetContext(placed, conn, threading.Event(), say))
+        target,
+        lambda placed, conn: work(
+            Context(placed, conn, threading.Event(), say, output=output, raw_output=raw_output)
+        ),
     )
 
 
@@ -185,6 +185,34 @@ def error_outcome(target: str, error: LauncherError) -> Outcome:
 def _state(outcome: Outcome) -> str:
     verdict = getattr(outcome.data.get("probe"), "verdict", None)
     return verdict if isinstance(verdict, str) else outcome.result
+
+
+@dataclass
+class FleetResult:
+    """A command's result on all its targets (one or several, `-t a,b`, `--all`): a row each,
+    in the order of the targets; the exit code is the worst, the summary the closing table,
+    the JSON form the command's envelope (launcher/jsonout.py)."""
+
+    command: str
+    outcomes: list[Outcome]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return worst([o.exit_code for o in self.outcomes])
+
+    @property
+    def summary(self) -> str:
+        return render_table(self.outcomes, title=self.command)
+
+    def items(self) -> list[dict[str, Any]]:
+        """Each target's JSON item: its result's, else (it failed before one) its error's."""
+        return [o.data if o.value is None else o.value.to_json() for o in self.outcomes]
+
+    def to_json(self, items: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+        from launcher.jsonout import envelope
+
+        chosen = self.items() if items is None else items
+        return envelope(self.command, chosen, exit_code=int(self.exit_code))
 
 
 def render_table(outcomes: Sequence[Outcome], *, title: str) -> str:

@@ -20,18 +20,19 @@ from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
-from launcher.fleet import Cancelled, FleetContext, Outcome
+from launcher.fleet import FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
+from launcher.requests import ProbeOverrides
 from launcher.verify.pane import PaneState
 from launcher.verify.poll import poll_once
 from launcher.verify.workflows import (
-    ProbeOverrides,
     probe_summary,
     run_probe,
     settings_for,
     status_work,
 )
+from launcher.workflow import Cancelled
 
 # torchrun's elastic agent on a worker's end: "failed (exitcode: 1) local_rank: 0 (pid: N)".
 WORKER_EXIT_RE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")

@@ -20,7 +20,7 @@ from launcher.errors import ExitCode
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, Say, deploy_job
 from launcher.jobverify import status_job, verify_job
-from launcher.verify.workflows import ProbeOverrides
+from launcher.requests import ProbeOverrides
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,15 @@ from launcher import protocol as p
 from launcher.agentclient import AgentClient, container_for
 from launcher.config import Target
 from launcher.container import HostConnection, exec_command
-from launcher.deploy import (
-    Step,
-    operator_info,
-    run_transaction,
-    transaction_request,
-)
+from launcher.deploy import operator_info, run_transaction, transaction_request
 from launcher.errors import ExitCode, LauncherError
+from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
+from launcher.requests import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.transport.endpoint import Endpoint
 from launcher.verify.poll import poll_once
+from launcher.workflow import Context, Step
 
 LineSink = Callable[[str], None]
 ByteSink = Callable[[bytes], None]
@@ -64,6 +62,32 @@ class LogsResult:
     followed: bool = False
     ended: dict[str, Any] | None = None  # how the run ended while followed
     interrupted: bool = False  # Ctrl-C stopped the following (the run goes on)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": int(self.exit_code),
+            "summary": self.summary,
+            "source": self.source,
+            "log_file": self.log_file,
+            "lines": self.lines,
+            "session": self.session,
+            "followed": self.followed,
+            "ended": self.ended,
+            "interrupted": self.interrupted,
+        }
+
+
+def run_logs(ctx: Context, request: LogsRequest) -> LogsResult:
+    """`launcher logs` on the context's target."""
+    return logs(
+        ctx.target,
+        ctx.conn,
+        tail=request.tail,
+        raw=request.raw,
+        follow=request.follow,
+        on_line=ctx.output,
+        raw_bytes=ctx.raw_output,
+    )
 
 
 class LineSplitter:
@@ -234,6 +258,36 @@ class StopResult:
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def line(self) -> str:
+        """The summary as `launcher stop` prints it (and a fleet's row)."""
+        stopped_something = bool(self.steps) and not self.exit_code
+        return self.summary + ("; checkpoints untouched" if stopped_something else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": int(self.exit_code),
+            "summary": self.summary,
+            "session": self.session,
+            "stopped": self.stopped,
+            "steps": [step.__dict__ for step in self.steps],
+            "warnings": self.warnings,
+        }
+
+
+def run_stop(ctx: Context, request: StopRequest) -> StopResult:
+    """`launcher stop` on the context's target: its steps and warnings to the context."""
+    result = stop(ctx.target, ctx.conn, grace=request.grace)
+    for step in result.steps:
+        ctx.step(step)
+    for warning in result.warnings:
+        ctx.step(Step("warning", "warning", warning))
+    return result
+
+
+def stop_row(ctx: Context, result: StopResult) -> Outcome:
+    return Outcome(ctx.target.name, result.exit_code, result.line, value=result)
+
 
 def stop(target: Target, conn: HostConnection, *, grace: float | None = None) -> StopResult:
     """The deploy's graceful stop on its own: C-c, wait, kill the session and what is left of
@@ -359,6 +413,29 @@ class HistoryResult:
     summary: str
     path: str
     records: list[dict[str, Any]] = field(default_factory=list)  # newest first
+    target: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The target's item of `history --json` (schema launcher.history/1)."""
+        return {
+            "target": self.target,
+            "exit_code": int(self.exit_code),
+            "path": self.path,
+            "records": self.records,
+        }
+
+
+def run_history(ctx: Context, request: HistoryRequest) -> HistoryResult:
+    """`launcher history` on the context's target."""
+    result = history(ctx.target, ctx.conn, limit=request.limit)
+    result.target = ctx.target.name
+    return result
+
+
+def history_row(ctx: Context, result: HistoryResult) -> Outcome:
+    return Outcome(
+        ctx.target.name, result.exit_code, result.summary, result.to_json(), value=result
+    )
 
 
 def history(target: Target, conn: HostConnection, *, limit: int = 0) -> HistoryResult:
@@ -439,6 +516,33 @@ class RollbackResult:
     rolled_back_from: str | None = None
     steps: list[Step] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": int(self.exit_code),
+            "summary": self.summary,
+            "sha256": self.sha256,
+            "rolled_back_from": self.rolled_back_from,
+            "steps": [step.__dict__ for step in self.steps],
+            "result": self.result,
+        }
+
+
+def run_rollback(ctx: Context, request: RollbackRequest) -> RollbackResult:
+    """`launcher rollback` on the context's target: steps to the context as they happen."""
+    return rollback(
+        ctx.target,
+        ctx.conn,
+        restart=request.restart,
+        grace=request.grace,
+        keep_checkpoints=request.keep_checkpoints,
+        wait_lock=request.wait_lock,
+        on_step=ctx.step,
+    )
+
+
+def rollback_row(ctx: Context, result: RollbackResult) -> Outcome:
+    return Outcome(ctx.target.name, result.exit_code, result.summary, value=result)
 
 
 def rollback(

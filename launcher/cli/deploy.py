@@ -109,11 +109,11 @@ def deploy_command(
 def run_deploy(app: AppContext, options: DeployOptions, *, json: bool) -> None:
     """Deploy on the app's targets and show the result (also `launcher.tasks.deploy`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
-    from launcher.deploy import deploy_work
+    from launcher.commands import work
 
-    outcomes = run_on_targets(app, deploy_work(options))
+    outcomes = run_on_targets(app, work(options))
     if json:
-        emit_json("deploy", outcomes, [o.data for o in outcomes])
+        emit_json("deploy", outcomes)
     else:
         say_result(outcomes)
     exit_with(outcomes, title="deploy", table=not json)

@@ -152,7 +152,7 @@ def verify_command(
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 a node unreachable.
     """
     from launcher.jobverify import verify_job
-    from launcher.verify.workflows import ProbeOverrides
+    from launcher.requests import ProbeOverrides
 
     overrides = ProbeOverrides(wait=wait, interval=interval, successes=successes)
     result = _run(app, name, lambda j, nodes: verify_job(j, nodes, overrides, _say(app)))

@@ -19,7 +19,13 @@ from launcher.cli.params import GRACE, LINES, wait_lock_option
 from launcher.termsafe import sanitize
 
 if TYPE_CHECKING:
-    from launcher.commands import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
+    from launcher.requests import (
+        DoctorRequest,
+        HistoryRequest,
+        LogsRequest,
+        RollbackRequest,
+        StopRequest,
+    )
 
 
 @click.command("logs")
@@ -72,9 +78,10 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
 
 def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     """The run's log on one target (also `launcher.tasks.logs`)."""
+    from launcher.commands import run
     from launcher.errors import UsageError
-    from launcher.fleet import on_target
-    from launcher.operate import logs
+    from launcher.fleet import run_one
+    from launcher.operate import LogsResult
 
     target = app.target()
     if raw_bytes and sys.stdout.isatty():
@@ -90,17 +97,12 @@ def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 
-    result = on_target(
+    result: LogsResult = run_one(
         target,
-        lambda placed, conn: logs(
-            placed,
-            conn,
-            tail=request.tail,
-            raw=request.raw,
-            follow=request.follow,
-            on_line=show,
-            raw_bytes=write if raw_bytes else None,
-        ),
+        lambda ctx: run(ctx, request),
+        say=lambda _: None,
+        output=show,
+        raw_output=write if raw_bytes else None,
     )
     if result.exit_code or request.follow:
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
@@ -139,21 +141,9 @@ def stop_command(app: AppContext, grace: float | None) -> None:
 def run_stop(app: AppContext, request: StopRequest) -> None:
     """Stop the run on the app's targets (also `launcher.tasks.stop`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
-    from launcher.fleet import FleetContext, Outcome
-    from launcher.operate import stop
-    from launcher.ui import step_line
+    from launcher.commands import work
 
-    def work(ctx: FleetContext) -> Outcome:
-        result = stop(ctx.target, ctx.conn, grace=request.grace)
-        for step in result.steps:
-            ctx.say(step_line(step.name, step.status, step.detail))
-        for warning in result.warnings:
-            ctx.say(step_line("warning", "warning", warning))
-        stopped_something = bool(result.steps) and not result.exit_code
-        summary = result.summary + ("; checkpoints untouched" if stopped_something else "")
-        return Outcome(ctx.target.name, result.exit_code, summary)
-
-    outcomes = run_on_targets(app, work)
+    outcomes = run_on_targets(app, work(request))
     say_result(outcomes)
     exit_with(outcomes, title="stop")
 
@@ -224,24 +214,12 @@ def history_command(app: AppContext, as_json: bool, limit: int) -> None:
 def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None:
     """The deploy records on the app's targets (also `launcher.tasks.history`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
-    from launcher.fleet import FleetContext, Outcome
-    from launcher.operate import history, history_lines
+    from launcher.commands import work
+    from launcher.operate import history_lines
 
-    as_json = json
-
-    def work(ctx: FleetContext) -> Outcome:
-        result = history(ctx.target, ctx.conn, limit=request.limit)
-        item = {
-            "target": ctx.target.name,
-            "exit_code": int(result.exit_code),
-            "path": result.path,
-            "records": result.records,
-        }
-        return Outcome(ctx.target.name, result.exit_code, result.summary, item)
-
-    outcomes = run_on_targets(app, work)
-    if as_json:
-        emit_json("history", outcomes, [o.data for o in outcomes])
+    outcomes = run_on_targets(app, work(request))
+    if json:
+        emit_json("history", outcomes)
         exit_with(outcomes, title="history", table=False)
     for outcome in outcomes:
         if outcome.error is not None:
@@ -297,26 +275,9 @@ def rollback_command(
 def run_rollback(app: AppContext, request: RollbackRequest) -> None:
     """Roll back on the app's targets (also `launcher.tasks.rollback`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
-    from launcher.fleet import FleetContext, Outcome
-    from launcher.operate import rollback
-    from launcher.ui import step_line
+    from launcher.commands import work
 
-    def work(ctx: FleetContext) -> Outcome:
-        def show(step: object) -> None:
-            ctx.say(step_line(step.name, step.status, step.detail))  # type: ignore[attr-defined]
-
-        result = rollback(
-            ctx.target,
-            ctx.conn,
-            restart=request.restart,
-            grace=request.grace,
-            keep_checkpoints=request.keep_checkpoints,
-            wait_lock=request.wait_lock,
-            on_step=show,
-        )
-        return Outcome(ctx.target.name, result.exit_code, result.summary)
-
-    outcomes = run_on_targets(app, work)
+    outcomes = run_on_targets(app, work(request))
     say_result(outcomes)
     exit_with(outcomes, title="rollback")
 
@@ -341,10 +302,18 @@ def doctor_command(app: AppContext, as_json: bool) -> None:
     Exit codes: 0 all pass; else the first failure's: 2 config, 3 host or container, 4 lock;
     a fleet: the worst.
     """
+    from launcher.commands import COMMANDS
+
+    COMMANDS["doctor"].run(app, {"json": as_json})
+
+
+def run_doctor(app: AppContext, request: DoctorRequest, *, json: bool) -> None:
+    """Every check on the app's targets (also `launcher.tasks.doctor`). An inventory that
+    does not load is doctor's first failed check, not an error."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
-    from launcher.doctor import config_failed, doctor
+    from launcher.commands import work
+    from launcher.doctor import check_fix, config_failed
     from launcher.errors import LauncherError, UsageError
-    from launcher.fleet import FleetContext, Outcome
     from launcher.ui import progress_line, step_line
 
     try:
@@ -354,33 +323,16 @@ def doctor_command(app: AppContext, as_json: bool) -> None:
             error = UsageError(error.message)
         failed = config_failed(error)
         for check in failed.checks:
-            fix = f"  fix: {check.fix}" if check.fix else ""
-            progress_line(step_line(check.name, check.status, check.detail + fix))
+            progress_line(step_line(check.name, check.status, check.detail + check_fix(check)))
         click.echo(failed.summary, err=True)
         sys.exit(int(failed.exit_code))
 
-    def work(ctx: FleetContext) -> Outcome:
-        result = doctor(ctx.target, ctx.conn)
-        for check in result.checks:
-            fix = f"  fix: {check.fix}" if check.fix else ""
-            ctx.say(step_line(check.name, check.status, check.detail + fix))
-        item = {
-            "target": ctx.target.name,
-            "exit_code": int(result.exit_code),
-            "summary": result.summary,
-            "checks": [
-                {"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix}
-                for c in result.checks
-            ],
-        }
-        return Outcome(ctx.target.name, result.exit_code, result.summary, item)
-
-    outcomes = run_on_targets(app, work)
-    if as_json:
-        emit_json("doctor", outcomes, [o.data for o in outcomes])
+    outcomes = run_on_targets(app, work(request))
+    if json:
+        emit_json("doctor", outcomes)
     else:
         say_result(outcomes)
-    exit_with(outcomes, title="doctor", table=not as_json)
+    exit_with(outcomes, title="doctor", table=not json)
 
 
 @click.command("disconnect")

@@ -12,16 +12,8 @@ from typing import Any
 import click
 
 from launcher.cli.context import AppContext, print_error
-from launcher.errors import ExitCode, LauncherError
-from launcher.fleet import (
-    Outcome,
-    Work,
-    error_outcome,
-    render_table,
-    run_fleet,
-    run_one,
-    worst,
-)
+from launcher.errors import LauncherError
+from launcher.fleet import FleetResult, Outcome, Work, error_outcome, run_fleet, run_one
 
 
 def run_on_targets(
@@ -58,15 +50,14 @@ def say_result(outcomes: Sequence[Outcome]) -> None:
         click.echo(sanitize(outcomes[0].summary, keep_sgr=False))
 
 
-def emit_json(command: str, outcomes: Sequence[Outcome], items: Sequence[dict[str, Any]]) -> None:
-    """The command's envelope (launcher/jsonout.py) on stdout."""
-    from launcher.jsonout import emit, envelope
+def emit_json(
+    command: str, outcomes: Sequence[Outcome], items: Sequence[dict[str, Any]] | None = None
+) -> None:
+    """The command's envelope (launcher/jsonout.py) on stdout; `items`: each target's item,
+    when not its result's own JSON form."""
+    from launcher.jsonout import emit
 
-    emit(envelope(command, items, exit_code=overall(outcomes)))
-
-
-def overall(outcomes: Sequence[Outcome]) -> int:
-    return int(worst([o.exit_code for o in outcomes]) if outcomes else ExitCode.OK)
+    emit(FleetResult(command, list(outcomes)).to_json(items))
 
 
 def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) -> None:
@@ -74,7 +65,8 @@ def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) ->
     and annotations under GitHub Actions, then the code."""
     from launcher import ci
 
+    result = FleetResult(title, list(outcomes))
     if table and len(outcomes) > 1:
-        click.echo(render_table(outcomes, title=title))
+        click.echo(result.summary)
     ci.report(title, outcomes)
-    raise SystemExit(overall(outcomes))
+    raise SystemExit(int(result.exit_code))

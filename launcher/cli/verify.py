@@ -11,10 +11,9 @@ from launcher.cli.context import AppContext, fleet_options, pass_app
 from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
 
 if TYPE_CHECKING:
-    from launcher.commands import SmokeRequest
     from launcher.config import Target
     from launcher.fleet import Outcome
-    from launcher.verify.workflows import ProbeOverrides
+    from launcher.requests import SmokeRequest, StatusRequest, VerifyRequest
 
 
 def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | None:
@@ -143,7 +142,7 @@ def verify_command(
 
 def run_verify(
     app: AppContext,
-    overrides: ProbeOverrides,
+    request: VerifyRequest,
     *,
     json: bool,
     junit: str | Path | None,
@@ -152,10 +151,10 @@ def run_verify(
 ) -> None:
     """The probe on the app's targets, its reports (also `launcher.tasks.verify`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.verify.workflows import verify_work
+    from launcher.commands import work
 
     junit, report = _paths(junit, report)
-    outcomes = run_on_targets(app, verify_work(overrides), live=True)
+    outcomes = run_on_targets(app, work(request), live=True)
     _report(app, outcomes, command="verify", as_json=json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "verify")
     exit_with(outcomes, title="verify", table=not json)
@@ -221,10 +220,10 @@ def run_smoke(
 ) -> None:
     """Deploy, then the probe, on the app's targets (also `launcher.tasks.smoke`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.verify.workflows import smoke_work
+    from launcher.commands import work
 
     junit, report = _paths(junit, report)
-    outcomes = run_on_targets(app, smoke_work(request.overrides, wait_lock=request.wait_lock))
+    outcomes = run_on_targets(app, work(request))
     _report(app, outcomes, command="smoke", as_json=json, junit=junit, verbose=verbose)
     _html_report(app, outcomes, report, "smoke")
     exit_with(outcomes, title="smoke", table=not json)
@@ -252,12 +251,12 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     COMMANDS["status"].run(app, {"json": as_json, "verbose": verbose})
 
 
-def run_status(app: AppContext, request: None, *, json: bool, verbose: bool) -> None:
+def run_status(app: AppContext, request: StatusRequest, *, json: bool, verbose: bool) -> None:
     """One poll on the app's targets (also `launcher.tasks.status`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.verify.workflows import status_work
+    from launcher.commands import work
 
-    outcomes = run_on_targets(app, status_work, quiet=True)
+    outcomes = run_on_targets(app, work(request), quiet=True)
     if json or len(outcomes) == 1:
         _report(app, outcomes, command="status", as_json=json, junit=None, verbose=verbose)
     exit_with(outcomes, title="status", table=not json)
@@ -273,7 +272,7 @@ def _report(
     verbose: bool = False,
 ) -> None:
     from launcher.cli.targets import emit_json
-    from launcher.verify.report import render_status, render_text, to_json, to_junit
+    from launcher.verify.report import render_status, render_text, to_junit
 
     targets = {t.name: t for t in app.targets()}
     documents: list[dict[str, Any]] = []
@@ -289,20 +288,7 @@ def _report(
                 click.echo(f"{outcome.target}: {outcome.summary}")
             continue
         if as_json:  # a summary of every sample: only for the JSON document
-            document = to_json(outcome.target, probe, queues)
-            if "record" in outcome.data:
-                document["deployed"] = outcome.data.get("record")
-                document["log_age"] = outcome.data.get("log_age")
-                if "gpus" in outcome.data:
-                    document["gpus"] = outcome.data.get("gpus")
-            if deploy is not None:
-                document = {
-                    "target": outcome.target,
-                    "exit_code": int(outcome.exit_code),
-                    "deploy": deploy,
-                    "verify": document,
-                }
-            documents.append(document)
+            documents.append(outcome.value.to_json())
         runs.append((outcome.target, probe, deploy))
         if not as_json and (len(outcomes) == 1 or outcome.exit_code):
             if "record" in outcome.data:

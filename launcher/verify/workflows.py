@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from launcher.agentclient import container_for
 from launcher.config import Target
-from launcher.deploy import DeployOptions, deploy_work
-from launcher.errors import LauncherError
-from launcher.fleet import FleetContext, Outcome, Work
+from launcher.deploy import DeployOptions, DeployReport, run_deploy
+from launcher.errors import ExitCode, LauncherError
+from launcher.fleet import FleetContext, Outcome
+from launcher.requests import ProbeOverrides as ProbeOverrides  # its home before requests.py
+from launcher.requests import SmokeRequest, StatusRequest, VerifyRequest
 from launcher.ui import progress_text
 from launcher.verify.checks import (
     CheckResult,
@@ -31,17 +33,109 @@ from launcher.verify.prober import (
     ProbeResult,
     ProbeSettings,
 )
-from launcher.verify.report import format_rate, latest_line
+from launcher.verify.report import format_rate, latest_line, to_json
 from launcher.verify.samples import RowMemo, Sample
 
 
-@dataclass(frozen=True)
-class ProbeOverrides:
-    wait: float | None = None
-    interval: float | None = None
-    window: float | None = None
-    successes: int | None = None
-    failure_threshold: int | None = None
+@dataclass
+class VerifyResult(ProbeResult):
+    """A probe of one target, with what its JSON form and summary need."""
+
+    target: str = ""
+    queues: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, probe: ProbeResult, target: Target) -> VerifyResult:
+        values = {f.name: getattr(probe, f.name) for f in fields(ProbeResult)}
+        return cls(**values, target=target.name, queues=list(target.playbook.spec.verify.queues))
+
+    @property
+    def summary(self) -> str:
+        return probe_summary(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self.target, self, self.queues)
+
+
+@dataclass
+class StatusResult:
+    """One poll of the run, judged at once, plus what the last deploy recorded."""
+
+    exit_code: ExitCode
+    summary: str
+    probe: ProbeResult
+    record: dict[str, Any] | None = None  # the newest deploy record in the container
+    log_age: float | None = None  # seconds since the run's log was last written
+    target: str = ""
+    queues: list[str] = field(default_factory=list)
+    gpus: Any = None  # the poll's GPU facts (protocol.PollGpus), when it has them
+    has_gpus: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing wrong: healthy, starting, deploying or finished (see `state`)."""
+        return self.exit_code == ExitCode.OK
+
+    @property
+    def state(self) -> State | None:
+        """Where the run is in its life (launcher.verify.lifecycle)."""
+        return self.probe.state
+
+    def details(self) -> dict[str, Any]:
+        """What `render_status` shows besides the probe."""
+        extra: dict[str, Any] = {"record": self.record, "log_age": self.log_age}
+        if self.has_gpus:
+            extra["gpus"] = self.gpus
+        return extra
+
+    def to_json(self) -> dict[str, Any]:
+        document = to_json(self.target, self.probe, self.queues)
+        document["deployed"] = self.record
+        document["log_age"] = self.log_age
+        if self.has_gpus:
+            document["gpus"] = self.gpus
+        return document
+
+
+@dataclass
+class SmokeResult:
+    """A smoke check: the deploy's report and the probe of the run it started; or the error
+    that stopped the deploy (no probe then)."""
+
+    exit_code: ExitCode
+    deploy: DeployReport | None
+    probe: VerifyResult | None
+    target: str = ""
+    deploy_error: LauncherError | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.exit_code == ExitCode.OK
+
+    @property
+    def summary(self) -> str:
+        if self.deploy_error is not None or self.probe is None:
+            message = self.deploy_error.message if self.deploy_error else "not deployed"
+            return f"deploy failed: {message}"
+        return self.probe.summary
+
+    def deploy_json(self) -> dict[str, Any]:
+        if self.deploy is not None:
+            return self.deploy.to_json()
+        error = self.deploy_error
+        return {
+            "ok": False,
+            "exit_code": int(error.exit_code if error else self.exit_code),
+            "error": error.message if error else self.summary,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "exit_code": int(self.exit_code),
+            "deploy": self.deploy_json(),
+            "verify": None if self.probe is None else self.probe.to_json(),
+        }
 
 
 def settings_for(target: Target, overrides: ProbeOverrides) -> ProbeSettings:
@@ -136,12 +230,15 @@ def run_probe(
     return result
 
 
-def verify_work(overrides: ProbeOverrides) -> Work:
-    def work(ctx: FleetContext) -> Outcome:
-        probe = run_probe(ctx, overrides)
-        return Outcome(ctx.target.name, probe.exit_code, probe_summary(probe), {"probe": probe})
+def run_verify(ctx: FleetContext, request: VerifyRequest) -> VerifyResult:
+    """`launcher verify` on the context's target: the startup probe."""
+    return VerifyResult.of(run_probe(ctx, request), ctx.target)
 
-    return work
+
+def verify_row(ctx: FleetContext, result: VerifyResult) -> Outcome:
+    return Outcome(
+        ctx.target.name, result.exit_code, result.summary, {"probe": result}, value=result
+    )
 
 
 def status_state(
@@ -175,7 +272,7 @@ def status_state(
     return State.UNHEALTHY, "; ".join(failing)
 
 
-def status_work(ctx: FleetContext) -> Outcome:
+def run_status(ctx: FleetContext, request: StatusRequest | None = None) -> StatusResult:
     """One poll judged at once (no waiting), plus what deploy recorded; see `status_state`.
 
     Its deadline is the host's `command_timeout`.
@@ -199,17 +296,34 @@ def status_work(ctx: FleetContext) -> Outcome:
         state=lifecycle,
         record=answer.get("record"),
     )
-    extra: dict[str, Any] = {"record": answer.get("record"), "log_age": answer.get("log_age")}
+    result = StatusResult(
+        code,
+        probe.reason,
+        probe,
+        answer.get("record"),
+        answer.get("log_age"),
+        target=target.name,
+        queues=list(spec.queues),
+    )
     # The table of several targets shows this: the reason when unhealthy, else the figures.
-    summary = probe.reason
     if not code and poll.samples:
-        summary = latest_line(poll.samples, list(spec.queues))
+        result.summary = latest_line(poll.samples, list(spec.queues))
     if not state.session_exists:
-        summary = f"no session '{target.playbook.spec.session}'"
+        result.summary = f"no session '{target.playbook.spec.session}'"
     elif state.gpus is not None:
-        summary += " | " + gpus_status_text(state.gpus)
-        extra["gpus"] = answer.get("gpus")
-    return Outcome(target.name, code, summary, {"probe": probe, **extra})
+        result.summary += " | " + gpus_status_text(state.gpus)
+        result.gpus, result.has_gpus = answer.get("gpus"), True
+    return result
+
+
+def status_row(ctx: FleetContext, result: StatusResult) -> Outcome:
+    data = {"probe": result.probe, **result.details()}
+    return Outcome(ctx.target.name, result.exit_code, result.summary, data, value=result)
+
+
+def status_work(ctx: FleetContext) -> Outcome:
+    """`launcher status` as a fleet's work: one poll, one row."""
+    return status_row(ctx, run_status(ctx, StatusRequest()))
 
 
 def deployed_run(data: dict[str, Any]) -> str | None:
@@ -219,32 +333,21 @@ def deployed_run(data: dict[str, Any]) -> str | None:
     return run if isinstance(run, str) else None
 
 
-def smoke_work(overrides: ProbeOverrides, *, wait_lock: float = 0.0) -> Work:
-    """`deploy --restart` then `verify` of the run that deploy started, on one target, for CI."""
-    deploy = deploy_work(DeployOptions(restart=True, wait_lock=wait_lock))
+def run_smoke(ctx: FleetContext, request: SmokeRequest) -> SmokeResult:
+    """`launcher smoke` on the context's target, for CI: `deploy --restart`, then the probe of
+    the run that deploy started. A deploy that fails is the result (its error kept), not an
+    exception: the report still has the target's item."""
+    try:
+        report = run_deploy(ctx, DeployOptions(restart=True, wait_lock=request.wait_lock))
+    except LauncherError as error:
+        return SmokeResult(error.exit_code, None, None, ctx.target.name, error)
+    probe = run_probe(ctx, request.overrides, expected_run=deployed_run(report.to_json()))
+    verified = VerifyResult.of(probe, ctx.target)
+    return SmokeResult(verified.exit_code, report, verified, ctx.target.name)
 
-    def work(ctx: FleetContext) -> Outcome:
-        try:
-            deployed = deploy(ctx)
-        except LauncherError as error:
-            return Outcome(
-                ctx.target.name,
-                error.exit_code,
-                f"deploy failed: {error.message}",
-                {
-                    "deploy": {
-                        "ok": False,
-                        "exit_code": int(error.exit_code),
-                        "error": error.message,
-                    }
-                },
-            )
-        probe = run_probe(ctx, overrides, expected_run=deployed_run(deployed.data))
-        return Outcome(
-            ctx.target.name,
-            probe.exit_code,
-            probe_summary(probe),
-            {"deploy": deployed.data, "probe": probe},
-        )
 
-    return work
+def smoke_row(ctx: FleetContext, result: SmokeResult) -> Outcome:
+    data: dict[str, Any] = {"deploy": result.deploy_json()}
+    if result.probe is not None:
+        data["probe"] = result.probe
+    return Outcome(ctx.target.name, result.exit_code, result.summary, data, value=result)

@@ -44,6 +44,32 @@ def test_fab_lists_the_tasks(project: Project) -> None:
     assert result.returncode == 0, result.stderr
     for name in ("deploy", "verify", "smoke", "status", "stop", "logs", "history", "rollback"):
         assert name in result.stdout
+    assert "doctor" in result.stdout
+
+
+def test_fab_doctor_is_the_clis_doctor(project: Project) -> None:
+    """`fab doctor` runs the same workflow as `launcher doctor`: the same checks, verdicts and
+    exit code, the same JSON document; an inventory that does not load is its failed first
+    check (exit 2), as for the CLI."""
+    project.write({"prod": (VMID, project.playbook("fabdoctor"))})
+    env = {"LAUNCHER_INVENTORY": str(project.inventory)}
+    by_fab = fab(project, "doctor", "-t", "prod", "--json", env=env)
+    by_cli = project.launcher("doctor", "-t", "prod", "--json")
+    assert by_fab.returncode == by_cli.returncode, by_fab.stdout + by_fab.stderr
+    documents = [json.loads(by_fab.stdout), json.loads(by_cli.stdout)]
+    assert documents[0]["schema"] == documents[1]["schema"] == "launcher.doctor/1"
+    for key in ("exit_code", "target", "summary"):
+        assert documents[0][key] == documents[1][key], key
+    shown = [[(c["name"], c["status"]) for c in d["checks"]] for d in documents]
+    assert shown[0] == shown[1] and ("container", "ok") in shown[0]
+    text = fab(project, "doctor", "-t", "prod", env=env)
+    assert text.returncode == by_cli.returncode
+    assert text.stdout.strip() == documents[0]["summary"]
+    assert "container" in text.stderr  # one line per check, on stderr
+
+    missing = fab(project, "doctor", "-i", str(project.root / "nope.yaml"))
+    assert missing.returncode == 2 and "config" in missing.stderr
+    assert "Traceback" not in missing.stderr
 
 
 def test_fab_deploy_then_verify_healthy(project: Project) -> None:

@@ -1,0 +1,167 @@
+"""Every command has the one shape of launcher.workflow: a frozen Request, a typed Result (exit
+code, summary, JSON form) and one run function in `commands.WORKFLOWS`; and the CLI,
+`api.Launcher` and the Fabric tasks all reach that same run function with the same request."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from invoke.exceptions import Exit
+
+from launcher import commands, tasks
+from launcher.api import Launcher
+from launcher.cli.main import cli, main
+from launcher.commands import COMMANDS, ROWS, WORKFLOWS, workflow_for
+from launcher.errors import ExitCode, RefusedError
+from launcher.transport.pool import ConnectionPool
+from launcher.workflow import Context
+from tests.unit.projectfiles import write_project
+from tests.unit.test_import_graph import module_files
+
+# Commands of the CLI that are not one request run on targets, and why.
+NOT_WORKFLOWS = {
+    "attach": "replaces the process with the system ssh client (os.execvp) after one poll",
+    "buckets": "local: plans sequence buckets, no target",
+    "completion": "local: prints a shell's completion script",
+    "disconnect": "local: ends persisted connections, no target",
+    "inventory": "local: checks the inventory file",
+    "job": "a multi-node job: its own phases over every node (jobdeploy, jobverify...)",
+    "sandbox": "local: the staging host itself",
+    "watch": "long-running: a loop of status polls and notifications",
+}
+
+
+def test_every_cli_command_is_a_workflow_or_says_why_not() -> None:
+    for name in cli.commands:
+        assert (name in COMMANDS) != (name in NOT_WORKFLOWS), name
+    for name, why in NOT_WORKFLOWS.items():
+        assert name in cli.commands and why.strip()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_frozen_request_a_run_and_a_typed_result(name: str) -> None:
+    command = COMMANDS[name]
+    request = command.request({})
+    assert type(request) is command.request_type
+    params = dataclasses.fields(request)  # a dataclass ...
+    with pytest.raises(dataclasses.FrozenInstanceError):  # ... and frozen
+        setattr(request, params[0].name if params else "anything", None)
+    run = command.workflow
+    assert run is workflow_for(command.request_type)
+    assert WORKFLOWS[command.request_type].endswith(f":{run.__name__}")
+    hints = typing.get_type_hints(run)
+    assert list(inspect.signature(run).parameters)[:2] == ["ctx", "request"]
+    assert hints["ctx"] is Context
+    assert isinstance(request, hints["request"])
+    result = hints["return"]
+    assert callable(getattr(result, "to_json", None)), f"{result.__name__} has no to_json()"
+    for attribute in ("exit_code", "summary"):
+        fields = {f.name for f in dataclasses.fields(result)}
+        assert attribute in fields or isinstance(getattr(result, attribute, None), property), (
+            f"{result.__name__} has no {attribute}"
+        )
+    if command.fleet:
+        assert callable(commands._resolve(ROWS[command.request_type])), name
+
+
+def _loaded_with(name: str) -> set[str]:
+    """launcher's modules that importing `name` runs: its module-level imports, transitively
+    (function-level and type-only ones do not run at import)."""
+    modules = module_files()
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        path = modules[current]
+        package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+        parents = [package.rsplit(".", i)[0] for i in range(package.count(".") + 1)]
+        for node in ast.parse(path.read_text()).body:
+            found: list[str] = []
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            todo += [m for m in [*found, *parents] if m in modules]
+    return seen
+
+
+def test_naming_a_request_loads_no_workflow() -> None:
+    """The table names run functions by module: a command loads its own workflow module only
+    (what `launcher status` loads is what it needs, not stop's or doctor's)."""
+    loaded = _loaded_with("launcher.commands")
+    assert "launcher.requests" in loaded
+    assert {"launcher.operate", "launcher.doctor"} & loaded == set()
+
+
+class Reached(RefusedError):
+    """What the recording run function raises: every entry point turns it into exit code 4."""
+
+
+REACHED: list[tuple[str, Any]] = []  # (entry point, request) for each call of `recording`
+ENTRY = ["none"]
+
+
+def recording(ctx: Context, request: Any) -> Any:
+    """Stands in for a command's run function (through its WORKFLOWS entry)."""
+    assert ctx.target.name == "prod"
+    REACHED.append((ENTRY[0], request))
+    raise Reached(f"{type(request).__name__} reached its run function")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
+    name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    inventory = str(write_project(tmp_path))
+    command = COMMANDS[name]
+    REACHED.clear()
+
+    class NoHost:
+        """A connection nothing may use: the recording run never touches it."""
+
+        def __getattr__(self, attribute: str) -> Any:
+            raise AssertionError(f"the connection was used: {attribute}")
+
+    monkeypatch.setattr(ConnectionPool, "get", lambda self, *a, **k: NoHost())
+
+    monkeypatch.setitem(WORKFLOWS, command.request_type, f"{__name__}:recording")
+
+    ENTRY[0] = "cli"
+    with pytest.raises(SystemExit) as done:
+        main(["-i", inventory, name, "-t", "prod"])
+    assert done.value.code == ExitCode.REFUSED
+
+    ENTRY[0] = "api"
+    with Launcher(inventory) as launcher, pytest.raises(Reached):
+        getattr(launcher, name)("prod")
+
+    ENTRY[0] = "task"
+    task = getattr(tasks, name)
+    given = {
+        p.name: p.default for p in inspect.signature(task.body).parameters.values() if p.name != "c"
+    }
+    with pytest.raises(Exit) as exited:
+        task.body(None, **{**given, "target": "prod", "inventory": inventory})
+    assert exited.value.code == ExitCode.REFUSED
+
+    capsys.readouterr()
+    assert [entry for entry, _ in REACHED] == ["cli", "api", "task"]
+    requests = [request for _, request in REACHED]
+    assert requests == [command.request({})] * 3, "the three entry points' defaults drifted"
+
+
+def test_run_dispatches_by_the_requests_type_only() -> None:
+    with pytest.raises(KeyError):
+        commands.run(None, object())  # type: ignore[arg-type]
