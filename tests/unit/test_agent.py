@@ -1068,6 +1068,72 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
             os.kill(pid, 0)
 
 
+# A driver that frees GPU 0's memory at the time (epoch seconds) in the file `freed_at`; every
+# query is one line in `log`.
+RELEASING_NVIDIA_SMI = """#!/bin/sh
+echo query >> %(log)s
+case "$1" in
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu) ;;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
+esac
+used=$(python3 -c 'import sys, time
+print(0 if time.time() >= float(open(sys.argv[1]).read()) else 40000)' %(freed_at)s)
+echo "0, GPU-1, $used, 81559, 0"
+"""
+
+
+def releasing_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: float
+) -> tuple[Path, float]:
+    """A fake nvidia-smi whose GPU 0 is freed `after` s from now; (its query log, that time)."""
+    log, freed_at = tmp_path / "queries.log", tmp_path / "freed_at"
+    when = time.time() + after
+    freed_at.write_text(repr(when))
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        RELEASING_NVIDIA_SMI
+        % {"log": shlex.quote(str(log)), "freed_at": shlex.quote(str(freed_at))}
+    )
+    fake.chmod(0o755)
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    return log, when
+
+
+def test_a_stop_sees_the_gpus_freed_soon_after_the_driver_frees_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The memory falls 0.6 s after the stop: the wait ends within a query and a short pause
+    of it (not a quarter of a second later), and says the GPU is free."""
+    log, when = releasing_nvidia_smi(tmp_path, monkeypatch, after=0.6)
+    warnings: list[str] = []
+    ours, others, outside = agent_stop.gpu_release(set(), {0}, warnings, timeout=5.0)
+    late = time.time() - when
+    assert (ours, others, outside, warnings) == ({}, {}, [], [])
+    queries = len(log.read_text().splitlines())
+    # Each query of this fake takes a python3 start (~0.02-0.1 s): seen within one query and
+    # one pause of the release, however loaded the machine.
+    assert 0 <= late < 0.35, (late, queries)
+    assert queries >= 3, queries  # looked again and again while the memory was in use
+
+
+def test_a_gpu_that_stays_busy_ends_the_wait_at_its_timeout_after_few_queries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Memory that is never freed: the wait ends at its timeout, reports the GPU used from
+    outside, and after the first seconds looks only every GPU_RELEASE_PAUSE_LATER s."""
+    monkeypatch.setattr(agent_stop, "GPU_RELEASE_SOON", 0.3)
+    log, _ = releasing_nvidia_smi(tmp_path, monkeypatch, after=3600)
+    started = time.monotonic()
+    _, _, outside = agent_stop.gpu_release(set(), {0}, [], timeout=1.5)
+    took = time.monotonic() - started
+    assert outside == [{"index": 0, "used_mib": 40000}]
+    assert 1.5 <= took < 2.5, took
+    # At most one query per short pause for 0.3 s, then one per 0.5 s: not one per 0.05 s.
+    assert len(log.read_text().splitlines()) <= 0.3 / agent_stop.GPU_RELEASE_PAUSE + 5
+
+
 def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> None:
     """poll's checkpoint_age: the newest write at or below the directory (a DCP save writes
     files inside a step directory); none for a missing one; a tree too large to look through
