@@ -1101,21 +1101,66 @@ def releasing_nvidia_smi(
     return log, when
 
 
-def test_a_stop_sees_the_gpus_freed_soon_after_the_driver_frees_them(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+class GpuClock:
+    """The stop's clock and sleep, and a GPU 0 whose memory the driver frees at `freed`: each
+    look at it (nvidia-smi) takes `query` s of this clock."""
+
+    def __init__(self, freed: float, query: float = 0.08) -> None:
+        self.now, self.freed, self.query = 0.0, freed, query
+        self.sleeps: list[float] = []
+        self.looks: list[float] = []  # when each look ended
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+    def devices(self, started: object = None) -> tuple[list[dict[str, Any]], None]:
+        self.now += self.query
+        self.looks.append(self.now)
+        used = 0 if self.now >= self.freed else 40000
+        return [
+            {"index": 0, "uuid": "GPU-1", "used_mib": used, "total_mib": 81559, "util": 0}
+        ], None
+
+
+def gpu_clock(monkeypatch: pytest.MonkeyPatch, freed: float) -> GpuClock:
+    clock = GpuClock(freed)
+    monkeypatch.setattr(agent_stop, "time", clock)
+    patch_agent(monkeypatch, "gpu_devices", clock.devices)
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    return clock
+
+
+def test_a_stop_sees_the_gpus_freed_within_a_look_and_a_short_pause(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The memory falls 0.6 s after the stop: the wait ends within a query and a short pause
-    of it (not a quarter of a second later), and says the GPU is free."""
-    log, when = releasing_nvidia_smi(tmp_path, monkeypatch, after=0.6)
+    """The driver frees the memory 0.6 s into the wait: the wait ends within one short pause and
+    one look after that (not a quarter of a second later), and says the GPU is free."""
+    clock = gpu_clock(monkeypatch, freed=0.6)
     warnings: list[str] = []
-    ours, others, outside = agent_stop.gpu_release(set(), {0}, warnings, timeout=5.0)
-    late = time.time() - when
-    assert (ours, others, outside, warnings) == ({}, {}, [], [])
-    queries = len(log.read_text().splitlines())
-    # Each query of this fake takes a python3 start (~0.02-0.1 s): seen within one query and
-    # one pause of the release, however loaded the machine.
-    assert 0 <= late < 0.35, (late, queries)
-    assert queries >= 3, queries  # looked again and again while the memory was in use
+    assert agent_stop.gpu_release(set(), {0}, warnings, timeout=10.0) == ({}, {}, [])
+    assert warnings == []
+    assert set(clock.sleeps) == {agent_stop.GPU_RELEASE_PAUSE}, clock.sleeps
+    assert clock.now - clock.freed <= agent_stop.GPU_RELEASE_PAUSE + clock.query + 1e-9
+    assert agent_stop.GPU_RELEASE_PAUSE <= 0.05  # the pause that makes "soon" soon
+
+
+def test_a_busy_gpu_is_looked_at_less_often_after_the_first_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory that is never freed: short pauses for GPU_RELEASE_SOON s, then the longer one,
+    until the timeout; the GPU is reported used from outside."""
+    clock = gpu_clock(monkeypatch, freed=float("inf"))
+    _, _, outside = agent_stop.gpu_release(set(), {0}, [], timeout=10.0)
+    assert outside == [{"index": 0, "used_mib": 40000}]
+    soon = [at for at in clock.looks if at < agent_stop.GPU_RELEASE_SOON]
+    later = clock.looks[len(soon) :]
+    assert len(soon) >= 10 and len(later) <= 8 / agent_stop.GPU_RELEASE_PAUSE_LATER + 2
+    assert max(clock.sleeps) == agent_stop.GPU_RELEASE_PAUSE_LATER
+    assert 10.0 <= clock.now <= 10.0 + clock.query + 1e-9  # one last look at the deadline
 
 
 def test_a_gpu_that_stays_busy_ends_the_wait_at_its_timeout_after_few_queries(
