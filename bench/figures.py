@@ -271,6 +271,11 @@ def freeze_rows(env: BenchEnv, inventory: Path, runs: int, log: Log) -> list[Row
     ]
 
 
+# launcher status against A (one ssh capture-pane): with a new SSH connection of its own, and
+# through a persisted connection (which, like B, makes no handshake).
+STATUS_TARGETS = {"direct": 1.7, "persisted": 1.0}
+
+
 def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
     """`launcher status` (start-up + one poll, judged) next to one hand-typed capture-pane over
     ssh: A a new ssh connection each time, B over a warm OpenSSH ControlMaster. launcher by
@@ -300,11 +305,17 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
     new_connections = env.ssh_accepts() - accepts0 - 2 * runs
     a, b = median(times["A"]), median(times["B"])
     rows = []
-    for way, label, note in (
-        ("direct", "launcher status (one poll, judged) wall", "a new SSH connection each"),
+    for way, label, goal, note in (
+        (
+            "direct",
+            "launcher status (one poll, judged) wall",
+            STATUS_TARGETS["direct"],
+            "a new SSH connection each",
+        ),
         (
             "persisted",
             "launcher status, connection persisted (control_persist)",
+            STATUS_TARGETS["persisted"],
             f"no SSH connection ({new_connections} opened in {runs} runs); through the "
             "background process",
         ),
@@ -318,8 +329,8 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
                 a,
                 b,
                 ratio=mine / a,
-                target="<= 1.4x A",
-                met=mine / a <= 1.4,
+                target=f"<= {goal:g}x A",
+                met=mine / a <= goal,
                 note=f"{max(pct[way])} pct call; {note}; A: one ssh pct exec tmux capture-pane, "
                 f"B: the same over a warm ControlMaster (B/A {b / a:.2f}x); ratio launcher/A; "
                 f"median of {runs}",

@@ -39,7 +39,7 @@ import scale
 from harness import CRASH_VMID, DEPLOY_VMID, HAND_VMID, MUX_VMID, BenchEnv, BenchError, check
 from rows import Row, render_markdown, render_text
 
-LATENCIES = {0.0: 0.6, 0.3: 0.4}  # pct start-up latency -> target ratio launcher/B
+LATENCIES = {0.0: 0.6, 0.3: 0.45}  # pct start-up latency -> target ratio launcher/B
 FLEET = 16
 # Figure groups, for --only. The default leaves out the full watch figures (about 50 minutes);
 # --quick runs every group.
@@ -51,6 +51,7 @@ LONG = {"watch"}
 # Groups that need a run on the "demo" target (DEPLOY_VMID) deployed before they start.
 NEEDS_RUN = {"status", "agent", "imports"}
 PROFILE = Path(__file__).resolve().parent / "profile_deploy.py"
+PROFILE_STATUS = Path(__file__).resolve().parent / "profile_status.py"
 
 
 def log(message: str) -> None:
@@ -70,6 +71,30 @@ def profile(env: BenchEnv, inventory: Path, latency: float) -> dict[str, Any]:
         return data
     finally:
         env.set_latency(0)
+
+
+def profile_status(env: BenchEnv, inventory: Path, runs: int) -> dict[str, Any]:
+    """One in-process profiled `launcher status`, and the parts of its round trip."""
+    argv = [str(env.python), str(PROFILE_STATUS), "-i", str(inventory), "-t", "demo"]
+    result = env.run([*argv, "--runs", str(runs)])
+    if result.code != 0:
+        raise BenchError(f"profile_status.py exited {result.code}: {result.err[-2000:]}")
+    data: dict[str, Any] = json.loads(result.out.strip().splitlines()[-1])
+    data["wall"] = result.seconds
+    return data
+
+
+def render_status_profile(profiles: dict[str, dict[str, Any]]) -> str:
+    out = ["where one `launcher status` spends its time (one profiled run):"]
+    for way, data in profiles.items():
+        wall = data["wall"] - data["reference_seconds"]
+        out.append(
+            f"  {way}: {wall:.2f} s wall (interpreter start-up {wall - data['total']:.2f} s)"
+        )
+        out.extend(f"    {seconds:6.3f} s  {name}" for name, seconds in data["phases"])
+        out.append("    its round trip in parts, on the same kind of connection (medians):")
+        out.extend(f"      {seconds:6.3f} s  {name}" for name, seconds in data["references"])
+    return "\n".join(out)
 
 
 def render_profile(profiles: dict[float, dict[str, Any]]) -> str:
@@ -118,6 +143,15 @@ def measure(args: argparse.Namespace, env: BenchEnv, fleet: list[int]) -> list[R
     if "status" in args.only:
         log("launcher status against one ssh capture-pane")
         rows += figures.status_rows(env, inventory, args.runs)
+        log("profiling one status per connection kind")
+        persisted = env.inventory(
+            "inventory-persisted", {"demo": (DEPLOY_VMID, demo)}, control_persist=600
+        )
+        ways = {"a new SSH connection": inventory, "connection persisted": persisted}
+        args.status_profiles = {
+            way: profile_status(env, inv, 3 if args.quick else args.runs)
+            for way, inv in ways.items()
+        }
     if "agent" in args.only:
         log("bytes sent per verify poll, agent cached and not")
         rows += figures.agent_rows(env, inventory, 3 if args.quick else 10)
@@ -214,6 +248,7 @@ def main() -> int:
         return 2
     enforce = not args.quick
     args.profiles = {}
+    args.status_profiles = {}
     fleet = fleet_vmids(args)
     started = time.monotonic()
 
@@ -245,6 +280,9 @@ def main() -> int:
     if args.profiles:
         print()
         print(render_profile(args.profiles))
+    if args.status_profiles:
+        print()
+        print(render_status_profile(args.status_profiles))
     if enforce:
         missed = [r.figure for r in rows if r.target and not r.met]
         print(f"\ntargets met: {sum(1 for r in rows if r.target) - len(missed)}", end="")
@@ -257,6 +295,7 @@ def main() -> int:
             "quick": args.quick,
             "rows": [r.to_json() for r in rows],
             "profile": {str(k): v for k, v in args.profiles.items()},
+            "status_profile": args.status_profiles,
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 from launcher.agent.base import Started, as_int, utc_iso, write_atomic
 from launcher.agent.gpus import (
@@ -163,6 +164,15 @@ def terminate(pids, grace):
     return alive(targets)
 
 
+# The pause between two looks at the GPUs' memory after a stop: short for the first
+# GPU_RELEASE_SOON s (a driver frees an exited process's memory within a fraction of a second,
+# and each look is an nvidia-smi run of 0.05-1 s by itself, so the release is seen within about
+# one query), then longer (a GPU that stays busy costs few queries until the timeout).
+GPU_RELEASE_PAUSE = 0.05
+GPU_RELEASE_SOON = 2.0
+GPU_RELEASE_PAUSE_LATER = 0.5
+
+
 def gpu_release(pids, wanted, warnings, timeout=GPU_RELEASE_WAIT, started=None):
     """After a stop, wait (bounded) for `pids` to close their GPU device handles and for the
     memory of the `wanted` GPUs to fall: the driver frees an exited process's memory a moment
@@ -181,7 +191,12 @@ def gpu_release(pids, wanted, warnings, timeout=GPU_RELEASE_WAIT, started=None):
         found["outside"] = used_outside(devices, held, wanted)
         return found["error"] is not None or not (found["ours"] or found["outside"])
 
-    wait_for(released, timeout, interval=0.25)
+    begun = time.monotonic()
+    deadline = begun + timeout
+    while not released() and time.monotonic() < deadline:
+        now = time.monotonic()
+        pause = GPU_RELEASE_PAUSE if now - begun < GPU_RELEASE_SOON else GPU_RELEASE_PAUSE_LATER
+        time.sleep(min(pause, max(deadline - now, 0.0)))
     if found["error"]:
         warnings.append("could not confirm GPUs were released: %s" % found["error"])
     return found["ours"], found["others"], found["outside"]

@@ -33,6 +33,7 @@ USER_CONFIG = "~/.ssh/config"
 UNSET = "/nonexistent/launcher-unset"  # marker value: no block set this
 SINGLE_KEYS = ("hostname", "user", "port", "userknownhostsfile", "proxyjump", "proxycommand")
 LOOKUP_TIMEOUT = 10.0  # a `Match exec` in ssh_config runs a command: bound it
+PIPE_KEPT = 4096  # bytes a pipe takes in one write, with no reader, on every POSIX system
 
 
 @dataclass(frozen=True)
@@ -170,22 +171,28 @@ def _ask_openssh(
     files: tuple[Path, ...],
     meanwhile: Callable[[], object] | None,
 ) -> list[HostOptions]:
-    """`ssh -G` for each alias, all at once (each costs a few milliseconds of its own)."""
-    wrapper = _wrapper(files)
-    procs = [
-        subprocess.Popen(
-            [client, "-G", "-T", "-F", "/dev/stdin", "--", alias],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for alias in aliases
-    ]
+    """`ssh -G` for each alias, all at once (each costs a few milliseconds of its own), each
+    with its configuration already in its stdin, so that they answer while `meanwhile` runs."""
+    wrapper = _wrapper(files).encode()
+    procs = []
+    for alias in aliases:
+        config = _filled_pipe(wrapper)
+        try:
+            procs.append(
+                subprocess.Popen(
+                    [client, "-G", "-T", "-F", "/dev/stdin", "--", alias],
+                    stdin=config,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        finally:
+            os.close(config)
     try:
         if meanwhile is not None:
             meanwhile()
-        return [_answer(alias, proc, wrapper) for alias, proc in zip(aliases, procs, strict=True)]
+        return [_answer(alias, proc) for alias, proc in zip(aliases, procs, strict=True)]
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -193,9 +200,25 @@ def _ask_openssh(
                 proc.wait()
 
 
-def _answer(alias: str, proc: subprocess.Popen[str], wrapper: str) -> HostOptions:
+def _filled_pipe(data: bytes) -> int:
+    """The read end of a pipe that holds `data` and then its end of file. `data` (a few Include
+    lines) is far smaller than a pipe's buffer, so writing it waits for no reader."""
+    if len(data) > PIPE_KEPT:
+        raise ConfigError([f"ssh_config: {len(data)} bytes of Include lines is too long"])
+    read, write = os.pipe()
     try:
-        out, err = proc.communicate(wrapper, timeout=LOOKUP_TIMEOUT)
+        os.write(write, data)
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return read
+
+
+def _answer(alias: str, proc: subprocess.Popen[str]) -> HostOptions:
+    try:
+        out, err = proc.communicate(timeout=LOOKUP_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise ConfigError(
             [f"ssh_config: `ssh -G {alias}` did not answer within {LOOKUP_TIMEOUT:g} s"],

@@ -1068,6 +1068,117 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
             os.kill(pid, 0)
 
 
+# A driver that frees GPU 0's memory at the time (epoch seconds) in the file `freed_at`; every
+# query is one line in `log`.
+RELEASING_NVIDIA_SMI = """#!/bin/sh
+echo query >> %(log)s
+case "$1" in
+  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu) ;;
+  *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
+esac
+used=$(python3 -c 'import sys, time
+print(0 if time.time() >= float(open(sys.argv[1]).read()) else 40000)' %(freed_at)s)
+echo "0, GPU-1, $used, 81559, 0"
+"""
+
+
+def releasing_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: float
+) -> tuple[Path, float]:
+    """A fake nvidia-smi whose GPU 0 is freed `after` s from now; (its query log, that time)."""
+    log, freed_at = tmp_path / "queries.log", tmp_path / "freed_at"
+    when = time.time() + after
+    freed_at.write_text(repr(when))
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        RELEASING_NVIDIA_SMI
+        % {"log": shlex.quote(str(log)), "freed_at": shlex.quote(str(freed_at))}
+    )
+    fake.chmod(0o755)
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    return log, when
+
+
+class GpuClock:
+    """The stop's clock and sleep, and a GPU 0 whose memory the driver frees at `freed`: each
+    look at it (nvidia-smi) takes `query` s of this clock."""
+
+    def __init__(self, freed: float, query: float = 0.08) -> None:
+        self.now, self.freed, self.query = 0.0, freed, query
+        self.sleeps: list[float] = []
+        self.looks: list[float] = []  # when each look ended
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+    def devices(self, started: object = None) -> tuple[list[dict[str, Any]], None]:
+        self.now += self.query
+        self.looks.append(self.now)
+        used = 0 if self.now >= self.freed else 40000
+        return [
+            {"index": 0, "uuid": "GPU-1", "used_mib": used, "total_mib": 81559, "util": 0}
+        ], None
+
+
+def gpu_clock(monkeypatch: pytest.MonkeyPatch, freed: float) -> GpuClock:
+    clock = GpuClock(freed)
+    monkeypatch.setattr(agent_stop, "time", clock)
+    patch_agent(monkeypatch, "gpu_devices", clock.devices)
+    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    return clock
+
+
+def test_a_stop_sees_the_gpus_freed_within_a_look_and_a_short_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver frees the memory 0.6 s into the wait: the wait ends within one short pause and
+    one look after that (not a quarter of a second later), and says the GPU is free."""
+    clock = gpu_clock(monkeypatch, freed=0.6)
+    warnings: list[str] = []
+    assert agent_stop.gpu_release(set(), {0}, warnings, timeout=10.0) == ({}, {}, [])
+    assert warnings == []
+    assert set(clock.sleeps) == {agent_stop.GPU_RELEASE_PAUSE}, clock.sleeps
+    assert clock.now - clock.freed <= agent_stop.GPU_RELEASE_PAUSE + clock.query + 1e-9
+    assert agent_stop.GPU_RELEASE_PAUSE <= 0.05  # the pause that makes "soon" soon
+
+
+def test_a_busy_gpu_is_looked_at_less_often_after_the_first_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory that is never freed: short pauses for GPU_RELEASE_SOON s, then the longer one,
+    until the timeout; the GPU is reported used from outside."""
+    clock = gpu_clock(monkeypatch, freed=float("inf"))
+    _, _, outside = agent_stop.gpu_release(set(), {0}, [], timeout=10.0)
+    assert outside == [{"index": 0, "used_mib": 40000}]
+    soon = [at for at in clock.looks if at < agent_stop.GPU_RELEASE_SOON]
+    later = clock.looks[len(soon) :]
+    assert len(soon) >= 10 and len(later) <= 8 / agent_stop.GPU_RELEASE_PAUSE_LATER + 2
+    assert max(clock.sleeps) == agent_stop.GPU_RELEASE_PAUSE_LATER
+    assert 10.0 <= clock.now <= 10.0 + clock.query + 1e-9  # one last look at the deadline
+
+
+def test_a_gpu_that_stays_busy_ends_the_wait_at_its_timeout_after_few_queries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Memory that is never freed: the wait ends at its timeout, reports the GPU used from
+    outside, and after the first seconds looks only every GPU_RELEASE_PAUSE_LATER s."""
+    monkeypatch.setattr(agent_stop, "GPU_RELEASE_SOON", 0.3)
+    log, _ = releasing_nvidia_smi(tmp_path, monkeypatch, after=3600)
+    started = time.monotonic()
+    _, _, outside = agent_stop.gpu_release(set(), {0}, [], timeout=1.5)
+    took = time.monotonic() - started
+    assert outside == [{"index": 0, "used_mib": 40000}]
+    assert 1.5 <= took < 2.5, took
+    # At most one query per short pause for 0.3 s, then one per 0.5 s: not one per 0.05 s.
+    assert len(log.read_text().splitlines()) <= 0.3 / agent_stop.GPU_RELEASE_PAUSE + 5
+
+
 def test_tree_age_sees_a_save_being_written_two_levels_down(tmp_path: Path) -> None:
     """poll's checkpoint_age: the newest write at or below the directory (a DCP save writes
     files inside a step directory); none for a missing one; a tree too large to look through
