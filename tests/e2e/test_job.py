@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,25 +380,42 @@ def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
         project.ct(NODES[0], "ip", "addr", "add", f"{MASTER}/24", "dev", "eth0")
 
 
-def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project) -> None:
+def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_path: Path) -> None:
     """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
-    id on both, checkpoints kept) and ends healthy."""
+    id on both, checkpoints kept) and ends healthy; SIGTERM then ends the watch with 0."""
     project = job_project
     write_job(project)
     before = deploy_and_wait(project)
-    watch = subprocess.Popen(
-        [*LAUNCHER, str(project.inventory), *WATCH],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(4)
-    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
-    out, err = watch.communicate(timeout=120)
-    assert watch.returncode == 0, (out, err)
+    with (tmp_path / "watch.err").open("w+") as err:
+        watch = subprocess.Popen(
+            [*LAUNCHER, str(project.inventory), *WATCH],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        # --for is the bound; the test ends the watch by SIGTERM once it saw what it checks.
+        killer = threading.Timer(120, watch.kill)
+        killer.start()
+        try:
+            assert watch.stdout is not None
+            seen = []
+            for line in watch.stdout:
+                seen.append(line)
+                if len(seen) == 1:  # the first poll judged the job: now node 1 dies
+                    assert "job train: healthy: 2 node(s)" in line, line
+                    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+                if "after the restart:" in line:
+                    watch.send_signal(signal.SIGTERM)
+            watch.wait(timeout=60)
+        finally:
+            killer.cancel()
+        out = "".join(seen)
+        err.seek(0)
+        assert watch.returncode == 0, (out, err.read())
     assert "unhealthy: n1 (rank 1): the run exited (status 137)" in out
     assert "restarting the job (1/1)" in out
     assert "after the restart: healthy: 2 node(s)" in out
+    assert seen[-1].endswith("job train: watch ended by SIGTERM\n")
     code, status, _ = job_json(project, "status", "train")
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
