@@ -8,6 +8,7 @@
           loaded machine makes it flaky and it makes nothing else flaky
 
 unit/local/e2e come from where a test lives (below); timing is marked on the test itself.
+The e2e files run longest first (tests/e2e/weights.py says why), each file's tests in order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.weights import file_seconds, weight
 
 HERE = Path(__file__).resolve().parent
 # tests/unit modules that start real processes or sockets (the `local` tier).
@@ -42,3 +45,10 @@ def tier(path: Path) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(getattr(pytest.mark, tier(Path(str(item.path)))))
+    seconds = file_seconds()
+
+    def order(item: pytest.Item) -> tuple[int, float]:
+        path = Path(str(item.path))
+        return (1, -weight(path, seconds)) if tier(path) == "e2e" else (0, 0.0)
+
+    items.sort(key=order)  # stable: a file's tests keep their order
