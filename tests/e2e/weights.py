@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections import Counter
 from pathlib import Path
 
 WEIGHTS = Path(__file__).with_name("weights.json")
@@ -36,12 +35,14 @@ def weight(path: Path, seconds: dict[str, float]) -> float:
 
 def from_junit(report: Path) -> dict[str, float]:
     """Seconds per e2e file in a JUnit report (pytest's classname is the module's dotted path)."""
-    totals: Counter[str] = Counter()
+    totals: dict[str, float] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         parts = (case.get("classname") or "").split(".")
         if parts[:2] == ["tests", "e2e"] and len(parts) > 2:
-            totals[parts[2] + ".py"] += float(case.get("time") or 0)
-    return {name: round(seconds, 1) for name, seconds in totals.most_common()}
+            name = parts[2] + ".py"
+            totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    return {name: round(seconds, 1) for name, seconds in ranked}
 
 
 if __name__ == "__main__":
