@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -560,6 +560,29 @@ def test_job_logs_without_a_run_on_node1_says_so(job_project: Project) -> None:
     assert "[n1] no session 'jobdemo'" in result.stderr
 
 
+def from_node(lines: list[str], node: str) -> int:
+    return sum(line.startswith(f"[{node}] ") for line in lines)
+
+
+def read_until(
+    proc: subprocess.Popen[str], done: Callable[[list[str]], bool], timeout: float = 30
+) -> list[str]:
+    """proc's stdout lines until `done(lines)` holds (a wait on what it printed, not a sleep);
+    a timer ends proc if that never comes, and the test fails on what was read."""
+    assert proc.stdout is not None
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if done(lines):
+                return lines
+    finally:
+        killer.cancel()
+    raise AssertionError(f"ended before the expected lines: {lines}")
+
+
 def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Project) -> None:
     project = job_project
     write_job(project)
@@ -570,13 +593,15 @@ def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Proje
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(6)  # the demo trainer prints a status line every few tenths of a second
+    # The tail's line and new ones from both nodes (the demo trainer prints every few tenths
+    # of a second), then the job stops under the follow.
+    lines = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
     assert follow.poll() is None, follow.communicate()
     code, _, stderr = job_json(project, "stop", "train")
     assert code == 0, stderr
     out, err = follow.communicate(timeout=60)
     assert follow.returncode == 0, err
-    lines = out.splitlines()
+    lines += out.splitlines()
     for node in ("n0", "n1"):
         mine = [line for line in lines if line.startswith(f"[{node}] ")]
         assert len(mine) > 2, (node, out)  # the tail's one line and new ones
@@ -594,10 +619,11 @@ def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    seen = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
     follow.send_signal(signal.SIGINT)
     out, err = follow.communicate(timeout=30)
     assert follow.returncode == 0, err
+    out = "\n".join(seen) + "\n" + out
     assert "[n0] " in out and "[n1] " in out
     assert "[n0] stopped following; the run goes on" in err
     assert "[n1] stopped following; the run goes on" in err
