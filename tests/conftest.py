@@ -13,6 +13,7 @@ The e2e files run longest first (tests/e2e/weights.py says why), each file's tes
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,15 @@ def tier(path: Path) -> str:
     if path.is_relative_to(HERE / "e2e"):
         return "e2e"
     return "local" if path.name in LOCAL_MODULES else "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start: a suite started in the background of a
+    non-interactive shell (`cmd &`, as some CI runners and nohup do) has SIGINT ignored, and an
+    ignored signal stays ignored across fork and exec, so every `launcher logs -f` a test
+    sends C-c to would ignore it and the test would time out, testing the shell, not launcher."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
