@@ -5,13 +5,17 @@ A poll is `launcher job status` (the status rank judged, every node alive, in on
 restart). A failure is that many unhealthy polls in a row (a node that is gone counts at once:
 its rank stalls every other). A restart is `job deploy --restart --keep-checkpoints` (all or
 nothing, one new run id), then the job's startup probe; a probe that fails counts as the next
-failure.
+failure. SIGTERM ends the watch cleanly (`terminated`): after the step under way, with a
+last line and exit 0, as `launcher watch` does.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -53,9 +57,15 @@ def watch_job(
     say: Say,
     event: Callable[[str], None],
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> JobWatchResult:
-    """Poll until --for is over (or the restart budget is spent); report each change."""
+    """Poll until --for is over, the restart budget is spent or `stop` is set; report each
+    change. A poll or restart under way when `stop` is set finishes first (a redeploy is not
+    left half-done)."""
+    stop = stop or threading.Event()
+    # Waiting on `stop` rather than sleeping: SIGTERM ends the watch now, not an interval later.
+    pause = sleep or stop.wait
     result = JobWatchResult(job.name)
     end = None if options.duration is None else clock() + options.duration
     healthy: bool | None = None
@@ -66,13 +76,15 @@ def watch_job(
         result.events.append(line)
         event(line)
 
-    while end is None or clock() < end:
+    while not stop.is_set() and (end is None or clock() < end):
         polled = status_job(job, nodes)
         ok = polled.exit_code == ExitCode.OK
         result.exit_code = polled.exit_code
         if ok != healthy:
             note(polled.summary)
             healthy = ok
+        if stop.is_set():
+            break  # no restart begins after SIGTERM
         failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
         if failing >= options.failures:
             if not options.restart_on_failure:
@@ -88,8 +100,28 @@ def watch_job(
                     return result
                 healthy, failing = True, 0
                 continue
-        sleep(options.interval)
+        pause(options.interval)
+    if stop.is_set():
+        result.exit_code = ExitCode.OK
+        note("watch ended by SIGTERM")
     return result
+
+
+@contextmanager
+def terminated_by_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets (instead of killing the process with -15), for `watch_job`'s
+    `stop`; the previous handler back after."""
+
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _restart(job: Job, nodes: JobNodes, say: Say, note: Callable[[str], None]) -> bool:

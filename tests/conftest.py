@@ -8,13 +8,17 @@
           loaded machine makes it flaky and it makes nothing else flaky
 
 unit/local/e2e come from where a test lives (below); timing is marked on the test itself.
+The e2e files run longest first (tests/e2e/weights.py says why), each file's tests in order.
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.weights import file_seconds, weight
 
 HERE = Path(__file__).resolve().parent
 # tests/unit modules that start real processes or sockets (the `local` tier).
@@ -39,6 +43,22 @@ def tier(path: Path) -> str:
     return "local" if path.name in LOCAL_MODULES else "unit"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start: a suite started in the background of a
+    non-interactive shell (`cmd &`, as some CI runners and nohup do) has SIGINT ignored, and an
+    ignored signal stays ignored across fork and exec, so every `launcher logs -f` a test
+    sends C-c to would ignore it and the test would time out, testing the shell, not launcher."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(getattr(pytest.mark, tier(Path(str(item.path)))))
+    seconds = file_seconds()
+
+    def order(item: pytest.Item) -> tuple[int, float]:
+        path = Path(str(item.path))
+        return (1, -weight(path, seconds)) if tier(path) == "e2e" else (0, 0.0)
+
+    items.sort(key=order)  # stable: a file's tests keep their order

@@ -281,10 +281,10 @@ def watch_command(
     Example:
       launcher job watch --restart-on-failure --for 12h train
     Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
-    3 a node unreachable or a restart failed.
+    3 a node unreachable or a restart failed; SIGTERM ends it with 0, Ctrl-C with 130.
     """
     from launcher.job import load_job, on_job
-    from launcher.jobwatch import JobWatchOptions, watch_job
+    from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
     from launcher.termsafe import sanitize
 
     loaded = load_job(app.inventory(), name)
@@ -298,9 +298,13 @@ def watch_command(
     def event(line: str) -> None:
         click.echo(sanitize(line, keep_sgr=False))
 
-    result = on_job(
-        loaded, lambda job, nodes: watch_job(job, nodes, options, say=_say(app), event=event)
-    )
+    with terminated_by_sigterm() as stop:
+        result = on_job(
+            loaded,
+            lambda job, nodes: watch_job(
+                job, nodes, options, say=_say(app), event=event, stop=stop
+            ),
+        )
     sys.exit(int(result.exit_code))
 
 

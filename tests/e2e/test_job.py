@@ -8,8 +8,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -379,25 +380,42 @@ def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
         project.ct(NODES[0], "ip", "addr", "add", f"{MASTER}/24", "dev", "eth0")
 
 
-def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project) -> None:
+def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_path: Path) -> None:
     """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
-    id on both, checkpoints kept) and ends healthy."""
+    id on both, checkpoints kept) and ends healthy; SIGTERM then ends the watch with 0."""
     project = job_project
     write_job(project)
     before = deploy_and_wait(project)
-    watch = subprocess.Popen(
-        [*LAUNCHER, str(project.inventory), *WATCH],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(4)
-    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
-    out, err = watch.communicate(timeout=120)
-    assert watch.returncode == 0, (out, err)
+    with (tmp_path / "watch.err").open("w+") as err:
+        watch = subprocess.Popen(
+            [*LAUNCHER, str(project.inventory), *WATCH],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        # --for is the bound; the test ends the watch by SIGTERM once it saw what it checks.
+        killer = threading.Timer(120, watch.kill)
+        killer.start()
+        try:
+            assert watch.stdout is not None
+            seen = []
+            for line in watch.stdout:
+                seen.append(line)
+                if len(seen) == 1:  # the first poll judged the job: now node 1 dies
+                    assert "job train: healthy: 2 node(s)" in line, line
+                    project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
+                if "after the restart:" in line:
+                    watch.send_signal(signal.SIGTERM)
+            watch.wait(timeout=60)
+        finally:
+            killer.cancel()
+        out = "".join(seen)
+        err.seek(0)
+        assert watch.returncode == 0, (out, err.read())
     assert "unhealthy: n1 (rank 1): the run exited (status 137)" in out
     assert "restarting the job (1/1)" in out
     assert "after the restart: healthy: 2 node(s)" in out
+    assert seen[-1].endswith("job train: watch ended by SIGTERM\n")
     code, status, _ = job_json(project, "status", "train")
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
@@ -542,6 +560,29 @@ def test_job_logs_without_a_run_on_node1_says_so(job_project: Project) -> None:
     assert "[n1] no session 'jobdemo'" in result.stderr
 
 
+def from_node(lines: list[str], node: str) -> int:
+    return sum(line.startswith(f"[{node}] ") for line in lines)
+
+
+def read_until(
+    proc: subprocess.Popen[str], done: Callable[[list[str]], bool], timeout: float = 30
+) -> list[str]:
+    """proc's stdout lines until `done(lines)` holds (a wait on what it printed, not a sleep);
+    a timer ends proc if that never comes, and the test fails on what was read."""
+    assert proc.stdout is not None
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if done(lines):
+                return lines
+    finally:
+        killer.cancel()
+    raise AssertionError(f"ended before the expected lines: {lines}")
+
+
 def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Project) -> None:
     project = job_project
     write_job(project)
@@ -552,13 +593,15 @@ def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Proje
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(6)  # the demo trainer prints a status line every few tenths of a second
+    # The tail's line and new ones from both nodes (the demo trainer prints every few tenths
+    # of a second), then the job stops under the follow.
+    lines = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
     assert follow.poll() is None, follow.communicate()
     code, _, stderr = job_json(project, "stop", "train")
     assert code == 0, stderr
     out, err = follow.communicate(timeout=60)
     assert follow.returncode == 0, err
-    lines = out.splitlines()
+    lines += out.splitlines()
     for node in ("n0", "n1"):
         mine = [line for line in lines if line.startswith(f"[{node}] ")]
         assert len(mine) > 2, (node, out)  # the tail's one line and new ones
@@ -576,10 +619,11 @@ def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    seen = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
     follow.send_signal(signal.SIGINT)
     out, err = follow.communicate(timeout=30)
     assert follow.returncode == 0, err
+    out = "\n".join(seen) + "\n" + out
     assert "[n0] " in out and "[n1] " in out
     assert "[n0] stopped following; the run goes on" in err
     assert "[n1] stopped following; the run goes on" in err

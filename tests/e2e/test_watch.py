@@ -219,9 +219,13 @@ def test_metrics_show_the_step_advancing(project: Project) -> None:
     try:
         wait_until(lambda: step in _try_scrape(port), 20, "a step in the metrics", watch)
         first = scrape(port, "wmetrics")[step]
-        time.sleep(3)
         healthy = 'launcher_watch_healthy{host="sandbox",target="wmetrics",vmid="202"}'
-        wait_until(lambda: _try_scrape(port).get(healthy) == 1.0, 20, "healthy", watch)
+
+        def advanced_and_healthy() -> bool:
+            now = _try_scrape(port)
+            return now.get(step, first) > first and now.get(healthy) == 1.0
+
+        wait_until(advanced_and_healthy, 20, "the step advanced, healthy", watch)
         later = scrape(port, "wmetrics")
         assert watch.terminate() == 0
     finally:

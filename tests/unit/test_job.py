@@ -4,6 +4,9 @@ wording."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from launcher.errors import ConfigError, ExitCode
 from launcher.job import Rendezvous, choose_address, load_job, with_env
 from launcher.jobdeploy import JobResult, NodeState
 from launcher.jobverify import job_summary, liveness_problem, run_id
+from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
 from launcher.verify.checks import PaneState
 from tests.unit.projectfiles import write_project
 
@@ -152,3 +156,48 @@ def test_the_verdict_names_the_failing_node_not_the_cut_short_probe() -> None:
     result.nodes[0] = NodeState(0, "n0", "n0", "healthy", "step 9", ExitCode.OK)
     result.nodes[1] = NodeState(1, "n1", "n1", "alive", "alive", ExitCode.OK)
     assert job_summary(result) == "healthy: 2 node(s) in run R1"
+
+
+def test_sigterm_ends_a_job_watch_after_the_poll_under_way_and_restarts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM during a poll that finds a node gone: the change is reported, no restart
+    begins, the watch ends with a last line and exit 0 (as `launcher watch` does)."""
+    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
+    polls: list[str] = []
+
+    def one_poll(job_: object, nodes: object) -> JobResult:
+        if polls:
+            raise AssertionError("polled again after SIGTERM")
+        polls.append("poll")
+        os.kill(os.getpid(), signal.SIGTERM)
+        result = JobResult("train", "status", "unhealthy: staging (rank 1): no session")
+        result.nodes = [
+            NodeState(0, "prod", "prod", "healthy", "step 9", ExitCode.OK),
+            NodeState(1, "staging", "staging", "dead", "no session", ExitCode.UNHEALTHY),
+        ]
+        return result
+
+    def no_restart(*args: object, **kwargs: object) -> JobResult:
+        raise AssertionError("restarted after SIGTERM")
+
+    monkeypatch.setattr("launcher.jobwatch.status_job", one_poll)
+    monkeypatch.setattr("launcher.jobwatch.deploy_job", no_restart)
+    lines: list[str] = []
+    options = JobWatchOptions(interval=60, restart_on_failure=True)
+    with terminated_by_sigterm() as stop:
+        result = watch_job(job, None, options, say=print, event=lines.append, stop=stop)  # type: ignore[arg-type]
+    assert polls == ["poll"] and result.restarts == 0
+    assert result.exit_code == ExitCode.OK
+    assert lines[0].endswith("job train: unhealthy: staging (rank 1): no session")
+    assert lines[-1].endswith("job train: watch ended by SIGTERM")
+
+
+def test_the_sigterm_handler_is_put_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with terminated_by_sigterm() as stop:
+        assert not stop.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert isinstance(stop, threading.Event)
