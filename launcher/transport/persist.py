@@ -38,6 +38,8 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -193,6 +195,11 @@ class PersistedRunner:
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
+        # The sockets of the commands under way (other threads' too): close() shuts them down,
+        # so a command waiting for output ends now (Ctrl-C on a fleet or a job's `logs -f`).
+        self._live: set[socket.socket] = set()
+        self._live_lock = threading.Lock()
+        self._closed = False
 
     def run(self, command: str, *, stdin: bytes | None, timeout: float) -> CommandResult:
         return run_by_streaming(self, command, stdin=stdin, timeout=timeout)
@@ -222,7 +229,12 @@ class PersistedRunner:
             idle_timeout=idle_timeout,
             close_stdin=close_stdin,
         )
-        with sock:  # closed on any exception: the server cuts the command off
+        with self._live_lock:
+            if self._closed:  # closed while this command was on its way: it must not run
+                sock.close()
+                raise ConnectError(f"{self.endpoint.name}: the connection was closed")
+            self._live.add(sock)
+        with sock, self._registered(sock):  # closed on any exception: the server cuts it off
             lines = frames.Lines(sock.recv)
             try:
                 sock.sendall(frames.encode(request))
@@ -260,8 +272,22 @@ class PersistedRunner:
             f"{self.endpoint.name}: the persisted connection broke off during a command: {reason}"
         )
 
+    @contextlib.contextmanager
+    def _registered(self, sock: socket.socket) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            with self._live_lock:
+                self._live.discard(sock)
+
     def close(self) -> None:
-        pass  # one socket a command, closed with it
+        """End every command under way: its socket shut down, the server cuts it off."""
+        with self._live_lock:
+            self._closed = True
+            live, self._live = self._live, set()
+        for sock in live:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def start(endpoint: Endpoint) -> bool:

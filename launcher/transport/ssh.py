@@ -80,6 +80,7 @@ class SSHConnection:
         # waits for a slot instead of being refused ("administratively prohibited").
         self._sessions = threading.BoundedSemaphore(endpoint.max_sessions)
         self._persist_started = False
+        self._closed = False  # for good: see close()
 
     # -- connecting -----------------------------------------------------------------------
     @property
@@ -95,6 +96,8 @@ class SSHConnection:
 
     def _connected(self, deadline: float | None = None) -> paramiko.SSHClient:
         with self._lock:
+            if self._closed:
+                raise ConnectError(f"{self.endpoint.name}: the connection was closed")
             if self._client is not None and not _alive(self._client):
                 # The link dropped (network blip, sshd restart): start over on the next use.
                 self._client.close()
@@ -359,7 +362,10 @@ class SSHConnection:
                 self._sessions.release()
 
     def close(self) -> None:
+        """Close for good: a command a thread starts afterwards fails at once instead of
+        connecting again (Ctrl-C on a fleet closes the connections under its threads)."""
         with self._lock:
+            self._closed = True
             if self._fab is not None:
                 self._fab.close()  # SFTP sessions Fabric opened, then the client
                 self._fab.client.close()  # also a client whose link had already dropped

@@ -67,9 +67,9 @@ def job_project(net_sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Ite
         sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
 
 
-def write_job(project: Project, **job: Any) -> Path:
+def write_job(project: Project, *, host: dict[str, Any] | None = None, **job: Any) -> Path:
     book = project.playbook("jobdemo", command=ECHO_ENV, gpus=2)
-    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)}, host=host)
     inventory = yaml.safe_load(project.inventory.read_text())
     inventory["jobs"] = {
         "train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml", "master_port": 29511}
@@ -629,6 +629,38 @@ def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project
     assert "[n1] stopped following; the run goes on" in err
     code, status, _ = job_json(project, "status", "train")
     assert code == 0 and status[0]["run_id"] == before["run_id"]
+
+
+@pytest.mark.parametrize("persisted", [False, True], ids=["own-connection", "persisted"])
+def test_job_logs_follow_ends_on_ctrl_c_right_after_the_first_lines(
+    job_project: Project, persisted: bool
+) -> None:
+    """Ctrl-C while a node's follow may still be starting (its tail printed, its stream not yet
+    open): every node's follow ends at once; none opens a connection of its own afterwards.
+    Through a persisted connection too, whose streams run in the background process: closing
+    the connection shuts their sockets, and the process cuts the commands off."""
+    project = job_project
+    write_job(project, host=project.host(control_persist=30) if persisted else None)
+    before = deploy_and_wait(project)
+    follow = subprocess.Popen(
+        [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    read_until(follow, lambda seen: all(from_node(seen, n) >= 1 for n in ("n0", "n1")))
+    follow.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0, err
+    assert time.monotonic() - started < 10, err
+    assert "[n0] stopped following; the run goes on" in err
+    assert "[n1] stopped following; the run goes on" in err
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] == before["run_id"]
+    if persisted:
+        ended = project.launcher("disconnect")
+        assert ended.returncode == 0, ended.stderr
 
 
 def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: Project) -> None:

@@ -417,3 +417,68 @@ def test_a_quiet_command_is_not_taken_for_a_gone_client(
         thread.join(5)
         listener.close()
         path.unlink()
+
+
+def test_closing_the_runner_ends_a_stream_waiting_in_another_thread(runtime: Path) -> None:
+    """Ctrl-C on a fleet or a job's `logs -f` closes the connections while worker threads wait
+    for output: each waiting stream ends at once (not when its run ends), and the server cuts
+    its command off."""
+    ep = endpoint()
+    path = persist.socket_path(ep)
+    assert path is not None
+    server = persistserver.Server(ep, path)
+    fake = Follower()
+    server.conn = fake  # type: ignore[assignment]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    runner = persist.PersistedRunner(ep)
+    first_line = threading.Event()
+    ended: list[BaseException | int] = []
+
+    def follow() -> None:
+        try:
+            ended.append(
+                runner.stream(
+                    "follow",
+                    lambda data: first_line.set(),
+                    lambda data: None,
+                    stdin=b"{}",
+                    close_stdin=False,
+                    timeout=None,
+                    idle_timeout=None,
+                )
+            )
+        except BaseException as exc:  # what the worker thread would see
+            ended.append(exc)
+
+    worker = threading.Thread(target=follow, daemon=True)
+    try:
+        worker.start()
+        assert first_line.wait(5), "the stream never started"
+        started = time.monotonic()
+        runner.close()
+        worker.join(5)
+        assert not worker.is_alive(), "the stream went on after close()"
+        assert time.monotonic() - started < 2
+        assert len(ended) == 1 and isinstance(ended[0], ConnectError), ended
+        assert fake.cut_off.wait(5), "the server did not cut the command off"
+    finally:
+        server.stopping.set()
+        thread.join(5)
+        listener.close()
+        path.unlink()
+
+
+def test_a_closed_runner_sends_no_command(served: tuple[Endpoint, FakeConnection]) -> None:
+    """A thread whose command was on its way when the runner closed: the command never reaches
+    the server (nothing would end it: it would follow a log until the run ends)."""
+    ep, fake = served
+    fake.answers["follow"] = ok()
+    runner = persist.PersistedRunner(ep)
+    runner.close()
+    with pytest.raises(ConnectError, match="the connection was closed"):
+        runner.run("follow", stdin=None, timeout=5.0)
+    assert fake.ran == []

@@ -119,6 +119,19 @@ def test_one_place_chooses_the_runner() -> None:
     assert [type(r) for r in persisted.runners()] == [PersistedRunner, SSHConnection]
 
 
+def test_a_closed_connection_runs_nothing_and_does_not_connect_again() -> None:
+    """Ctrl-C on a fleet or a job's `logs -f` closes the connections under worker threads; a
+    thread between two commands must end, not open a connection of its own (the address is
+    10.0.0.5: a connect attempt would fail here with another error, after its timeout)."""
+    conn = Connection(dataclasses.replace(endpoint(), control_persist=60.0))
+    conn.close()
+    with pytest.raises(ConnectError, match="the connection was closed"):
+        conn.run("true", timeout=1.0)
+    with pytest.raises(ConnectError, match="the connection was closed"):
+        conn.stream("true", lambda data: None, timeout=1.0)
+    assert not conn.ssh.connected
+
+
 class FakeChannel:
     """A relay's channel: the hello, then for each Run frame sent, the line `reply` gives."""
 
