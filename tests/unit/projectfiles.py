@@ -5,18 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher.agent.tmux import no_session
 from launcher.config import Target, load_inventory
 
-# As the agent answers them (protocol.SessionState): the client checks every key.
-NO_SESSION: dict[str, Any] = {
-    "exists": False,
-    "pane_dead": None,
-    "dead_status": None,
-    "pane_pid": None,
-    "width": None,
-    "run": None,
-    "created": None,
-}
+# The agent's own answer for a missing session (protocol.SessionState): the client checks
+# every key, so the fakes answer with exactly what the agent sends.
+NO_SESSION: dict[str, Any] = no_session()
 
 PLAYBOOK = """\
 name: dflash
