@@ -295,8 +295,7 @@ class SSHConnection:
             raise link_error(ep, exc) from None
         finally:
             if channel is not None:
-                channel.close()
-                self._sessions.release()
+                self.close_command(channel)
         duration = time.monotonic() - started
         return CommandResult(command, code, out.getvalue(), err.getvalue(), duration)
 
@@ -358,8 +357,7 @@ class SSHConnection:
             raise link_error(ep, exc) from None
         finally:
             if channel is not None:
-                channel.close()
-                self._sessions.release()
+                self.close_command(channel)
 
     def close(self) -> None:
         """Close for good: a command a thread starts afterwards fails at once instead of
