@@ -583,16 +583,21 @@ def read_until(
     raise AssertionError(f"ended before the expected lines: {lines}")
 
 
-def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Project) -> None:
-    project = job_project
-    write_job(project)
-    deploy_and_wait(project)
-    follow = subprocess.Popen(
+def follow_job_logs(project: Project) -> subprocess.Popen[str]:
+    """`launcher job logs -f --tail 1 train`, its output read by the test."""
+    return subprocess.Popen(
         [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_job_logs_follow_shows_both_nodes_until_the_job_stops(job_project: Project) -> None:
+    project = job_project
+    write_job(project)
+    deploy_and_wait(project)
+    follow = follow_job_logs(project)
     # The tail's line and new ones from both nodes (the demo trainer prints every few tenths
     # of a second), then the job stops under the follow.
     lines = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
@@ -613,12 +618,7 @@ def test_job_logs_follow_ends_on_ctrl_c_and_leaves_the_runs(job_project: Project
     project = job_project
     write_job(project)
     before = deploy_and_wait(project)
-    follow = subprocess.Popen(
-        [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    follow = follow_job_logs(project)
     seen = read_until(follow, lambda seen: all(from_node(seen, n) > 2 for n in ("n0", "n1")))
     follow.send_signal(signal.SIGINT)
     out, err = follow.communicate(timeout=30)
@@ -642,12 +642,7 @@ def test_job_logs_follow_ends_on_ctrl_c_right_after_the_first_lines(
     project = job_project
     write_job(project, host=project.host(control_persist=30) if persisted else None)
     before = deploy_and_wait(project)
-    follow = subprocess.Popen(
-        [*LAUNCHER, str(project.inventory), "job", "logs", "-f", "--tail", "1", "train"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    follow = follow_job_logs(project)
     read_until(follow, lambda seen: all(from_node(seen, n) >= 1 for n in ("n0", "n1")))
     follow.send_signal(signal.SIGINT)
     started = time.monotonic()
