@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from launcher.errors import ConnectError
 from launcher.transport.endpoint import CommandResult, Endpoint
 from launcher.transport.persist import PersistedRunner
 from launcher.transport.runner import Runner, Unavailable
@@ -40,7 +39,6 @@ class Connection:
         self._persisted = PersistedRunner(endpoint) if endpoint.control_persist > 0 else None
         self._relay: Relay | None = None  # use_relay(): one channel carries every command
         self._lock = threading.Lock()
-        self._closed = False  # for good: a command started later must not connect again
 
     def use_relay(self) -> None:
         """Carry this host's commands on one channel, through a relay on the host (the command
@@ -64,13 +62,6 @@ class Connection:
         chosen.append(self.ssh)
         return chosen
 
-    def _open(self) -> None:
-        """Closed while a thread was between two commands, or between two runners (Ctrl-C on a
-        fleet or a job's `logs -f` closes the connections under their threads): the thread
-        ends here instead of opening a connection of its own."""
-        if self._closed:
-            raise ConnectError(f"{self.endpoint.name}: the connection was closed")
-
     # -- container.HostConnection ---------------------------------------------------------------
     def run(
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
@@ -78,7 +69,6 @@ class Connection:
         """Run a shell command string on the host, with a deadline on the whole exchange."""
         limit = timeout if timeout is not None else self.endpoint.command_timeout
         for runner in self.runners():
-            self._open()
             try:
                 return runner.run(command, stdin=stdin, timeout=limit)
             except Unavailable:
@@ -103,7 +93,6 @@ class Connection:
         is given up, so it can notice the client going away. On any exception, KeyboardInterrupt
         included, the command loses its pipes at once and the exception propagates."""
         for runner in self.runners():
-            self._open()
             try:
                 return runner.stream(
                     command,
@@ -129,7 +118,7 @@ class Connection:
         self.ssh.connect()
 
     def close(self) -> None:
-        self._closed = True
+        """For good: each runner ends its commands under way and refuses later ones."""
         if self._persisted is not None:
             self._persisted.close()
         if self._relay is not None:
