@@ -46,10 +46,6 @@ def count(name: str, value: Any, kind: params.Count) -> int:
     return int(_converted(name, value, kind))
 
 
-def optional_count(name: str, value: Any, kind: params.Count) -> int | None:
-    return None if value is None else count(name, value, kind)
-
-
 def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise UsageError(f"{name}={value!r}: must be True or False")
