@@ -1,4 +1,5 @@
-"""The local deploy history: one JSON line per deploy, under the user's state directory."""
+"""The local deploy history: one JSON line per deploy, under the user's state directory, for the
+operator to read (docs/ci.md); launcher itself reads the container's record."""
 
 from __future__ import annotations
 
@@ -22,19 +23,3 @@ def append_local_history(target: str, record: dict[str, Any]) -> None:
             handle.write(json.dumps({"target": target, **record}, sort_keys=True) + "\n")
     except OSError:
         pass
-
-
-def read_local_history(target: str | None = None) -> list[dict[str, Any]]:
-    """Records, newest first, optionally for one target."""
-    path = history_path()
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if target is None or record.get("target") == target:
-            records.append(record)
-    return list(reversed(records))
