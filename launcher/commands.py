@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from launcher import apiargs as args
 from launcher.cli import params
@@ -342,30 +342,32 @@ COMMANDS: dict[str, Command] = {
     )
 }
 
-# Each request type and the one function that runs it on a target (`launcher.workflow`), as
-# `module:function`: a command loads its own workflow module, not every command's.
-WORKFLOWS: dict[type, str] = {
-    DeployOptions: "launcher.deploy:run_deploy",
-    VerifyRequest: "launcher.verify.workflows:run_verify",
-    SmokeRequest: "launcher.verify.workflows:run_smoke",
-    StatusRequest: "launcher.verify.workflows:run_status",
-    StopRequest: "launcher.operate:run_stop",
-    LogsRequest: "launcher.operate:run_logs",
-    HistoryRequest: "launcher.operate:run_history",
-    RollbackRequest: "launcher.operate:run_rollback",
-    DoctorRequest: "launcher.doctor:run_doctor",
-}
 
-# A result as a row of a fleet's table (its summary, and what the CLI renders it from).
-ROWS: dict[type, str] = {
-    DeployOptions: "launcher.deploy:deploy_row",
-    VerifyRequest: "launcher.verify.workflows:verify_row",
-    SmokeRequest: "launcher.verify.workflows:smoke_row",
-    StatusRequest: "launcher.verify.workflows:status_row",
-    StopRequest: "launcher.operate:stop_row",
-    HistoryRequest: "launcher.operate:history_row",
-    RollbackRequest: "launcher.operate:rollback_row",
-    DoctorRequest: "launcher.doctor:doctor_row",
+class Wiring(NamedTuple):
+    """Where a request type's functions live, as `module:function`: a command loads its own
+    workflow module, not every command's."""
+
+    run: str  # runs the request on one target (`launcher.workflow`)
+    row: str | None  # the result as a row of a fleet's table; None: not a fleet command
+
+
+# Each request type, the one function that runs it, and how a fleet shows its result.
+WORKFLOWS: dict[type, Wiring] = {
+    DeployOptions: Wiring("launcher.deploy:run_deploy", "launcher.deploy:deploy_row"),
+    VerifyRequest: Wiring(
+        "launcher.verify.workflows:run_verify", "launcher.verify.workflows:verify_row"
+    ),
+    SmokeRequest: Wiring(
+        "launcher.verify.workflows:run_smoke", "launcher.verify.workflows:smoke_row"
+    ),
+    StatusRequest: Wiring(
+        "launcher.verify.workflows:run_status", "launcher.verify.workflows:status_row"
+    ),
+    StopRequest: Wiring("launcher.operate:run_stop", "launcher.operate:stop_row"),
+    LogsRequest: Wiring("launcher.operate:run_logs", None),
+    HistoryRequest: Wiring("launcher.operate:run_history", "launcher.operate:history_row"),
+    RollbackRequest: Wiring("launcher.operate:run_rollback", "launcher.operate:rollback_row"),
+    DoctorRequest: Wiring("launcher.doctor:run_doctor", "launcher.doctor:doctor_row"),
 }
 
 
@@ -376,7 +378,7 @@ def _resolve(where: str) -> Any:
 
 def workflow_for(request_type: type) -> Workflow[Any, Any]:
     """The run function of a request type (KeyError: not a command's request)."""
-    return cast("Workflow[Any, Any]", _resolve(WORKFLOWS[request_type]))
+    return cast("Workflow[Any, Any]", _resolve(WORKFLOWS[request_type].run))
 
 
 def run(ctx: Context, request: Any) -> Any:
@@ -387,5 +389,8 @@ def run(ctx: Context, request: Any) -> Any:
 
 def work(request: Any) -> Work:
     """The request as a fleet's work (`fleet.run_fleet`, `fleet.run_one`): run, then its row."""
-    row: Callable[[Context, Any], Outcome] = _resolve(ROWS[type(request)])
+    where = WORKFLOWS[type(request)].row
+    if where is None:
+        raise KeyError(f"{type(request).__name__} has no fleet row")
+    row: Callable[[Context, Any], Outcome] = _resolve(where)
     return lambda ctx: row(ctx, run(ctx, request))

@@ -17,7 +17,7 @@ from invoke.exceptions import Exit
 from launcher import commands, tasks
 from launcher.api import Launcher
 from launcher.cli.main import cli, main
-from launcher.commands import COMMANDS, ROWS, WORKFLOWS, workflow_for
+from launcher.commands import COMMANDS, WORKFLOWS, workflow_for
 from launcher.errors import ExitCode, RefusedError
 from launcher.transport.pool import ConnectionPool
 from launcher.workflow import Context
@@ -54,7 +54,7 @@ def test_a_frozen_request_a_run_and_a_typed_result(name: str) -> None:
         setattr(request, params[0].name if params else "anything", None)
     run = command.workflow
     assert run is workflow_for(command.request_type)
-    assert WORKFLOWS[command.request_type].endswith(f":{run.__name__}")
+    assert WORKFLOWS[command.request_type].run.endswith(f":{run.__name__}")
     hints = typing.get_type_hints(run)
     assert list(inspect.signature(run).parameters)[:2] == ["ctx", "request"]
     assert hints["ctx"] is Context
@@ -66,8 +66,10 @@ def test_a_frozen_request_a_run_and_a_typed_result(name: str) -> None:
         assert attribute in fields or isinstance(getattr(result, attribute, None), property), (
             f"{result.__name__} has no {attribute}"
         )
-    if command.fleet:
-        assert callable(commands._resolve(ROWS[command.request_type])), name
+    row = WORKFLOWS[command.request_type].row
+    assert (row is not None) == command.fleet, name
+    if row is not None:
+        assert callable(commands._resolve(row)), name
 
 
 def _loaded_with(name: str) -> set[str]:
@@ -136,7 +138,10 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
 
     monkeypatch.setattr(ConnectionPool, "get", lambda self, *a, **k: NoHost())
 
-    monkeypatch.setitem(WORKFLOWS, command.request_type, f"{__name__}:recording")
+    wiring = WORKFLOWS[command.request_type]
+    monkeypatch.setitem(
+        WORKFLOWS, command.request_type, wiring._replace(run=f"{__name__}:recording")
+    )
 
     ENTRY[0] = "cli"
     with pytest.raises(SystemExit) as done:
