@@ -18,6 +18,7 @@ import fcntl
 import importlib
 import io
 import os
+import pkgutil
 import select
 import signal
 import socket
@@ -34,33 +35,34 @@ POLL_SECONDS = 0.5  # how often the server reaps children and looks at its idle 
 RECV_TIMEOUT = 2.0  # for a connected client's request
 GO_TIMEOUT = 10.0  # for the client's Go after Started
 FORWARDED = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-# Imported before the first fork (with every module commands.WORKFLOWS names): what a served
-# command would import, so that a child imports nothing. paramiko and Fabric too: a command
-# whose connection is not persisted yet connects by itself.
-PRELOAD = (
-    "launcher.console",
-    "launcher.cli.main",
-    "launcher.config",
-    "launcher.commands",
-    "launcher.fleet",
-    "launcher.verify.report",
-    "launcher.transport.connection",
-    "launcher.transport.persist",
-    "launcher.transport.relay",
-    "launcher.transport.ssh",
-    "launcher.transport.sshopen",
-    "launcher.transport.sshlibs",
+# Imported before the first fork: every module of launcher's but these, so that a served
+# command's child imports nothing (tests/e2e/test_cmdserver.py checks it): the agent's modules
+# (they run in the container; agentclient reads them as text), the relay's host program, what
+# no served command runs (sandbox, watch, buckets, the Fabric tasks, the docs' generator), the
+# command server itself and `__main__` modules (importing one runs it).
+NOT_PRELOADED = (
+    "launcher.agent",
+    "launcher.transport.relayhost",
+    "launcher.sandbox",
+    "launcher.watch",
+    "launcher.jobwatch",
+    "launcher.buckets",
+    "launcher.tasks",
+    "launcher.docsref",
+    "launcher.demo",
+    "launcher.cmdserver",
 )
 _kept: list[Any] = []  # the server's own stdio objects: closing them would close fds 0-2
 
 
 def preload() -> None:
-    for name in PRELOAD:
-        importlib.import_module(name)
-    from launcher.commands import WORKFLOWS
+    import launcher
 
-    for target in WORKFLOWS.values():
-        importlib.import_module(target.partition(":")[0])
+    for module in pkgutil.walk_packages(launcher.__path__, "launcher."):
+        name = module.name
+        skipped = any(name == n or name.startswith(f"{n}.") for n in NOT_PRELOADED)
+        if not skipped and not name.endswith(".__main__"):
+            importlib.import_module(name)
 
 
 class Server:

@@ -5,6 +5,7 @@ that prompts) ends in a command run once, correctly."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pty
@@ -137,20 +138,27 @@ def assert_served(result: subprocess.CompletedProcess[str]) -> None:
     assert "launcher.cmdserver.client" in names, result.stderr[-2000:]
     heavy = {n for n in names if n.split(".")[0] in ("click", "pydantic", "paramiko", "yaml")}
     assert not heavy, heavy
-    assert not {n for n in names if n.startswith("launcher.") and "cmdserver" not in n} - {
-        "launcher.console",
-        "launcher.version",
-        "launcher.transport",
-        "launcher.transport.rundir",
-    }
+    client = {"launcher", "launcher.console", "launcher.version", "launcher.transport"}
+    client |= {"launcher.transport.rundir", "launcher.cmdserver"}
+    later = {n for n in names if n.startswith("launcher")} - client
+    later -= {n for n in names if n.startswith("launcher.cmdserver.")}
+    assert not later, sorted(later)
 
 
 NUMBER = re.compile(r"\d+(\.\d+)?")
+SPARKLINE = re.compile("[▁▂▃▄▅▆▇█]+")
+HEX = re.compile(r"\b[0-9a-f]{6,}\b")  # a run id's or a temporary file's random part
 
 
 def normalized(text: str) -> str:
-    """Output with every number (times, ages, steps, sizes, timestamps) as 0."""
-    return NUMBER.sub("0", text)
+    """Output with every number (times, ages, steps, sizes, timestamps) as 0, every
+    sparkline (as long as the run's samples) as one block, run ids' random part as h."""
+    return SPARKLINE.sub("█", NUMBER.sub("0", HEX.sub("h", text)))
+
+
+def difference(mine: str, theirs: str) -> str:
+    lines = normalized(mine).splitlines(), normalized(theirs).splitlines()
+    return "\n".join(difflib.unified_diff(*lines, lineterm=""))
 
 
 @pytest.fixture
@@ -183,29 +191,73 @@ def follow(proc: subprocess.Popen[str]) -> Iterator[str]:
 # -- the same output and exit code ----------------------------------------------------------------
 
 
+@pytest.fixture
+def frozen(project: Project) -> Project:
+    """A run that printed for 6 s and then nothing more (alive, GPUs held): two commands a
+    moment apart see the same pane."""
+    book = project.playbook(NAME, env={"DEMO_MODE": "hang", "DEMO_HANG_AFTER": "6"})
+    project.write({NAME: (VMID, book)}, host=project.host(control_persist=30))
+    deployed = project.launcher("deploy", "-t", NAME, "--restart")
+    assert deployed.returncode == 0, deployed.stderr
+    last = [""]
+
+    def still() -> bool:
+        now = project.launcher("logs", "-t", NAME, "-n", "3").stdout
+        same, last[0] = now == last[0] and "step=" in now, now
+        return same
+
+    project.wait_for(still, timeout=40, what="the pane to stop changing")
+    return project
+
+
 def test_served_commands_print_and_exit_as_in_process(
-    served: Project, _private_runtime_dir: Path
+    frozen: Project, _private_runtime_dir: Path
 ) -> None:
-    project = served
+    project = frozen
     warm(project, _private_runtime_dir)
     for args in (
         ("status", "-t", NAME, "--json"),
         ("status", "-t", NAME),
+        ("logs", "-t", NAME, "-n", "20"),
         ("history", "-t", NAME, "--json"),
         ("status", "-t", "nosuchtarget"),  # a usage error: exit 2 and its message
-        ("logs", "-t", NAME, "-n", "3"),
+        ("stop", "-t", "nosuchtarget", "--json"),
     ):
         mine, theirs = run(project, *args), run(project, *args, served=False)
         assert mine.returncode == theirs.returncode, (args, mine.stderr, theirs.stderr)
-        assert normalized(mine.stdout) == normalized(theirs.stdout), args
-        assert normalized(mine.stderr) == normalized(theirs.stderr), args
-    # A deploy: its steps on stderr, its JSON report.
-    mine = run(project, "deploy", "-t", NAME, "--restart", "--json")
-    theirs = run(project, "deploy", "-t", NAME, "--restart", "--json", served=False)
+        assert normalized(mine.stdout) == normalized(theirs.stdout), difference(
+            mine.stdout, theirs.stdout
+        )
+        assert normalized(mine.stderr) == normalized(theirs.stderr), difference(
+            mine.stderr, theirs.stderr
+        )
+    # A deploy: its steps on stderr as they happen, its JSON report (checkpoints left in
+    # place: the run each deploy replaces may or may not have written one yet).
+    deploy = ("deploy", "-t", NAME, "--restart", "--keep-checkpoints", "--json")
+    mine, theirs = run(project, *deploy), run(project, *deploy, served=False)
     assert mine.returncode == theirs.returncode == 0, mine.stderr + theirs.stderr
-    a, b = json.loads(mine.stdout), json.loads(theirs.stdout)
-    assert normalized(json.dumps(a, sort_keys=True)) == normalized(json.dumps(b, sort_keys=True))
-    assert normalized(mine.stderr) == normalized(theirs.stderr)
+    # Each replaced a run of its own (their processes, its stop's detail): the same report,
+    # the same steps in the same order with the same outcome.
+    ours, others = json.loads(mine.stdout), json.loads(theirs.stdout)
+    assert paths(ours) == paths(others)
+    assert steps(ours) == steps(others)
+    assert [line.split()[:2] for line in mine.stderr.splitlines()] == [
+        line.split()[:2] for line in theirs.stderr.splitlines()
+    ]
+
+
+def paths(doc: object, prefix: str = "") -> set[str]:
+    """Every key path of a JSON document (a list's items' paths merged)."""
+    if isinstance(doc, dict):
+        return {p for k, v in doc.items() for p in {f"{prefix}.{k}"} | paths(v, f"{prefix}.{k}")}
+    if isinstance(doc, list):
+        return {p for item in doc for p in paths(item, f"{prefix}[]")}
+    return set()
+
+
+def steps(doc: dict[str, object]) -> list[tuple[object, object]]:
+    found = json.dumps(doc)
+    return re.findall(r'"name": "([a-z_]+)", "status": "([a-z]+)"', found)
 
 
 def test_served_commands_run_in_the_server_and_import_nothing(
@@ -217,7 +269,7 @@ def test_served_commands_run_in_the_server_and_import_nothing(
     xopt = ("-X", "importtime")
     first = run(project, "status", "-t", NAME, python=xopt)
     assert first.returncode == 0 and "click" in imported(first.stderr)  # in-process
-    project.wait_for(lambda: servers(_private_runtime_dir), what="a command server")
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="a command server")
     for args in (
         ("status", "-t", NAME, "--json"),
         ("logs", "-t", NAME, "-n", "3"),
