@@ -52,6 +52,8 @@ NOT_PRELOADED = (
     "launcher.demo",
     "launcher.cmdserver",
 )
+# What launcher imports only on a terminal (colours, live lines, tables).
+LIBRARIES = ("rich.console", "rich.live", "rich.markup", "rich.progress", "rich.table")
 _kept: list[Any] = []  # the server's own stdio objects: closing them would close fds 0-2
 
 
@@ -63,6 +65,8 @@ def preload() -> None:
         skipped = any(name == n or name.startswith(f"{n}.") for n in NOT_PRELOADED)
         if not skipped and not name.endswith(".__main__"):
             importlib.import_module(name)
+    for name in LIBRARIES:
+        importlib.import_module(name)
 
 
 class Server:
