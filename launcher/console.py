@@ -5,8 +5,8 @@ lifetime) is handed to it before click is imported; otherwise, or when it declin
 runs here, then the process ends at once with its exit code, after flushing its output and
 shutting logging down: by then the command has closed its connections and joined every thread
 it started, and what would follow is the interpreter's teardown (freeing every module:
-paramiko, pydantic, ... ~0.05 s), which nothing needs. This is the one place launcher calls
-os._exit.
+paramiko, pydantic, ... ~0.05 s), which nothing needs. os._exit is called here and, for a
+served command, in the command server's child (cmdserver/server.py), which ends the same way.
 
 Standard library only until the CLI is imported.
 """
