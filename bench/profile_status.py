@@ -193,7 +193,7 @@ def hand_over(inventory: str, target: str) -> None:
 
     from launcher.cmdserver import client, wire
 
-    argv = [sys.executable, "-m", "launcher", "-i", inventory, "-t", target, "status"]
+    argv = ["launcher", "-i", inventory, "-t", target, "status"]  # sys.argv: its [1:] are read
     start = time.perf_counter()
     path = wire.socket_path(wire.fingerprint())
     assert path is not None
