@@ -63,11 +63,11 @@ def hand_over(argv: list[str]) -> int | NoServer:
     if sock is None:
         return NoServer(start=True, path=path, fingerprint=print_)
     request = wire.Request(sys.argv[:], os.getcwd(), dict(os.environ), _umask(), streams)
-    with sock, _forwarding(sock) as received:
-        return _converse(sock, request, received)
+    with sock, _forwarding(sock) as child:
+        return _converse(sock, request, child)
 
 
-def _converse(sock: socket.socket, request: wire.Request, received: list[int]) -> int | NoServer:
+def _converse(sock: socket.socket, request: wire.Request, child: Child) -> int | NoServer:
     try:
         packet = wire.encode(request)
         if len(packet) > wire.MAX_PACKET:
@@ -79,10 +79,11 @@ def _converse(sock: socket.socket, request: wire.Request, received: list[int]) -
         return NoServer(start=False)  # nothing ran: no Go was sent
     if not isinstance(answer, wire.Started):
         return NoServer(start=False)  # Declined (a host that prompts on the terminal)
+    child.pid = answer.pid
     try:
         sock.settimeout(None)
         sock.send(wire.encode(wire.Go()))
-        for signum in received:  # before the child started: it gets them now
+        for signum in child.received:  # before the child started: it gets them now
             sock.send(wire.encode(wire.Signal(signum)))
         while True:
             packet = sock.recv(wire.MAX_PACKET)
@@ -93,7 +94,7 @@ def _converse(sock: socket.socket, request: wire.Request, received: list[int]) -
                 return message.code
     except (OSError, ValueError):
         pass
-    return _lost(received)
+    return _lost(child.received)
 
 
 def _lost(received: list[int]) -> int:
@@ -110,23 +111,48 @@ def _lost(received: list[int]) -> int:
     return LOST
 
 
+class Child:
+    """The served command's process, as the client sees it."""
+
+    def __init__(self) -> None:
+        self.pid = 0  # known once Started arrives
+        self.received: list[int] = []  # the signals forwarded, in order
+
+
 @contextlib.contextmanager
-def _forwarding(sock: socket.socket) -> Iterator[list[int]]:
+def _forwarding(sock: socket.socket) -> Iterator[Child]:
     """SIGINT, SIGTERM and SIGHUP sent on to the child as Signal messages while it runs (and
-    recorded: one that came before the child started is sent when it has)."""
-    received: list[int] = []
+    recorded: one that came before the child started is sent when it has). Ctrl-Z stops the
+    child with the client, and `fg`/`bg` resumes both, as for one process: the child's
+    process group is not the terminal's, so the terminal's job control cannot reach it."""
+    child = Child()
 
     def forward(signum: int, _frame: Any) -> None:
-        received.append(signum)
+        child.received.append(signum)
         with contextlib.suppress(OSError):
             sock.send(wire.encode(wire.Signal(signum)))
 
+    def suspend(_signum: int, _frame: Any) -> None:
+        _signal_child(child, signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT
+        signal.signal(signal.SIGTSTP, suspend)
+        _signal_child(child, signal.SIGCONT)
+
     before = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    if signal.getsignal(signal.SIGTSTP) == signal.SIG_DFL:  # not ignored (no job control)
+        before[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
     try:
-        yield received
+        yield child
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def _signal_child(child: Child, signum: int) -> None:
+    if child.pid > 0:
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signum)
 
 
 def _connect(path: Path) -> socket.socket | None:

@@ -73,6 +73,7 @@ def popen(project: Project, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env_of(True),
+        process_group=0,  # a job of its own, as a shell starts one (not an orphaned group)
     )
 
 
@@ -183,11 +184,6 @@ def prompting_key(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Itera
     authorized.write_text(before)
 
 
-def follow(proc: subprocess.Popen[str]) -> Iterator[str]:
-    assert proc.stdout is not None
-    yield from proc.stdout
-
-
 # -- the same output and exit code ----------------------------------------------------------------
 
 
@@ -292,8 +288,7 @@ def agents_in(project: Project) -> list[str]:
 def started_follow(project: Project, server: int) -> subprocess.Popen[str]:
     """A served `logs -f`, following (a new status line seen), run by one child of the server."""
     proc = popen(project, "logs", "-t", NAME, "-f", "--tail", "0")
-    lines = follow(proc)
-    assert "step=" in next(lines)
+    assert proc.stdout is not None and "step=" in proc.stdout.readline()
     assert len(children(server)) == 1
     return proc
 
@@ -345,6 +340,27 @@ def test_sigterm_on_a_served_command_ends_it_as_in_process(
     assert proc.returncode == alone.returncode == -signal.SIGTERM
     project.wait_for(lambda: not children(server), what="the child's end")
     project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
+
+
+def state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_ctrl_z_stops_the_served_command_and_fg_resumes_it(
+    served: Project, _private_runtime_dir: Path
+) -> None:
+    project = served
+    server = warm(project, _private_runtime_dir)
+    proc = started_follow(project, server)
+    [child] = children(server)
+    proc.send_signal(signal.SIGTSTP)  # Ctrl-Z
+    project.wait_for(lambda: state(proc.pid) == state(child) == "T", what="both stopped")
+    proc.send_signal(signal.SIGCONT)  # fg
+    project.wait_for(lambda: "T" not in (state(proc.pid), state(child)), what="both resumed")
+    assert proc.stdout is not None and "step=" in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "stopped following" in err, err
 
 
 def test_a_closed_pipe_ends_a_served_follow_with_141(
