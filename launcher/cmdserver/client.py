@@ -53,8 +53,9 @@ def hand_over(argv: list[str]) -> int | NoServer:
         streams = [_stream(s) for s in (sys.stdin, sys.stdout, sys.stderr)]
         for fd in (0, 1, 2):
             os.fstat(fd)
+        request = wire.Request(sys.argv[:], os.getcwd(), dict(os.environ), _umask(), streams)
     except (AttributeError, OSError, ValueError):
-        return NoServer(start=False)  # a closed or replaced stream: only in-process is exact
+        return NoServer(start=False)  # a closed stream, a cwd gone: only in-process is exact
     print_ = wire.fingerprint()
     path = wire.socket_path(print_)
     if path is None:
@@ -62,7 +63,6 @@ def hand_over(argv: list[str]) -> int | NoServer:
     sock = _connect(path)
     if sock is None:
         return NoServer(start=True, path=path, fingerprint=print_)
-    request = wire.Request(sys.argv[:], os.getcwd(), dict(os.environ), _umask(), streams)
     with sock, _forwarding(sock) as child:
         return _converse(sock, request, child)
 

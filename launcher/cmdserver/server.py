@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import importlib
 import io
 import os
@@ -72,8 +73,9 @@ def preload() -> None:
 class Server:
     """Accepts commands on `listener` until idle for `idle` seconds with no child running."""
 
-    def __init__(self, listener: socket.socket, path: Path, idle: float) -> None:
+    def __init__(self, listener: socket.socket, path: Path, idle: float, lock: int) -> None:
         self.listener = listener
+        self.lock = lock  # held while this server lives: no child may hold it after
         self.path = path
         self.inode = path.stat().st_ino
         self.idle = idle
@@ -130,7 +132,7 @@ class Server:
                     return  # never fork with another thread (its locks would be copied held)
                 pid = os.fork()
                 if pid == 0:
-                    child(conn, self.listener, request, fds)
+                    child(conn, (self.listener.fileno(), self.lock), request, fds)
                 self.children.add(pid)
             except (OSError, ValueError):
                 return
@@ -144,11 +146,14 @@ class Server:
 
 
 def child(
-    conn: socket.socket, listener: socket.socket, request: wire.Request, fds: list[int]
+    conn: socket.socket, servers: tuple[int, int], request: wire.Request, fds: list[int]
 ) -> NoReturn:
+    """One command, in the forked child; never returns into the server's loop. `servers`: the
+    server's listening socket and lock, which a child outliving a killed server must not keep."""
     code = 1
     try:
-        listener.close()
+        for fd in servers:
+            os.close(fd)
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -293,6 +298,11 @@ def main(startup: dict[str, Any]) -> int:
     preload()
     if wire.fingerprint() != print_ or threading.active_count() != 1:
         return 2  # changed while importing, or an import started a thread: fork is unsafe
+    # What the imports made lives as long as the process: out of the collector's sight, so
+    # that a child's collections neither walk it (tens of ms) nor write to its pages (each
+    # write copies a page the child shares with the server).
+    gc.collect()
+    gc.freeze()
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # left by a server that was killed: we hold the lock now
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -302,7 +312,7 @@ def main(startup: dict[str, Any]) -> int:
     finally:
         os.umask(old_umask)
     listener.listen(64)
-    server = Server(listener, path, idle)
+    server = Server(listener, path, idle, lock)
 
     def stop(*_: object) -> None:
         server.stopping = True

@@ -170,8 +170,9 @@ def idle_seconds(env: dict[str, str] | os._Environ[str]) -> float:
 
 
 def fingerprint() -> str:
-    """Of the code a server would run: the interpreter (path, version, flags, PYTHON* variables,
-    the module search path, each entry's mtime: a package installed or upgraded changes it)
+    """Of the code a server would run: the interpreter (path, version, flags, PYTHON* and locale
+    variables, the module search path, each entry's mtime: a package installed or upgraded
+    changes it)
     and every launcher source file's size and mtime. A changed launcher is never served by a
     server started before the change: its socket has another name."""
     digest = hashlib.sha256()
@@ -181,7 +182,8 @@ def fingerprint() -> str:
         sys.version,
         list(sys.flags),
         sorted(sys._xoptions.items()) if hasattr(sys, "_xoptions") else [],
-        sorted((k, v) for k, v in os.environ.items() if k.startswith("PYTHON")),
+        # what Python read at start: its own variables and the locale (stdio's encoding)
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(("PYTHON", "LC_", "LANG"))),
         [os.path.abspath(p) for p in sys.path],
     ]
     digest.update(json.dumps(python, default=str).encode())

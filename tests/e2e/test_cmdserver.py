@@ -430,6 +430,38 @@ def test_a_killed_server_or_a_stale_socket_costs_one_command_in_process(
     assert served_again.returncode == 0
 
 
+def test_a_server_killed_under_a_running_command(
+    served: Project, _private_runtime_dir: Path
+) -> None:
+    """The command goes on to its end; the next command starts a new server at once (the old
+    child holds neither the lock nor the listening socket)."""
+    project = served
+    server = warm(project, _private_runtime_dir)
+    proc = started_follow(project, server)
+    [child] = children(server)  # its command line is the server's: told apart by pid
+
+    def others() -> list[int]:
+        return [pid for pid in servers(_private_runtime_dir) if pid != child]
+
+    [path] = sockets(_private_runtime_dir)
+    old_inode = path.stat().st_ino
+    os.kill(server, signal.SIGKILL)
+    project.wait_for(lambda: not others(), what="the kill")
+    assert proc.stdout is not None and "step=" in proc.stdout.readline()  # still following
+    assert run(project, "status", "-t", NAME).returncode == 0
+    [new] = project.wait_for(others, what="a new server")
+
+    def rebound() -> bool:
+        return path.exists() and path.stat().st_ino != old_inode
+
+    project.wait_for(rebound, what="the new server listening")
+    served_now = run(project, "status", "-t", NAME, "--json")
+    assert served_now.returncode == 0 and others() == [new]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "stopped following" in err, err
+
+
 def test_another_users_process_cannot_use_it(served: Project, _private_runtime_dir: Path) -> None:
     """Its directory is the user's own (0700) and its socket 0600; opened to everyone, the
     server still answers nobody but its user (SO_PEERCRED), and runs nothing."""
