@@ -561,6 +561,21 @@ def test_concurrent_served_commands(served: Project, _private_runtime_dir: Path)
     assert len(servers(_private_runtime_dir)) == 1
 
 
+def test_an_environment_too_large_to_hand_over_runs_in_process(
+    project: Project, _private_runtime_dir: Path
+) -> None:
+    project.write({NAME: (VMID, project.playbook(NAME))})
+    assert run(project, "history", "-t", NAME).returncode == 0  # starts a server
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="a command server")
+    theirs = run(project, "history", "-t", NAME)
+    # more than the socket's buffer takes in one packet (EMSGSIZE); more than MAX_PACKET
+    for count in (3, 12):
+        big = {f"BIG{n}": "x" * 110_000 for n in range(count)}
+        mine = run(project, "history", "-t", NAME, env=big)
+        assert mine.returncode == theirs.returncode == 0, mine.stderr
+        assert mine.stdout == theirs.stdout
+
+
 def test_the_server_ends_when_idle(project: Project, _private_runtime_dir: Path) -> None:
     project.write({NAME: (VMID, project.playbook(NAME))})
     quick = {"LAUNCHER_CONTROL_PERSIST": "2"}
