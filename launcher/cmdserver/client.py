@@ -79,12 +79,12 @@ def _converse(sock: socket.socket, request: wire.Request, child: Child) -> int |
         return NoServer(start=False)  # nothing ran: no Go was sent
     if not isinstance(answer, wire.Started):
         return NoServer(start=False)  # Declined (a host that prompts on the terminal)
-    child.pid = answer.pid
+    child.pid = answer.pid  # from now on a signal is forwarded (the child ends before Go)
+    if child.received:  # Ctrl-C (or another) before that: no Go, nothing runs
+        return _lost(child.received)
     try:
         sock.settimeout(None)
         sock.send(wire.encode(wire.Go()))
-        for signum in child.received:  # before the child started: it gets them now
-            sock.send(wire.encode(wire.Signal(signum)))
         while True:
             packet = sock.recv(wire.MAX_PACKET)
             if not packet:
@@ -103,34 +103,36 @@ def _lost(received: list[int]) -> int:
     if received and received[-1] != signal.SIGINT:
         signal.signal(received[-1], signal.SIG_DFL)
         os.kill(os.getpid(), received[-1])
-    if received:
-        return 130  # ExitCode.INTERRUPTED
     with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write("launcher: the command's process ended without an exit code\n")
+        if received:  # as console.interrupted says it
+            sys.stderr.write("interrupted\n")
+        else:
+            sys.stderr.write("launcher: the command's process ended without an exit code\n")
         sys.stderr.flush()
-    return LOST
+    return 130 if received else LOST  # ExitCode.INTERRUPTED
 
 
 class Child:
     """The served command's process, as the client sees it."""
 
     def __init__(self) -> None:
-        self.pid = 0  # known once Started arrives
+        self.pid = 0  # once Started arrived
         self.received: list[int] = []  # the signals forwarded, in order
 
 
 @contextlib.contextmanager
 def _forwarding(sock: socket.socket) -> Iterator[Child]:
-    """SIGINT, SIGTERM and SIGHUP sent on to the child as Signal messages while it runs (and
-    recorded: one that came before the child started is sent when it has). Ctrl-Z stops the
-    child with the client, and `fg`/`bg` resumes both, as for one process: the child's
-    process group is not the terminal's, so the terminal's job control cannot reach it."""
+    """SIGINT, SIGTERM and SIGHUP sent on to the child as Signal messages once it started
+    (one before that means the command never runs: the client ends as the signal says).
+    Ctrl-Z stops the child with the client, and `fg`/`bg` resumes both, as for one process:
+    the child's process group is not the terminal's, whose job control cannot reach it."""
     child = Child()
 
     def forward(signum: int, _frame: Any) -> None:
         child.received.append(signum)
-        with contextlib.suppress(OSError):
-            sock.send(wire.encode(wire.Signal(signum)))
+        if child.pid > 0:  # started: the child gets it; before: nothing will run
+            with contextlib.suppress(OSError):
+                sock.send(wire.encode(wire.Signal(signum)))
 
     def suspend(_signum: int, _frame: Any) -> None:
         _signal_child(child, signal.SIGSTOP)
