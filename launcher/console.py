@@ -1,10 +1,12 @@
 """The `launcher` console script and `python -m launcher`.
 
-The CLI runs, then the process ends at once with its exit code, after flushing its output and
+A command the command server serves (cmdserver/: the persisted connection's companion, same
+lifetime) is handed to it before click is imported; otherwise, or when it declines, the CLI
+runs here, then the process ends at once with its exit code, after flushing its output and
 shutting logging down: by then the command has closed its connections and joined every thread
 it started, and what would follow is the interpreter's teardown (freeing every module:
-paramiko, pydantic, ... ~0.05 s), which nothing needs. This is the one place launcher calls
-os._exit.
+paramiko, pydantic, ... ~0.05 s), which nothing needs. os._exit is called here and, for a
+served command, in the command server's child (cmdserver/server.py), which ends the same way.
 
 Standard library only until the CLI is imported.
 """
@@ -43,6 +45,20 @@ def _main() -> NoReturn:
     if _asks_version_only(argv):
         _version()
     _persist_when_interactive()
+    from launcher.cmdserver import client
+
+    served = client.hand_over(argv)  # a served command's exit code, or where it was not
+    if isinstance(served, int):
+        os._exit(served)
+    code = run_cli()
+    if served.start:  # no server answered: one for the next command
+        client.start(served)
+    os._exit(code)
+
+
+def run_cli() -> int:
+    """The CLI in this process, its output flushed and logging shut down: its exit code. What
+    the console script runs, and the command server's child for a served command."""
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
@@ -54,12 +70,15 @@ def _main() -> NoReturn:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)  # what sys.exit("message") does
         code = 1
-    flush_stdout()  # a reader that went away: exits 141 here, the usual way
+    try:
+        flush_stdout()  # a reader that went away: exits 141 here, the usual way
+    except SystemExit as done:
+        code = done.code
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
     if "logging" in sys.modules:  # handlers `--debug` added: flushed, closed, as at exit
         sys.modules["logging"].shutdown()
-    os._exit(code or 0)
+    return code if isinstance(code, int) else 0
 
 
 def _persist_when_interactive() -> None:

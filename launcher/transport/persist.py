@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -52,6 +51,8 @@ from launcher.errors import (
     RemoteError,
 )
 from launcher.transport import frames
+from launcher.transport.rundir import peer_uid as peer_uid  # for persistserver.py
+from launcher.transport.rundir import runtime_dir as runtime_dir
 from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
 
 if TYPE_CHECKING:
@@ -63,27 +64,9 @@ NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle tim
 ERRORS: dict[str, type[LauncherError]] = {
     cls.__name__: cls for cls in (CommandTimeout, ConnectError, HostKeyError, AuthError)
 }
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 # -- where -------------------------------------------------------------------------------------
-
-
-def runtime_dir() -> Path | None:
-    """The user's private directory for sockets, made if missing; None when it is not a real
-    directory owned by the user with mode 0700 (then nothing is persisted)."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "launcher" if xdg and os.path.isabs(xdg) else None
-    if base is None or len(str(base)) > 60:  # a socket path must fit in 108 bytes
-        base = Path(f"/tmp/launcher-{os.geteuid()}")
-    with contextlib.suppress(FileExistsError, FileNotFoundError):
-        base.mkdir(mode=0o700)
-    try:
-        info = base.lstat()
-    except OSError:
-        return None
-    private = info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
-    return base if os.path.isdir(base) and not base.is_symlink() and private else None
 
 
 def endpoint_doc(endpoint: Endpoint) -> dict[str, Any]:
@@ -153,11 +136,6 @@ def default_idle(passphrase: str) -> float:
 def persistable(endpoint: Endpoint) -> bool:
     """A host whose connection a background process can open (and is asked to keep)."""
     return unattended(endpoint) and endpoint.control_persist > 0
-
-
-def peer_uid(sock: socket.socket) -> int:
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    return int(_PEERCRED.unpack(data)[1])
 
 
 # -- the client side ---------------------------------------------------------------------------
