@@ -621,9 +621,10 @@ def rollback(
 # --------------------------------------------------------------------------- disconnect
 
 
-def disconnect() -> int:
-    """End this user's persisted connections now (each ends after its idle time anyway); how
-    many were asked to."""
+def disconnect() -> tuple[int, int]:
+    """End this user's persisted connections and command servers now (each ends after its idle
+    time anyway); how many of each were asked to."""
+    from launcher.cmdserver import client
     from launcher.transport import persist
 
-    return len(persist.stop_all())
+    return len(persist.stop_all()), client.end_all()

@@ -337,7 +337,7 @@ def run_doctor(app: AppContext, request: DoctorRequest, *, json: bool) -> None:
 
 @click.command("disconnect")
 def disconnect_command() -> None:
-    """End this user's persisted connections (hosts with `control_persist:`).
+    """End this user's persisted connections and command servers.
 
     Each ends after its idle time anyway; this ends them now, e.g. after changing
     ssh_config, which a persisted connection keeps as it was when it connected.
@@ -349,4 +349,5 @@ def disconnect_command() -> None:
     """
     from launcher.operate import disconnect
 
-    click.echo(f"ended {disconnect()} persisted connection(s)")
+    connections, servers = disconnect()
+    click.echo(f"ended {connections} persisted connection(s) and {servers} command server(s)")

@@ -16,13 +16,14 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from launcher.cmdserver import wire
-from launcher.transport.rundir import peer_uid
+from launcher.transport.rundir import peer_uid, runtime_dir
 
 CONNECT_TIMEOUT = 1.0
 STARTED_TIMEOUT = 10.0  # for the child's Started or Declined: the fork and its inventory look
@@ -210,3 +211,17 @@ def start(where: NoServer) -> None:
             close_fds=True,
             cwd="/",
         )
+
+
+def end_all() -> int:
+    """End this user's command servers (`launcher disconnect`): each one's socket is removed, so
+    no later command reaches it, and it exits within its poll (a command it is running goes on
+    to its end); how many there were."""
+    directory = runtime_dir()
+    ended = 0
+    for path in sorted(directory.glob("cmd-*")) if directory else []:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):  # not its lock file
+                path.unlink()
+                ended += 1
+    return ended

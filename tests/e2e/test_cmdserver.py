@@ -586,6 +586,26 @@ def test_the_server_ends_when_idle(project: Project, _private_runtime_dir: Path)
     assert not sockets(_private_runtime_dir)
 
 
+def test_disconnect_ends_the_command_server(served: Project, _private_runtime_dir: Path) -> None:
+    project = served
+    warm(project, _private_runtime_dir)
+    ended = run(project, "disconnect", served=False)
+    assert ended.returncode == 0, ended.stderr
+    assert "and 1 command server(s)" in ended.stdout, ended.stdout
+    assert not sockets(_private_runtime_dir)  # no later command reaches it
+    project.wait_for(lambda: not servers(_private_runtime_dir), timeout=10, what="its end")
+    # The next command runs in-process and starts a new server, which serves the one after
+    # (with `-X importtime`, which is part of the fingerprint: a server of its own).
+    xopt = ("-X", "importtime")
+    first = run(project, "status", "-t", NAME, python=xopt)
+    assert first.returncode == 0 and "click" in imported(first.stderr)  # in-process
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="a new command server")
+    assert_served(run(project, "status", "-t", NAME, python=xopt))
+    again = run(project, "disconnect", served=False)
+    assert "and 1 command server(s)" in again.stdout, again.stdout
+    project.wait_for(lambda: not servers(_private_runtime_dir), timeout=10, what="its end")
+
+
 # -- what a fresh process would see -------------------------------------------------------------
 
 
