@@ -6,10 +6,11 @@ Workflow modules (and so pydantic, paramiko) are imported inside commands, so th
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -119,48 +120,63 @@ def cli(
     ctx.obj = app
 
 
-def _register() -> None:
-    from launcher.cli.buckets import buckets
-    from launcher.cli.completion import completion_command
-    from launcher.cli.deploy import deploy_command
-    from launcher.cli.inventory import inventory
-    from launcher.cli.job import job
-    from launcher.cli.operate import (
-        attach_command,
-        disconnect_command,
-        doctor_command,
-        history_command,
-        logs_command,
-        rollback_command,
-        stop_command,
-    )
-    from launcher.cli.sandbox import sandbox
-    from launcher.cli.verify import smoke_command, status_command, verify_command
-    from launcher.cli.watch import watch_command
-
-    for command in (
-        inventory,
-        sandbox,
-        deploy_command,
-        verify_command,
-        status_command,
-        smoke_command,
-        logs_command,
-        stop_command,
-        attach_command,
-        history_command,
-        rollback_command,
-        doctor_command,
-        disconnect_command,
-        buckets,
-        completion_command,
-        watch_command,
-        job,
-    ):
-        cli.add_command(command)
+# Every subcommand, by where it is defined: a command's module (its options and imports) loads
+# when the command is named, so `launcher status` loads cli/verify.py alone, not the other
+# eight modules (~15 ms); --help, completion and the docs load them all.
+SUBCOMMANDS: dict[str, str] = {
+    "inventory": "launcher.cli.inventory:inventory",
+    "sandbox": "launcher.cli.sandbox:sandbox",
+    "deploy": "launcher.cli.deploy:deploy_command",
+    "verify": "launcher.cli.verify:verify_command",
+    "status": "launcher.cli.verify:status_command",
+    "smoke": "launcher.cli.verify:smoke_command",
+    "logs": "launcher.cli.operate:logs_command",
+    "stop": "launcher.cli.operate:stop_command",
+    "attach": "launcher.cli.operate:attach_command",
+    "history": "launcher.cli.operate:history_command",
+    "rollback": "launcher.cli.operate:rollback_command",
+    "doctor": "launcher.cli.operate:doctor_command",
+    "disconnect": "launcher.cli.operate:disconnect_command",
+    "buckets": "launcher.cli.buckets:buckets",
+    "completion": "launcher.cli.completion:completion_command",
+    "watch": "launcher.cli.watch:watch_command",
+    "job": "launcher.cli.job:job",
+}
 
 
-_register()
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The group's `commands`: each name's command imported on its first lookup."""
+
+    def __init__(self, where: Mapping[str, str]) -> None:
+        self._where = dict(where)
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        command = self._loaded.get(name)
+        if command is None:
+            module, _, attr = self._where[name].partition(":")  # KeyError: no such command
+            command = getattr(importlib.import_module(module), attr)
+            if not isinstance(command, click.Command) or command.name != name:
+                raise TypeError(f"{self._where[name]} is not the command {name!r}")
+            self._loaded[name] = command
+        return command
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+        self._where.setdefault(name, "")
+
+    def __delitem__(self, name: str) -> None:
+        del self._where[name]
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+cli.commands = LazyCommands(SUBCOMMANDS)
 
 
 # Commands whose work, once sent, runs to its end in the container whatever the client does.

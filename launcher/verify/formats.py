@@ -123,7 +123,8 @@ def to_rate(value: object, unit: tuple[str, float, bool]) -> float | None:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built on first use, as launcher.config's models (its _Model says why).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class FieldsSpec(_Model):

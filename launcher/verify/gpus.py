@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 DEFAULT_MIN_UTIL = 10.0
 
 
-class GpuCheckSpec(BaseModel, extra="forbid", allow_inf_nan=False):
+class GpuCheckSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
     """`verify.gpus` in a playbook."""
 
     min_util: float = Field(default=DEFAULT_MIN_UTIL, ge=0, le=100)

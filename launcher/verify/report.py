@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
@@ -13,6 +12,9 @@ from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
 from launcher.verify.samples import Sample
+
+if TYPE_CHECKING:
+    import xml.etree.ElementTree as ET
 
 SCHEMA_ID = "launcher.verify/2"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -87,6 +89,9 @@ def to_junit(runs: Sequence[tuple[str, ProbeResult | None, dict[str, Any] | None
 
     Each run is (target, probe or None, deploy report or None).
     """
+    # Imported here: a status, or a verify without --junit, loads no XML library (~3 ms).
+    import xml.etree.ElementTree as ET
+
     suites = ET.Element("testsuites")
     for target, probe, deploy in runs:
         suites.append(_junit_suite(target, probe, deploy))
@@ -97,6 +102,8 @@ def to_junit(runs: Sequence[tuple[str, ProbeResult | None, dict[str, Any] | None
 def _junit_suite(
     target: str, probe: ProbeResult | None, deploy: dict[str, Any] | None
 ) -> ET.Element:
+    import xml.etree.ElementTree as ET
+
     classname = f"launcher.{target}"
     checks = probe.checks if probe else []
     failures = sum(r.verdict is Verdict.FAIL for r in checks)

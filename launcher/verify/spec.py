@@ -9,8 +9,10 @@ from launcher.verify.samples import parse_rate
 
 __all__ = ["ChecksSpec", "LossSpec", "StepSpec", "ThroughputSpec"]
 
+# The models are built on first use (defer_build), as launcher.config's (its _Model says why).
 
-class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False):
+
+class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
     min: float = Field(default=1000.0, ge=0)  # tok/s; "5Ktok/s" is accepted too
     target: float | None = Field(default=None, ge=0)
     rise_margin: float = Field(default=0.05, ge=0)  # later must beat earlier by this fraction
@@ -23,7 +25,7 @@ class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False):
         return parse_rate(value) if isinstance(value, str) else value
 
 
-class StepSpec(BaseModel, extra="forbid", allow_inf_nan=False):
+class StepSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
     stall_after: float = Field(default=120.0, gt=0)  # seconds
     # Hung sooner: the step unchanged, nothing printed and nothing written below the checkpoints
     # directory for this long (seconds). A checkpoint save that writes as it goes, however long,
@@ -31,7 +33,7 @@ class StepSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     hang_after: float | None = Field(default=None, gt=0)
 
 
-class LossSpec(BaseModel, extra="forbid", allow_inf_nan=False):
+class LossSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
     warn_rise: float = Field(default=0.5, ge=0)  # fraction above the lowest loss seen
     # Failing this fraction above the lowest (smoothed) loss seen; null: no such check.
     max_rise: float | None = Field(default=1.0, gt=0)
@@ -39,7 +41,7 @@ class LossSpec(BaseModel, extra="forbid", allow_inf_nan=False):
     ceiling: float | None = Field(default=None, gt=0)
 
 
-class ChecksSpec(BaseModel, extra="forbid", allow_inf_nan=False):
+class ChecksSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
     fail_patterns: list[str] = Field(
         default_factory=lambda: [
             "Traceback (most recent call last)",
