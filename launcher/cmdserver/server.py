@@ -68,6 +68,21 @@ def preload() -> None:
             importlib.import_module(name)
     for name in LIBRARIES:
         importlib.import_module(name)
+    build_models()
+
+
+def build_models() -> None:
+    """Build every configuration model's validator now: they are built on first use
+    (`defer_build`, which spares a one-off command ~30 ms), and a child would otherwise build
+    them again for every command."""
+    from pydantic import BaseModel
+
+    pending: list[type[BaseModel]] = [BaseModel]
+    while pending:
+        for model in pending.pop().__subclasses__():
+            pending.append(model)
+            if model.__module__.startswith("launcher."):
+                model.model_rebuild(force=True)
 
 
 class Server:

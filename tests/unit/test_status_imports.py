@@ -26,7 +26,7 @@ main.cli.commands["status"]
 from launcher import commands
 from launcher.requests import StatusRequest
 commands.workflow_for(StatusRequest)
-commands._resolve(commands.ROWS[StatusRequest])
+commands._resolve(commands.WORKFLOWS[StatusRequest].row)
 import launcher.cli.targets, launcher.verify.report, launcher.transport.pool
 from launcher import config
 models = [m for m in vars(config).values() if isinstance(m, type)
@@ -122,7 +122,7 @@ def test_the_first_validation_still_names_file_line_and_key(tmp_path: Path) -> N
 
 def test_the_ssh_libraries_load_without_collections(tmp_path: Path) -> None:
     """sshlibs.py pauses the cyclic garbage collector while paramiko and Fabric load (dozens of
-    collections, a full one among them, that would free nothing: one young collection after),
+    collections, a full one among them, that would free nothing),
     and puts it back as it found it: enabled stays enabled, a disabled one stays disabled."""
     code = """
 import gc, json
@@ -133,5 +133,8 @@ gc.{}()
 import launcher.transport.sshlibs
 print(json.dumps([[info["generation"] for info in collections], gc.isenabled()]))
 """
-    assert run_python(code.format("enable"), cwd=tmp_path) in ([[], True], [[0], True])
+    generations, enabled = run_python(code.format("enable"), cwd=tmp_path)
+    # A young collection or two around the pause (when the module itself loads, and after);
+    # without it, dozens, a full one among them.
+    assert enabled and len(generations) <= 3 and set(generations) <= {0}, generations
     assert run_python(code.format("disable"), cwd=tmp_path) == [[], False]
