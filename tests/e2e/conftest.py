@@ -61,7 +61,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox,
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    sb = Sandbox(tmp_path_factory.mktemp("sandbox"))
+    sb = Sandbox(tmp_path_factory.mktemp("sandbox"), stock_home=True)
     try:
         info = sb.up(SANDBOX_VMIDS, gpus=SANDBOX_GPUS)
         separate_gpus(sb)
