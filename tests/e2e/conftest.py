@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.sandbox.gpus import driver_dir
 from launcher.transport import persist
 from tests.e2e.project import Project
 
@@ -156,3 +159,29 @@ LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[e]scape
 def end_leftover_runs(sb: Sandbox) -> None:
     for vmid in SANDBOX_VMIDS:
         sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
+    gpus_released(sb)
+
+
+def gpus_released(sb: Sandbox, timeout: float = 10) -> None:
+    """Until the GPU memory of the runs just ended is free: the sandbox's driver, as a real one
+    does, frees an exited trainer's memory a moment after it exits (its record's released_at;
+    launcher/sandbox/nvidia_smi.py), and the next test's deploy, which refuses GPUs that
+    something it cannot see holds, must not start within that moment."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pending = [at - time.time() for at in release_times(sb) if at > time.time()]
+        if not pending:
+            return
+        time.sleep(min(max(pending), max(0.0, deadline - time.monotonic())) + 0.05)
+
+
+def release_times(sb: Sandbox) -> list[float]:
+    times = []
+    for path in (driver_dir(sb.state_dir) / "pools").glob("*/*.json"):
+        try:
+            released = json.loads(path.read_text()).get("released_at")
+        except (OSError, ValueError):
+            continue  # written or removed meanwhile
+        if isinstance(released, (int, float)):
+            times.append(float(released))
+    return times
