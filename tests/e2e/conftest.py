@@ -16,6 +16,7 @@ import pytest
 
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.gpus import driver_dir
+from launcher.sandbox.nvidia_smi import start_time
 from launcher.transport import persist
 from tests.e2e.project import Project
 
@@ -153,7 +154,10 @@ def project(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Pr
 # Every run a test started, also one that failed half-way: tmux servers, trainers and whatever
 # they spawned. deploy refuses GPUs held from outside the run it replaces, so a run left behind
 # by one test would otherwise refuse the next test's deploy in that container.
-LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[e]scaped-gpu-holder'; true"
+LEFTOVERS = (
+    "tmux kill-server 2>/dev/null; "
+    "pkill -KILL -f '[t]rain_demo|[e]scaped-gpu-holder|[p]ython3 -m trainer'; true"
+)
 
 
 def end_leftover_runs(sb: Sandbox) -> None:
@@ -163,25 +167,29 @@ def end_leftover_runs(sb: Sandbox) -> None:
 
 
 def gpus_released(sb: Sandbox, timeout: float = 10) -> None:
-    """Until the GPU memory of the runs just ended is free: the sandbox's driver, as a real one
-    does, frees an exited trainer's memory a moment after it exits (its record's released_at;
-    launcher/sandbox/nvidia_smi.py), and the next test's deploy, which refuses GPUs that
-    something it cannot see holds, must not start within that moment."""
+    """Until the GPUs of the runs just ended are free: the sandbox's driver, as a real one does,
+    frees an exited trainer's memory a moment after it exits (its record's released_at), and a
+    killed one's once the process is gone, reaped (launcher/sandbox/nvidia_smi.py, records).
+    The next test's deploy refuses GPUs that something it cannot see holds, so it must not
+    start before. A holder that stays (none should) only costs the timeout."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pending = [at - time.time() for at in release_times(sb) if at > time.time()]
-        if not pending:
-            return
-        time.sleep(min(max(pending), max(0.0, deadline - time.monotonic())) + 0.05)
+    while held_records(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
-def release_times(sb: Sandbox) -> list[float]:
-    times = []
+def held_records(sb: Sandbox) -> list[Path]:
+    """The GPU records of this sandbox's pools the driver still counts, judged as
+    nvidia_smi.records() judges them (by the host's /proc: the sandbox host is this machine)."""
+    held = []
     for path in (driver_dir(sb.state_dir) / "pools").glob("*/*.json"):
         try:
-            released = json.loads(path.read_text()).get("released_at")
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # written or removed meanwhile
+        released = record.get("released_at")
         if isinstance(released, (int, float)):
-            times.append(float(released))
-    return times
+            if time.time() < released:
+                held.append(path)
+        elif start_time("/proc", record.get("host_pid")) == record.get("start"):
+            held.append(path)  # its process is alive, or a zombie not yet reaped
+    return held
