@@ -116,7 +116,7 @@ def _ensure_second_node(sandbox: Sandbox) -> int:
     sshd.stop_all(config)
     port = sshd.free_port()
     # sshd keeps only the first SetEnv directive: the node's name joins the PATH one.
-    text = sshd.config_text(home, port).replace(
+    text = sshd.config_text(home, port, home=sandbox.session_home).replace(
         "\nSetEnv ", f'\nSetEnv "LAUNCHER_SANDBOX_NODE={SECOND}" ', 1
     )
     config.write_text(text)

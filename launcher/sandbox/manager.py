@@ -71,11 +71,15 @@ class JumpHost:
 class Sandbox:
     """A staging Proxmox host on this machine; see the module docstring."""
 
-    def __init__(self, state_dir: Path | None = None) -> None:
+    def __init__(self, state_dir: Path | None = None, *, stock_home: bool = False) -> None:
+        """stock_home: the sshd's sessions get a HOME of their own with a Proxmox host's root
+        dotfiles (sshd.stock_home), not this machine's root's (the default, which the
+        benchmarks measure against)."""
         if state_dir is None:
             env = os.environ.get(STATE_DIR_ENV)
             state_dir = Path(env) if env else DEFAULT_STATE_DIR
         self.state_dir = Path(state_dir).absolute()
+        self.session_home = self.state_dir / "home" if stock_home else None
         self.lxcpath = self.state_dir / "lxc"
         self.sshd_config = self.state_dir / "sshd_config"
         self.identity_file = self.state_dir / "id_ed25519"
@@ -310,10 +314,12 @@ class Sandbox:
         pub = self.identity_file.with_name(self.identity_file.name + ".pub").read_text()
         (self.state_dir / "authorized_keys").write_text(pub)
 
+        if self.session_home is not None:
+            sshd.stock_home(self.session_home)
         running = sshd.find_listeners(self.sshd_config)
         port = sshd.config_port(self.sshd_config)
         if running and port is not None and not changed:
-            desired = sshd.config_text(self.state_dir, port)
+            desired = sshd.config_text(self.state_dir, port, home=self.session_home)
             if self.sshd_config.read_text() == desired and sshd.accepting(port):
                 pid_file = self.state_dir / "sshd.pid"
                 if sshd.read_pid(pid_file) not in running:
@@ -323,7 +329,7 @@ class Sandbox:
         sshd.stop_all(self.sshd_config)
         if port is None or not sshd.port_free(port):
             port = sshd.free_port()
-        self.sshd_config.write_text(sshd.config_text(self.state_dir, port))
+        self.sshd_config.write_text(sshd.config_text(self.state_dir, port, home=self.session_home))
         sshd.start(self.state_dir, self.sshd_config, port)
         self._write_known_hosts(port)
         return port

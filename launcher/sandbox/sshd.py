@@ -51,11 +51,19 @@ def ensure_key(path: Path, comment: str) -> bool:
 
 
 def config_text(
-    state_dir: Path, port: int, *, address: str = ADDRESS, authorized_keys: Path | None = None
+    state_dir: Path,
+    port: int,
+    *,
+    address: str = ADDRESS,
+    authorized_keys: Path | None = None,
+    home: Path | None = None,
 ) -> str:
     """sshd_config for the sandbox's sshd (or another one on `address`, e.g. a jump host that
-    lets in the keys of `authorized_keys`)."""
+    lets in the keys of `authorized_keys`). `home`: the sessions' HOME (see stock_home)."""
     session_path = f"{state_dir / 'bin'}:{SESSION_PATH_TAIL}"
+    session_env = [_quote("PATH=" + session_path)]
+    if home is not None:
+        session_env.append(_quote(f"HOME={home}"))
     keys = authorized_keys or state_dir / "authorized_keys"
     lines = [
         f"Port {port}",
@@ -73,10 +81,29 @@ def config_text(
         "Subsystem sftp internal-sftp",
         "MaxSessions 10",  # OpenSSH's default, which launcher must live with
         "MaxStartups 200:30:400",
-        f"SetEnv {_quote('PATH=' + session_path)}",
+        # one SetEnv line: sshd keeps only the first (sshd_config(5))
+        f"SetEnv {' '.join(session_env)}",
         "",
     ]
     return "\n".join(lines)
+
+
+# Debian's stock dotfiles for root, as base-files installs them (its postinst copies these to
+# /root/.bashrc and /root/.profile); a Proxmox VE host is Debian with root's left as they are.
+STOCK_DOTFILES = Path("/usr/share/base-files")
+
+
+def stock_home(home: Path) -> Path:
+    """A HOME for the sessions holding a Proxmox host's root dotfiles instead of this machine's
+    root's: bash sources ~/.bashrc for every command sshd runs (Debian builds it with
+    SSH_SOURCE_BASHRC), and a developer machine's may run `pyenv init`, which costs each SSH
+    command ~0.15 s of CPU and puts pyenv's shims before the host's python3."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in ("bashrc", "profile"):
+        stock = STOCK_DOTFILES / f"dot.{name}"
+        text = stock.read_bytes() if stock.is_file() else b"# Debian's stock (all comments)\n"
+        (home / f".{name}").write_bytes(text)
+    return home
 
 
 def config_port(config: Path) -> int | None:

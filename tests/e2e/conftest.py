@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.sandbox.gpus import driver_dir
+from launcher.sandbox.nvidia_smi import start_time
 from launcher.transport import persist
 from tests.e2e.project import Project
 
@@ -61,7 +65,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox,
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    sb = Sandbox(tmp_path_factory.mktemp("sandbox"))
+    sb = Sandbox(tmp_path_factory.mktemp("sandbox"), stock_home=True)
     try:
         info = sb.up(SANDBOX_VMIDS, gpus=SANDBOX_GPUS)
         separate_gpus(sb)
@@ -150,9 +154,42 @@ def project(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Pr
 # Every run a test started, also one that failed half-way: tmux servers, trainers and whatever
 # they spawned. deploy refuses GPUs held from outside the run it replaces, so a run left behind
 # by one test would otherwise refuse the next test's deploy in that container.
-LEFTOVERS = "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo|[e]scaped-gpu-holder'; true"
+LEFTOVERS = (
+    "tmux kill-server 2>/dev/null; "
+    "pkill -KILL -f '[t]rain_demo|[e]scaped-gpu-holder|[p]ython3 -m trainer'; true"
+)
 
 
 def end_leftover_runs(sb: Sandbox) -> None:
     for vmid in SANDBOX_VMIDS:
         sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
+    gpus_released(sb)
+
+
+def gpus_released(sb: Sandbox, timeout: float = 10) -> None:
+    """Until the GPUs of the runs just ended are free: the sandbox's driver, as a real one does,
+    frees an exited trainer's memory a moment after it exits (its record's released_at), and a
+    killed one's once the process is gone, reaped (launcher/sandbox/nvidia_smi.py, records).
+    The next test's deploy refuses GPUs that something it cannot see holds, so it must not
+    start before. A holder that stays (none should) only costs the timeout."""
+    deadline = time.monotonic() + timeout
+    while held_records(sb) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def held_records(sb: Sandbox) -> list[Path]:
+    """The GPU records of this sandbox's pools the driver still counts, judged as
+    nvidia_smi.records() judges them (by the host's /proc: the sandbox host is this machine)."""
+    held = []
+    for path in (driver_dir(sb.state_dir) / "pools").glob("*/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # written or removed meanwhile
+        released = record.get("released_at")
+        if isinstance(released, (int, float)):
+            if time.time() < released:
+                held.append(path)
+        elif start_time("/proc", record.get("host_pid")) == record.get("start"):
+            held.append(path)  # its process is alive, or a zombie not yet reaped
+    return held

@@ -61,7 +61,7 @@ def distro_sandbox(
     if reason:
         pytest.skip(reason)
     build_root_filesystems()
-    sb = Sandbox(tmp_path_factory.mktemp("distros"))
+    sb = Sandbox(tmp_path_factory.mktemp("distros"), stock_home=True)
     try:
         for distro, (vmid, _, _) in MATRIX.items():
             info = sb.up([vmid], gpus=2, distro=distro)

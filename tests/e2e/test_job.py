@@ -48,7 +48,7 @@ def net_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sand
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    sb = Sandbox(tmp_path_factory.mktemp("netsandbox"))
+    sb = Sandbox(tmp_path_factory.mktemp("netsandbox"), stock_home=True)
     try:
         info = sb.up(NODES, gpus=2)
         sb.connect(NODES)

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,20 +93,23 @@ def test_a_command_given_up_is_cut_off_as_a_dropped_channel_would_cut_it(
     """Its output pipe closes (a writer dies of SIGPIPE, as under sshd), it is not killed: a
     command that outlives its client on purpose (a deploy transaction) still completes."""
     marker = f"/tmp/relay-outlived-its-client-{uuid.uuid4().hex}"
-    direct.run(f"rm -f {marker}", timeout=10)
-    started = time.monotonic()
-    with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
-        relayed.run("while :; do echo tick 47.5; sleep 0.2; done", timeout=1)
-    with pytest.raises(CommandTimeout):
-        relayed.run(f"trap '' PIPE HUP; echo go; sleep 2.5; touch {marker}; echo done", timeout=1)
-    assert time.monotonic() - started < 8
-    project.wait_for(
-        lambda: "tick 47.5" not in host_processes(direct), timeout=10, what="the writer ended"
-    )
-    project.wait_for(
-        lambda: direct.run(f"test -e {marker}", timeout=10).ok, timeout=10, what="the marker"
-    )
-    assert relayed.run("echo still here", timeout=10).out == "still here\n"
+    try:
+        started = time.monotonic()
+        with pytest.raises(CommandTimeout, match="did not finish within 1 s"):
+            relayed.run("while :; do echo tick 47.5; sleep 0.2; done", timeout=1)
+        with pytest.raises(CommandTimeout):
+            outlive = f"trap '' PIPE HUP; echo go; sleep 2.5; touch {marker}; echo done"
+            relayed.run(outlive, timeout=1)
+        assert time.monotonic() - started < 8
+        project.wait_for(
+            lambda: "tick 47.5" not in host_processes(direct), timeout=10, what="the writer ended"
+        )
+        project.wait_for(
+            lambda: direct.run(f"test -e {marker}", timeout=10).ok, timeout=10, what="the marker"
+        )
+        assert relayed.run("echo still here", timeout=10).out == "still here\n"
+    finally:  # the marker is on the sandbox host, this machine: the test leaves nothing there
+        Path(marker).unlink(missing_ok=True)
 
 
 def test_idle_timeout_and_output_as_it_comes(relayed: Connection) -> None:

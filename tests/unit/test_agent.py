@@ -451,6 +451,8 @@ def test_apply_restart_purge_and_stop_op(target: Target) -> None:
     assert result["script"]["unchanged"] is True
     assert [s["status"] for s in result["steps"] if s["name"] == "install"] == ["unchanged"]
 
+    # C-c once the relaunched trainer runs, not while its interpreter starts (a loaded machine)
+    assert wait_until(lambda: "started" in target.poll()["capture"], timeout=30)
     request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
     stop = agent_main.run_local({**request, "grace": 2.0, "lock_path": str(target.lock_path)})
     assert stop["ok"] is True
