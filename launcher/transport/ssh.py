@@ -51,6 +51,7 @@ POLL_SECONDS = 0.5  # how often a command's read loop checks its deadlines
 # is not SSH, a link cut by the deadline); the error raised here already says what happened.
 # `--debug` adds a handler that shows them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+SESSION_REFUSED_RETRY = 2.0  # seconds a refused session is asked for again (_open_channel)
 
 
 class SSHConnection:
@@ -232,10 +233,23 @@ class SSHConnection:
         transport = self._connected().get_transport()
         if transport is None or not transport.is_active():
             raise ConnectError(f"{ep.name}: connection to {ep.hostname} was lost")
-        try:
-            channel = transport.open_session(timeout=ep.connect_timeout)
-        except sshopen.CHANNEL_ERRORS as exc:
-            raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
+        # sshd counts a session it has closed against MaxSessions until its main loop collects
+        # the channel, which can come after it has read our next open on the same connection:
+        # a session refused just after one of ours closed is asked for again, for a moment. A
+        # refused open ran nothing, so asking again cannot run a command twice.
+        give_up = time.monotonic() + SESSION_REFUSED_RETRY
+        pause = 0.02
+        while True:
+            try:
+                channel = transport.open_session(timeout=ep.connect_timeout)
+                break
+            except sshopen.ChannelOpenFailed as exc:
+                if exc.code not in sshopen.SESSION_REFUSED or time.monotonic() + pause > give_up:
+                    raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.25)
+            except sshopen.CHANNEL_ERRORS as exc:
+                raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
         STATS.count("commands")
         return channel
 

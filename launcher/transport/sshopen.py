@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 KEEPALIVE_SECONDS = 15
 # What a command may raise from the channel once connected.
 CHANNEL_ERRORS = (paramiko.SSHException, OSError, EOFError)
+# sshd's answers to a session it will not open now: MaxSessions reached ("connect failed" from
+# session_new, "administratively prohibited" from other refusals).
+ChannelOpenFailed = paramiko.ChannelException
+SESSION_REFUSED = (
+    paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+    paramiko.common.OPEN_FAILED_CONNECT_FAILED,
+)
 STDERR_KEPT = 4096
 # What paramiko says when it had no key or agent to offer.
 NO_KEYS = "No authentication methods available"

@@ -13,6 +13,7 @@ import pytest
 
 from launcher.errors import ConnectError
 from launcher.transport import frames, relay, relayhost
+from launcher.transport import ssh as ssh_module
 from launcher.transport.connection import Connection
 from launcher.transport.endpoint import Endpoint
 from launcher.transport.persist import PersistedRunner
@@ -186,3 +187,61 @@ def test_a_malformed_frame_from_the_relay_fails_its_calls_clearly(reply: bytes, 
     with pytest.raises(ConnectError, match=says):
         carrier.run("pct exec 1 -- true", stdin=None, timeout=5.0)
     assert channel.closed and ssh.opened == 1
+
+
+class RefusingTransport:
+    """sshd's side of session opens: refuses the first `refusals` with `code`, then opens.
+    Anything else launcher might call on it fails the test."""
+
+    def __init__(self, refusals: int, code: int) -> None:
+        self.refusals, self.code, self.opened = refusals, code, 0
+
+    def is_active(self) -> bool:
+        return True
+
+    def open_session(self, timeout: float) -> str:
+        import paramiko
+
+        self.opened += 1
+        if self.opened <= self.refusals:
+            raise paramiko.ChannelException(self.code, "refused")
+        return "channel"
+
+
+class FakeClient:
+    def __init__(self, transport: RefusingTransport) -> None:
+        self.transport = transport
+
+    def get_transport(self) -> RefusingTransport:
+        return self.transport
+
+
+@pytest.mark.parametrize("code", [1, 2], ids=["prohibited", "connect-failed"])
+def test_a_session_refused_just_after_a_close_is_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """sshd counts a session it closed against MaxSessions until its loop collects it, which
+    can come after our next open: such a refusal is retried for a moment, never forever."""
+    conn = SSHConnection(endpoint())
+    transport = RefusingTransport(refusals=3, code=code)
+    monkeypatch.setattr(conn, "_connected", lambda *a: FakeClient(transport))
+    assert conn._open_channel() == "channel"
+    assert transport.opened == 4
+
+    monkeypatch.setattr(ssh_module, "SESSION_REFUSED_RETRY", 0.3)
+    stuck = RefusingTransport(refusals=10**6, code=code)
+    monkeypatch.setattr(conn, "_connected", lambda *a: FakeClient(stuck))
+    with pytest.raises(ConnectError, match="cannot open a session"):
+        conn._open_channel()
+    assert 2 <= stuck.opened <= 10  # asked again with growing pauses, within the 0.3 s
+
+
+def test_a_session_refused_for_another_reason_is_not_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn = SSHConnection(endpoint())
+    transport = RefusingTransport(refusals=1, code=3)  # unknown channel type: for good
+    monkeypatch.setattr(conn, "_connected", lambda *a: FakeClient(transport))
+    with pytest.raises(ConnectError, match="cannot open a session"):
+        conn._open_channel()
+    assert transport.opened == 1
