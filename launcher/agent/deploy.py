@@ -92,6 +92,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 SCRIPT_HISTORY = 5
+OUTSIDE_GRACE = 2.0  # s a GPU seen used from outside is looked at again (check_gpu_holders)
+OUTSIDE_RECHECK = 0.25
 PLACEHOLDER_WINDOW = "launcher-placeholder"
 RUN_WINDOW = "run"
 # Runs the playbook command and records how it ended. The command and the environment come from
@@ -492,16 +494,17 @@ class Deploy:
         Holders are this container's processes with /dev/nvidia<N> open; a GPU with memory in
         use and no holder here is used from outside (another CT, the host): nothing done here
         can free it, so that refuses whatever the options."""
-        devices, error = gpu_devices(self.queries.get("devices"))
-        if error:
-            raise AgentError("missing", "cannot read the GPUs: %s" % error)
-        held = gpu_device_holders()
         wanted = wanted_gpus(self.gpus, self.env)
-        outside = used_outside(devices, held, wanted)
-        contexts, contexts_error = gpu_contexts(self.queries.get("contexts"))
-        if contexts_error:
-            self.warnings.append("cannot count the GPUs' contexts: %s" % contexts_error)
-        outside += shared_from_outside(devices, held, wanted, contexts)
+        devices, held, contexts, outside = self.gpus_used_outside(
+            wanted, self.queries.get("devices"), self.queries.get("contexts")
+        )
+        # A run that has just exited (a crash a watcher restarts at once) still shows its
+        # memory for a moment, with no process here holding the device: the driver frees it
+        # after the process ends. Look again for a moment before calling it someone else's.
+        deadline = time.monotonic() + OUTSIDE_GRACE
+        while outside and time.monotonic() < deadline:
+            time.sleep(OUTSIDE_RECHECK)
+            devices, held, contexts, outside = self.gpus_used_outside(wanted, warn=False)
         if outside:
             raise AgentError(
                 "refused",
@@ -535,6 +538,20 @@ class Deploy:
         if ours:
             return "ok", "held by the old run (%s)%s" % (describe_holders(ours), note)
         return "ok", "free" + note
+
+    def gpus_used_outside(self, wanted, devices_query=None, contexts_query=None, warn=True):
+        """(devices, holders here, contexts, GPUs used from outside) from the queries started
+        (None: query now)."""
+        devices, error = gpu_devices(devices_query)
+        if error:
+            raise AgentError("missing", "cannot read the GPUs: %s" % error)
+        held = gpu_device_holders()
+        outside = used_outside(devices, held, wanted)
+        contexts, contexts_error = gpu_contexts(contexts_query)
+        if contexts_error and warn:
+            self.warnings.append("cannot count the GPUs' contexts: %s" % contexts_error)
+        outside += shared_from_outside(devices, held, wanted, contexts)
+        return devices, held, contexts, outside
 
     def check_active(self):
         self.old_state = session_state(self.session)
