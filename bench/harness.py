@@ -95,9 +95,9 @@ def check(result: Timed, what: str, codes: Sequence[int] = (0,)) -> Timed:
 class BenchEnv:
     """A sandbox of the benchmark's own plus a project (inventories, playbooks) for launcher."""
 
-    def __init__(self, vmids: Sequence[int]) -> None:
+    def __init__(self, vmids: Sequence[int], *, stock_home: bool = False) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="launcher-bench-"))
-        self.sandbox = Sandbox(self.tmp / "sandbox")
+        self.sandbox = Sandbox(self.tmp / "sandbox", stock_home=stock_home)
         self.project = self.tmp / "project"
         self.home = self.tmp / "home"
         self.control_dir = self.tmp / "mux"

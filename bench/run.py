@@ -224,6 +224,14 @@ def main() -> int:
         action="store_true",
         help="1 run each, fleet of 2, scale 1/2/4, watch for seconds, targets not enforced (CI)",
     )
+    parser.add_argument(
+        "--stock-home",
+        action="store_true",
+        help=(
+            "the sandbox host's SSH sessions get Debian's stock root dotfiles (as a Proxmox "
+            "host's root), not this machine's ~/.bashrc"
+        ),
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument(
@@ -252,7 +260,7 @@ def main() -> int:
     fleet = fleet_vmids(args)
     started = time.monotonic()
 
-    env = BenchEnv(vmids(args))
+    env = BenchEnv(vmids(args), stock_home=args.stock_home)
     rows: list[Row] = []
     try:
         log(f"sandbox: {len(env.vmids)} containers under {env.tmp}")
