@@ -24,6 +24,7 @@ OTHER_FLAGS = {
     "--only": "./run bench",
     "--quick": "./run bench",
     "--runs": "./run bench",
+    "--stock-home": "./run bench",
     "--check": "python -m launcher.schemas / launcher.docsref",
     "--write": "python -m launcher.docsref",
     "--user": "systemctl --user",
