@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from launcher.cmdserver import wire
-from launcher.transport.rundir import peer_uid, runtime_dir
+from launcher.transport.rundir import connect_own, runtime_dir
 
 CONNECT_TIMEOUT = 1.0
 STARTED_TIMEOUT = 10.0  # for the child's Started or Declined: the fork and its inventory look
@@ -160,16 +160,7 @@ def _signal_child(child: Child, signum: int) -> None:
 
 def _connect(path: Path) -> socket.socket | None:
     """A connection to a live server of this user's at `path`, or None."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.settimeout(CONNECT_TIMEOUT)
-        sock.connect(str(path))
-        if peer_uid(sock) != os.geteuid():
-            raise OSError("the socket is served by another user")
-        return sock
-    except OSError:
-        sock.close()
-        return None
+    return connect_own(path, socket.SOCK_SEQPACKET, CONNECT_TIMEOUT)
 
 
 def _stream(stream: Any) -> wire.Stream:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from launcher.cmdserver import wire
-from launcher.transport.rundir import peer_uid
+from launcher.transport.rundir import listen_private, peer_uid
 
 POLL_SECONDS = 0.5  # how often the server reaps children and looks at its idle time
 RECV_TIMEOUT = 2.0  # for a connected client's request
@@ -318,15 +318,7 @@ def main(startup: dict[str, Any]) -> int:
     # write copies a page the child shares with the server).
     gc.collect()
     gc.freeze()
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # left by a server that was killed: we hold the lock now
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    listener.listen(64)
+    listener = listen_private(path, socket.SOCK_SEQPACKET)  # we hold the lock now
     server = Server(listener, path, idle, lock)
 
     def stop(*_: object) -> None:

@@ -51,6 +51,7 @@ from launcher.errors import (
     RemoteError,
 )
 from launcher.transport import frames
+from launcher.transport.rundir import connect_own
 from launcher.transport.rundir import peer_uid as peer_uid  # for persistserver.py
 from launcher.transport.rundir import runtime_dir as runtime_dir
 from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
@@ -143,16 +144,7 @@ def persistable(endpoint: Endpoint) -> bool:
 
 def _connect(path: Path) -> socket.socket | None:
     """A connection to a live background process of this user's at `path`, or None."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(2.0)
-        sock.connect(str(path))
-        if peer_uid(sock) != os.geteuid():
-            raise OSError("the socket is served by another user")
-        return sock
-    except OSError:
-        sock.close()
-        return None
+    return connect_own(path, socket.SOCK_STREAM, 2.0)
 
 
 def failure_frame(rid: int, error: LauncherError) -> frames.Failed:

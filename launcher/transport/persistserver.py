@@ -32,6 +32,7 @@ from launcher.transport.persist import (
     persistable,
     socket_path,
 )
+from launcher.transport.rundir import listen_private
 from launcher.transport.ssh import SSHConnection
 
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long has gone away
@@ -162,15 +163,7 @@ def serve(endpoint: Endpoint) -> int:
     except LauncherError:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: server.stopping.set())
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # left by a process that was killed: we hold the lock now
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    listener.listen(64)
+    listener = listen_private(path, socket.SOCK_STREAM)  # we hold the lock now
     try:
         server.serve(listener)
     finally:

@@ -37,3 +37,33 @@ def peer_uid(sock: socket.socket) -> int:
     kernel at connect: the peer cannot lie about it)."""
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     return int(_PEERCRED.unpack(data)[1])
+
+
+def connect_own(path: Path, kind: socket.SocketKind, timeout: float) -> socket.socket | None:
+    """A connection to a live server of this user's at `path`, or None (nothing listens, or
+    another user's process does)."""
+    sock = socket.socket(socket.AF_UNIX, kind)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        if peer_uid(sock) != os.geteuid():
+            raise OSError("the socket is served by another user")
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def listen_private(path: Path, kind: socket.SocketKind) -> socket.socket:
+    """A socket listening at `path`, mode 0600 from the start (bound under umask 0177); a file
+    left there by a killed server is removed first (the caller holds the path's lock)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, kind)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    return listener
