@@ -293,12 +293,8 @@ def started_follow(project: Project, server: int) -> subprocess.Popen[str]:
     return proc
 
 
-def test_ctrl_c_on_a_served_follow_ends_it_as_in_process(
-    served: Project, _private_runtime_dir: Path
-) -> None:
-    project = served
-    server = warm(project, _private_runtime_dir)
-    # In-process first: what Ctrl-C does to `logs -f` (it stops following: exit 0).
+def signalled_in_process_follow(project: Project, signum: int) -> tuple[int, str]:
+    """An in-process `logs -f` sent `signum` once it follows: its exit code and stderr."""
     alone = subprocess.Popen(
         [*LAUNCHER, "-i", str(project.inventory), "logs", "-t", NAME, "-f", "--tail", "0"],
         stdout=subprocess.PIPE,
@@ -307,13 +303,23 @@ def test_ctrl_c_on_a_served_follow_ends_it_as_in_process(
         env=env_of(False),
     )
     assert alone.stdout is not None and "step=" in alone.stdout.readline()
-    alone.send_signal(signal.SIGINT)
-    _, alone_err = alone.communicate(timeout=15)
+    alone.send_signal(signum)
+    _, err = alone.communicate(timeout=15)
+    return alone.returncode, err
+
+
+def test_ctrl_c_on_a_served_follow_ends_it_as_in_process(
+    served: Project, _private_runtime_dir: Path
+) -> None:
+    project = served
+    server = warm(project, _private_runtime_dir)
+    # In-process first: what Ctrl-C does to `logs -f` (it stops following: exit 0).
+    alone_code, alone_err = signalled_in_process_follow(project, signal.SIGINT)
 
     proc = started_follow(project, server)
     proc.send_signal(signal.SIGINT)  # what a terminal sends the foreground process
     _, err = proc.communicate(timeout=15)
-    assert proc.returncode == alone.returncode, err
+    assert proc.returncode == alone_code, err
     assert "stopped following" in err and err.strip() == alone_err.strip()
     project.wait_for(lambda: not children(server), what="the child's end")
     project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
@@ -324,20 +330,12 @@ def test_sigterm_on_a_served_command_ends_it_as_in_process(
 ) -> None:
     project = served
     server = warm(project, _private_runtime_dir)
-    alone = subprocess.Popen(
-        [*LAUNCHER, "-i", str(project.inventory), "logs", "-t", NAME, "-f", "--tail", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env_of(False),
-    )
-    assert alone.stdout is not None and b"step=" in alone.stdout.readline()
-    alone.send_signal(signal.SIGTERM)
-    alone.communicate(timeout=15)
+    alone_code, _ = signalled_in_process_follow(project, signal.SIGTERM)
 
     proc = started_follow(project, server)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
-    assert proc.returncode == alone.returncode == -signal.SIGTERM
+    assert proc.returncode == alone_code == -signal.SIGTERM
     project.wait_for(lambda: not children(server), what="the child's end")
     project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
 
