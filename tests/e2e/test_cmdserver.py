@@ -17,16 +17,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import launcher
 from launcher.cmdserver import wire
-from launcher.sandbox import Sandbox, SandboxInfo
 from tests.e2e.project import Project
-from tests.e2e.test_ssh_paths import PASSPHRASE, locked_inventory, run_on_terminal
+from tests.e2e.test_ssh_paths import (  # locked_key: the fixture, a key with a passphrase
+    PASSPHRASE,
+    locked_inventory,
+    locked_key,  # noqa: F401
+    run_on_terminal,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -167,21 +170,6 @@ def served(project: Project) -> Project:
     """A healthy demo run on a host whose connection persists."""
     project.deploy_healthy(NAME, VMID, host=project.host(control_persist=30))
     return project
-
-
-@pytest.fixture
-def prompting_key(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Path]:
-    """A key with a passphrase the sandbox's sshd lets in (test_ssh_paths.locked_key's)."""
-    sb, _ = sandbox
-    key = tmp_path / "locked_ed25519"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-f", str(key)], check=True
-    )
-    authorized = sb.state_dir / "authorized_keys"
-    before = authorized.read_text()
-    authorized.write_text(before + key.with_suffix(".pub").read_text())
-    yield key
-    authorized.write_text(before)
 
 
 # -- the same output and exit code ----------------------------------------------------------------
@@ -683,17 +671,20 @@ def test_each_served_command_sees_its_own_environment_and_terminal(
 
 
 def test_a_host_that_prompts_is_run_in_process(
-    served: Project, _private_runtime_dir: Path, prompting_key: Path, tmp_path: Path
+    served: Project,
+    _private_runtime_dir: Path,
+    locked_key: Path,  # noqa: F811  (test_ssh_paths' fixture)
+    tmp_path: Path,
 ) -> None:
     """A host whose key's passphrase is typed on the terminal: the server's child has no
     terminal, so it declines before anything runs and the client runs the command itself,
     asking on the terminal."""
     project = served
     server = warm(project, _private_runtime_dir)
-    inv = locked_inventory(tmp_path, project.info, prompting_key, passphrase="prompt")
+    inv = locked_inventory(tmp_path, project.info, locked_key, passphrase="prompt")
     code, screen = run_on_terminal(
         [*LAUNCHER, "-i", str(inv), "doctor"], answers=[PASSPHRASE], timeout=90
     )
-    assert screen.count(f"Passphrase for {prompting_key} (pve): ") == 1, screen
+    assert screen.count(f"Passphrase for {locked_key} (pve): ") == 1, screen
     assert code == 0, screen
     assert server in servers(_private_runtime_dir)  # it was there, and declined
