@@ -243,13 +243,12 @@ class SSHConnection:
             try:
                 channel = transport.open_session(timeout=ep.connect_timeout)
                 break
-            except sshopen.ChannelOpenFailed as exc:
-                if exc.code not in sshopen.SESSION_REFUSED or time.monotonic() + pause > give_up:
+            except sshopen.CHANNEL_ERRORS as exc:
+                refused = sshopen.session_refused(exc, transport)
+                if not refused or time.monotonic() + pause > give_up:
                     raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.25)
-            except sshopen.CHANNEL_ERRORS as exc:
-                raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
         STATS.count("commands")
         return channel
 

@@ -31,11 +31,22 @@ KEEPALIVE_SECONDS = 15
 CHANNEL_ERRORS = (paramiko.SSHException, OSError, EOFError)
 # sshd's answers to a session it will not open now: MaxSessions reached ("connect failed" from
 # session_new, "administratively prohibited" from other refusals).
-ChannelOpenFailed = paramiko.ChannelException
 SESSION_REFUSED = (
     paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
     paramiko.common.OPEN_FAILED_CONNECT_FAILED,
 )
+
+
+def session_refused(exc: BaseException, transport: Any) -> bool:
+    """Whether a failed session open is sshd refusing it for now (nothing ran). paramiko keeps
+    one saved failure per connection: of two opens refused at once, one gets the refusal and
+    the other only "Unable to open channel." (the link itself is then still up)."""
+    if isinstance(exc, paramiko.ChannelException):
+        return exc.code in SESSION_REFUSED
+    unexplained = isinstance(exc, paramiko.SSHException) and str(exc) == "Unable to open channel."
+    return unexplained and bool(transport.is_active())
+
+
 STDERR_KEPT = 4096
 # What paramiko says when it had no key or agent to offer.
 NO_KEYS = "No authentication methods available"

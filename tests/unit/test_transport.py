@@ -203,6 +203,9 @@ class RefusingTransport:
         import paramiko
 
         self.opened += 1
+        if self.opened <= self.refusals and self.code == 0:
+            # paramiko, when another open refused at the same moment took the saved failure
+            raise paramiko.SSHException("Unable to open channel.")
         if self.opened <= self.refusals:
             raise paramiko.ChannelException(self.code, "refused")
         return "channel"
@@ -216,7 +219,7 @@ class FakeClient:
         return self.transport
 
 
-@pytest.mark.parametrize("code", [1, 2], ids=["prohibited", "connect-failed"])
+@pytest.mark.parametrize("code", [1, 2, 0], ids=["prohibited", "connect-failed", "unexplained"])
 def test_a_session_refused_just_after_a_close_is_asked_for_again(
     monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
