@@ -15,6 +15,7 @@ from launcher.config import HostSpec
 from launcher.container import Container
 from launcher.errors import CommandTimeout, ConnectError, ContainerError, HostKeyError
 from launcher.sandbox import Sandbox, SandboxInfo
+from launcher.transport import ssh
 from launcher.transport.connection import Connection
 from launcher.transport.resolve import resolve_endpoint
 from launcher.transport.runner import STATS
@@ -208,15 +209,15 @@ def test_stream_output_deadlines_and_a_failing_reader(conn: Connection) -> None:
     assert conn.run("echo still usable").out == "still usable\n"
 
 
-def _overlap(conn: Connection, commands: int) -> tuple[int, list[BaseException]]:
-    """Run `commands` host commands at once on `conn`: (the most that ran at the same time on
-    the host, the errors)."""
+def _overlap(conn: Connection, commands: int, hold: float = 0.4) -> tuple[int, list[BaseException]]:
+    """Run `commands` host commands at once on `conn`, each `hold` s long: (the most that ran
+    at the same time on the host, the errors)."""
     spans: list[tuple[float, float]] = []
     errors: list[BaseException] = []
 
     def one() -> None:
         try:
-            result = conn.run("date +%s.%N; sleep 0.4; date +%s.%N", timeout=60)
+            result = conn.run(f"date +%s.%N; sleep {hold}; date +%s.%N", timeout=60)
             start, end = (float(x) for x in result.stdout.split())
             spans.append((start, end))
         except Exception as exc:  # collected for the assertion
@@ -235,9 +236,10 @@ def test_sshd_refuses_sessions_beyond_its_max_sessions(
     sandbox: tuple[Sandbox, SandboxInfo],
 ) -> None:
     """The control for the next test: the sandbox's sshd has OpenSSH's default MaxSessions 10,
-    and a connection that opens more sessions at once than that has commands refused."""
+    and a connection that opens more sessions at once than that has commands refused (once
+    the moment a refused open is asked for again has passed: the sessions are held longer)."""
     with connect(sandbox[1], max_sessions=30) as many:
-        _, errors = _overlap(many, 24)
+        _, errors = _overlap(many, 24, hold=ssh.SESSION_REFUSED_RETRY + 2)
     assert errors and all("cannot open a session" in str(e) for e in errors), errors
 
 
