@@ -8,15 +8,12 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import pty
 import re
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -595,34 +592,6 @@ def test_disconnect_ends_the_command_server(served: Project, _private_runtime_di
 # -- what a fresh process would see -------------------------------------------------------------
 
 
-def on_terminal(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
-    """argv with a pseudo-terminal as stdin, stdout and stderr; its exit code and screen."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        try:
-            os.execvpe(argv[0], argv, env)
-        finally:
-            os._exit(127)
-    screen = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if not ready:
-                continue
-            try:
-                data = os.read(fd, 4096)
-            except OSError:
-                break
-            if not data:
-                break
-            screen += data
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), screen.decode("utf-8", "replace")
-
-
 def test_each_served_command_sees_its_own_environment_and_terminal(
     served: Project, _private_runtime_dir: Path, tmp_path: Path
 ) -> None:
@@ -633,8 +602,10 @@ def test_each_served_command_sees_its_own_environment_and_terminal(
     # A dry-run deploy's steps are coloured on a terminal (ui.echo_step).
     argv = [*LAUNCHER, "-i", str(project.inventory), "deploy", "-t", NAME, "--restart", "--dry-run"]
     for extra in ({}, {"NO_COLOR": "1"}, {}, {"TERM": "dumb"}):
-        mine = on_terminal(argv, env_of(True, extra))
-        theirs = on_terminal(argv, env_of(False, {"LAUNCHER_CONTROL_PERSIST": "0", **extra}))
+        mine = run_on_terminal(argv, [], env=env_of(True, extra))
+        theirs = run_on_terminal(
+            argv, [], env=env_of(False, {"LAUNCHER_CONTROL_PERSIST": "0", **extra})
+        )
         assert mine[0] == theirs[0] == 0, mine[1]
         colored = "\x1b[" in mine[1]
         assert colored == ("\x1b[" in theirs[1]) == (not extra), (extra, mine[1])

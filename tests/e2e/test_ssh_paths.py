@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -407,13 +407,19 @@ def test_passphrase_prompt_on_a_terminal_never_without_one(
     assert code == 0, screen
 
 
-def run_on_terminal(argv: list[str], answers: list[str], timeout: float = 60) -> tuple[int, str]:
-    """Run argv with a pseudo-terminal as its controlling terminal; type each answer when a
-    passphrase prompt appears. Returns the exit code and everything the terminal showed."""
+def run_on_terminal(
+    argv: list[str],
+    answers: list[str],
+    timeout: float = 60,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run argv with a pseudo-terminal as its controlling terminal (in `env`, else this
+    process's environment); type each answer when a passphrase prompt appears. Returns the exit
+    code and everything the terminal showed."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: becomes the program, or ends
         try:
-            os.execvpe(argv[0], argv, os.environ)
+            os.execvpe(argv[0], argv, os.environ if env is None else env)
         finally:
             os._exit(127)
     screen = b""
