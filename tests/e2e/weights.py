@@ -1,4 +1,4 @@
-"""Longest file first: the order the e2e tier's files are handed to the xdist workers.
+"""Longest file first: the order the e2e files are handed to the xdist workers.
 
 `--dist loadfile` keeps a file on one worker (its module fixtures, and tests that follow one
 another, stay together) and hands the files out in collection order as workers free up
