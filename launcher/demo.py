@@ -1,7 +1,7 @@
 """`./run demo`: the whole loop on the local sandbox, as a new user would type it.
 
 Brings the sandbox up, then runs the two commands the tool exists for and shows their output:
-`launcher deploy --restart` and `launcher verify --wait 20`.
+`launcher deploy --restart` and `launcher verify --wait 10`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> int:
     steps = [
         [*launcher, "inventory", "check"],
         [*launcher, "-t", "sandbox", "deploy", "--restart"],
-        [*launcher, "-t", "sandbox", "verify", "--wait", "20", "--interval", "2"],
+        [*launcher, "-t", "sandbox", "verify", "--wait", "10", "--interval", "2"],
     ]
     for argv in steps:
         code = run(argv)

@@ -1,0 +1,185 @@
+# mypy: allow-untyped-calls
+"""What every part of the agent uses: `AgentError`, running a command (now or started
+for later), time, hashes and small file helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from launcher.protocol import ERROR_KINDS
+
+PYTHON_VERSION = "%d.%d.%d" % sys.version_info[:3]  # what platform.python_version() says
+MARKER_VAR = "LAUNCHER_RUN"
+# `pct exec` gives a minimal PATH; look in the usual places too.
+EXTRA_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+COMMAND_VAR = "LAUNCHER_COMMAND"
+
+
+class AgentError(Exception):
+    """An expected failure: becomes the envelope's error, never a traceback."""
+
+    def __init__(self, kind, message, **extra):
+        super().__init__(message)
+        self.kind = kind if kind in ERROR_KINDS else "failed"
+        self.message = message
+        self.extra = extra
+
+    def as_dict(self):
+        error = {"kind": self.kind, "message": self.message}
+        error.update(self.extra)
+        return error
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def utc_iso():
+    return utc_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def random_hex(digits):
+    """`digits` random hex digits, for unique temp names and run ids (the uuid module would
+    import platform: ~7 ms of every call's start)."""
+    return os.urandom((digits + 1) // 2).hex()[:digits]
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_or_none(path):
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def which(name):
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":" + EXTRA_PATH)
+
+
+def ignore_hangup(signum, frame):
+    """SIGHUP's handler while the agent must outlive its client. A handler, not SIG_IGN: an
+    ignored signal stays ignored across exec, a caught one is reset to the default, so the
+    children (a tmux server started from here, the trainer under it) get the default without a
+    preexec_fn, which would make every spawn a full fork (~4 ms each instead of ~1 ms).
+    SIGPIPE, which Python ignores, subprocess restores in the child itself."""
+
+
+def run(argv, timeout=30.0, input=None):
+    """Run argv (no shell); return (returncode, stdout, stderr). A missing binary is rc 127."""
+    try:
+        proc = subprocess.run(
+            argv,
+            input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+        )
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "%s timed out after %ss" % (argv[0], timeout)
+    out = proc.stdout.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace")
+    return proc.returncode, out, err
+
+
+class Started:
+    """A command started now and answered later, like run(): its wait overlaps other work.
+    Its output must be small (a pipe's worth) or it waits, harmlessly, until read."""
+
+    def __init__(self, argv, timeout=30.0):
+        self.argv, self.timeout = argv, timeout
+        self.deadline = time.monotonic() + timeout
+        self.proc, self.missing = None, ""
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            self.missing = str(exc)
+
+    def result(self):
+        """(returncode, stdout, stderr) as run() gives them."""
+        if self.proc is None:
+            return 127, "", self.missing
+        try:
+            out, err = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return 124, "", "%s timed out after %ss" % (self.argv[0], self.timeout)
+        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def cancel(self):
+        """Kill it if it still runs; never waits on its pipes (a child of its could hold them)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp-%d" % os.getpid()
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_quietly(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def list_dir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def as_int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def emit_event(event):
+    """One progress event as a JSON line on stderr (the client shows it as it happens); the
+    answer itself stays the last line on stdout. A client that went away is no reason to stop."""
+    try:
+        sys.stderr.write(json.dumps(event) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def new_run_id():
+    return "%s-%s" % (utc_now().strftime("%Y%m%dT%H%M%SZ"), random_hex(8))

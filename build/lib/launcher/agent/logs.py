@@ -1,0 +1,212 @@
+# mypy: allow-untyped-calls
+"""The `logs`, `follow` and `history` ops: the run's log file (or pane) and deploy records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+from launcher.agent.params import param, session_param, workdir_param
+from launcher.agent.paths import exit_path, log_path, read_exit_code, state_dir
+from launcher.agent.tmux import session_state, tmux
+
+
+def clean_line(line):
+    """A log line as a terminal would show it: no CR line ending, only the last CR overwrite."""
+    line = line.rstrip("\r")
+    return line.rpartition("\r")[2] if "\r" in line else line
+
+
+def tail_file(path, count, block=65536):
+    """(complete lines, partial last line, offset after the last newline) of the file's end.
+
+    Reads backwards from the end, so a multi-gigabyte log costs only the blocks it needs.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        position, data = size, b""
+        while position > 0 and data.count(b"\n") <= count:
+            step = min(block, position)
+            position -= step
+            f.seek(position)
+            data = f.read(step) + data
+    complete, _, partial = data.rpartition(b"\n")
+    offset = size - len(partial)
+    lines = complete.decode("utf-8", "replace").split("\n") if b"\n" in data else []
+    if position > 0:
+        lines = lines[1:]  # the first one may be cut in the middle
+    lines = [clean_line(line) for line in lines[-count:]] if count > 0 else []
+    return lines, clean_line(partial.decode("utf-8", "replace")), offset
+
+
+def op_logs(request, warnings):
+    """The last N lines of the run's log file (or, raw, of its pane) plus what follow needs."""
+    workdir = workdir_param(request)
+    session = session_param(request)
+    count = max(param(request, "lines", int, default=50), 0)
+    raw = param(request, "raw", bool, default=False)
+    path = log_path(workdir, session)
+    state = session_state(session)
+    result = {
+        "source": "pane" if raw else "log",
+        "log_file": path,
+        "log_exists": os.path.isfile(path),
+        "lines": [],
+        "partial": "",
+        "offset": 0,
+        "session": state,
+        "exit_code": read_exit_code(exit_path(workdir, session)),
+    }
+    if raw:
+        if state["exists"]:
+            _, out, _ = tmux(
+                ["capture-pane", "-p", "-J", "-S", "-%d" % count, "-t", "=%s:" % session]
+            )
+            lines = out.rstrip("\n").split("\n") if out.strip() else []
+            result["lines"] = [line.rstrip() for line in lines[-count:]] if count else []
+    elif result["log_exists"]:
+        lines, partial, offset = tail_file(path, count)
+        result.update({"lines": lines, "partial": partial, "offset": offset})
+    return result
+
+
+def run_end(workdir, session):
+    """How the run ended ({"reason", "exit_code"}), or None while it is still running."""
+    code = read_exit_code(exit_path(workdir, session))
+    if code is not None:
+        return {"reason": "exited", "exit_code": code}
+    state = session_state(session)
+    if not state["exists"]:
+        return {"reason": "session gone", "exit_code": None}
+    if state["pane_dead"]:
+        return {"reason": "exited", "exit_code": state["dead_status"]}
+    return None
+
+
+def stdin_closed(timeout):
+    """Wait up to `timeout` s; True when stdin reached EOF (the client closed the channel)."""
+    try:
+        ready, _, _ = select.select([0], [], [], timeout)
+        return bool(ready) and os.read(0, 4096) == b""
+    except (OSError, ValueError):
+        time.sleep(timeout)
+        return False
+
+
+def follow_log(workdir, session, offset, write, beat, client_gone, options=None):
+    """Write the log from `offset` on as it grows, until the run ends or the client goes away.
+
+    write(bytes) sends log data; beat() proves the client is still there (a write to a closed
+    channel fails); client_gone(seconds) waits and says whether the client closed its end.
+    Returns {"ended": run_end() or None, "client_gone": bool, "offset": int}.
+    """
+    options = options or {}
+    interval = options.get("interval", 0.2)
+    heartbeat = options.get("heartbeat", 5.0)
+    settle = options.get("settle", 0.5)
+    check_every = options.get("check_every", 1.0)
+    path = log_path(workdir, session)
+    position, handle, ended, drain_until = offset, None, None, None
+    last_beat = last_check = 0.0
+    result = {"ended": None, "client_gone": False, "offset": offset}
+    try:
+        while True:
+            if handle is None:
+                with contextlib.suppress(OSError):
+                    handle = open(path, "rb")
+            data = b""
+            if handle is not None:
+                if os.fstat(handle.fileno()).st_size < position:
+                    position = 0  # truncated or replaced: start again from its beginning
+                handle.seek(position)
+                data = handle.read(65536)
+            if data:
+                position += len(data)
+                result["offset"] = position
+                write(data)
+                if drain_until is not None:
+                    drain_until = max(drain_until, time.monotonic() + interval)
+                continue
+            now = time.monotonic()
+            if ended is None and now - last_check >= check_every:
+                last_check = now
+                ended = run_end(workdir, session)
+                if ended is not None:
+                    # pipe-pane's cat may still be writing the last lines: drain a little.
+                    drain_until = now + settle
+            if drain_until is not None and now >= drain_until:
+                result["ended"] = ended
+                return result
+            if now - last_beat >= heartbeat:
+                last_beat = now
+                beat()
+            if client_gone(interval):
+                result["client_gone"] = True
+                return result
+    except (BrokenPipeError, ConnectionError):
+        result["client_gone"] = True
+        return result
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def op_follow(request, warnings):
+    """Stream the run's log to stdout from `offset` until the run ends (envelope on stderr)."""
+    workdir = workdir_param(request)
+    session = session_param(request)
+    offset = max(param(request, "offset", int, default=0), 0)
+    options = {
+        "heartbeat": param(request, "heartbeat", float, default=5.0),
+        "interval": param(request, "interval", float, default=0.2),
+    }
+    out = sys.stdout.buffer
+
+    def write(data):
+        out.write(data)
+        out.flush()
+
+    def beat():
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    # A closed channel must end this op, not kill it mid-write with SIGPIPE.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    return follow_log(workdir, session, offset, write, beat, stdin_closed, options)
+
+
+# --------------------------------------------------------------------------- ops: history, rollback
+
+
+def op_history(request, warnings):
+    """Deploy records from <workdir>/.launcher/deploys.jsonl, newest first."""
+    workdir = workdir_param(request)
+    limit = max(param(request, "limit", int, default=0), 0)
+    path = os.path.join(state_dir(workdir), "deploys.jsonl")
+    records, unreadable = [], 0
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        lines = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            unreadable += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            unreadable += 1
+    if unreadable:
+        warnings.append("%d unreadable line(s) in %s skipped" % (unreadable, path))
+    records.reverse()
+    return {"path": path, "records": records[:limit] if limit else records, "total": len(records)}

@@ -1,0 +1,82 @@
+# mypy: allow-untyped-calls
+"""A request's values, checked: each bad or missing one is an `invalid` (or `unsafe_path`)
+error, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from launcher.agent.base import COMMAND_VAR, MARKER_VAR, AgentError
+from launcher.protocol import system_path_problem
+
+# Patterns are compiled on first use (re keeps them): each call starts a new interpreter.
+SESSION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Stop grace is bounded: a trainer that ignores C-c must not hold the deploy lock forever.
+GRACE_LIMIT = 3600.0
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+def param(request, key, kind, default=None, required=False):
+    """Fetch request[key] checked against kind; bad or missing values are `invalid` errors."""
+    if key not in request or request[key] is None:
+        if required:
+            raise AgentError("invalid", "missing parameter %r" % key)
+        return default
+    value = request[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, bool):
+        raise AgentError("invalid", "parameter %r must be an integer" % key)
+    if not isinstance(value, kind):
+        raise AgentError("invalid", "parameter %r must be %s" % (key, kind.__name__))
+    return value
+
+
+def session_param(request):
+    session = param(request, "session", str, required=True)
+    # tmux rewrites '.' and ':' in names and targets would misparse; the name is also a file name.
+    if not re.match(SESSION_NAME, session):
+        raise AgentError("invalid", "session name %r must match %s" % (session, SESSION_NAME))
+    return session
+
+
+def workdir_param(request):
+    """The workdir, refused when it (or what its symlinks resolve to) is / or a system directory.
+
+    Checked by the real path inside the container at the moment of use: a workdir that is a
+    symlink to / would otherwise make every workdir-relative path a path below /."""
+    workdir = param(request, "workdir", str, required=True)
+    if not os.path.isabs(workdir):
+        raise AgentError("unsafe_path", "workdir must be an absolute path: %r" % workdir)
+    # POSIX keeps a leading '//' in normpath; it means / here.
+    workdir = "/" + os.path.normpath(workdir).lstrip("/")
+    real = os.path.realpath(workdir)
+    problem = system_path_problem(workdir)
+    if problem is None and system_path_problem(real):
+        problem = "it resolves to %s (%s)" % (real, system_path_problem(real))
+    if problem:
+        raise AgentError("unsafe_path", "workdir %s is refused: %s" % (workdir, problem))
+    return workdir
+
+
+def env_param(request):
+    env = param(request, "env", dict, default={})
+    for key, value in env.items():
+        if not re.match(ENV_NAME, key) or key in (MARKER_VAR, COMMAND_VAR):
+            raise AgentError("invalid", "bad environment variable name %r" % key)
+        if not isinstance(value, str) or "\0" in value:
+            raise AgentError(
+                "invalid", "environment value of %s must be a string without NUL" % key
+            )
+    return env
+
+
+def grace_param(request):
+    grace = param(request, "grace", float, default=30.0)
+    if not (0.0 <= grace <= GRACE_LIMIT):  # also false for nan
+        raise AgentError("invalid", "grace must be 0 to %g seconds (got %r)" % (GRACE_LIMIT, grace))
+    return grace

@@ -1,0 +1,255 @@
+"""The Python API: launcher as a library. The CLI and the Fabric tasks are thin layers on top.
+
+    from launcher import Launcher
+
+    with Launcher("inventory.yaml") as l:
+        report = l.deploy("prod", restart=True)    # DeployReport
+        result = l.verify("prod", wait=180)        # ProbeResult; result.exit_code 0 or 1
+        result.state                               # State.HEALTHY, State.FINISHED, ...
+
+A run that is judged (verify, status) comes back as a result with its exit code, healthy or
+not. Everything that stops an operation raises a LauncherError whose `exit_code` is the one
+the CLI would exit with: 2 bad input, 3 unreachable, 4 refused. One SSH connection per host
+is opened on first use and kept until close() (or the end of the `with` block).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+from launcher import apiargs as args
+from launcher.cluster import place
+from launcher.commands import CHECKPOINT_MODES, COMMANDS, probe_values, run
+from launcher.config import Inventory, Target, inventory_path, load_inventory
+from launcher.deploy import CheckpointMode, DeployReport
+from launcher.doctor import DoctorResult
+from launcher.errors import ExitCode, UnhealthyError, UsageError
+from launcher.operate import HistoryResult, LogsResult, RollbackResult, StopResult
+from launcher.transport.connection import Connection
+from launcher.transport.pool import ConnectionPool
+from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
+from launcher.workflow import Context, Step, StepSink
+
+LineSink = Callable[[str], None]
+__all__ = ["CHECKPOINT_MODES", "Launcher", "SmokeResult", "StatusResult"]
+
+
+class Launcher:
+    """One inventory and the SSH connections to its hosts; see the module docstring."""
+
+    def __init__(
+        self,
+        inventory: str | os.PathLike[str] | None = None,
+        *,
+        on_line: LineSink | None = None,
+    ) -> None:
+        """Load and validate the inventory (a ConfigError, exit code 2, names file and line).
+
+        Without a path: $LAUNCHER_INVENTORY, else ./inventory.yaml, as for the CLI.
+        `on_line` receives the progress lines the CLI would print (steps, polls).
+        """
+        where = args.path("inventory", inventory)
+        self._say: LineSink = args.callback("on_line", on_line) or (lambda line: None)
+        self.inventory: Inventory = load_inventory(inventory_path(where))
+        self._pool = ConnectionPool()
+
+    # -- targets and connections ------------------------------------------------------------
+
+    def targets(self, *names: str) -> list[str]:
+        """Target names for names, `a,b` lists and groups (none: default_target; no: all)."""
+        return self.inventory.resolve_names(list(names))
+
+    def target(self, name: str | None = None) -> Target:
+        """The target's settings (host, VMID, playbook); an unknown name is a UsageError."""
+        name = args.target_name(name)
+        resolved = self.inventory.resolve_names([name] if name else [])
+        if len(resolved) != 1:
+            raise UsageError(f"{name!r} names {len(resolved)} targets; pass a single target")
+        return self.inventory.target(resolved[0])
+
+    def _connect(self, name: str | None) -> tuple[Target, Connection]:
+        """The target (a cluster target on the node running its VMID now) and its connection."""
+        target = place(self.target(name), self._pool)
+        return target, self._pool.get(target.host_name, target.host)
+
+    def _context(
+        self, name: str | None, on_step: StepSink | None = None, on_line: LineSink | None = None
+    ) -> Context:
+        """The workflow's context: the target placed, its connection, progress lines to the
+        Launcher's `on_line`, steps to `on_step` (or nowhere), output lines to `on_line`."""
+        target, conn = self._connect(name)
+        return Context(
+            target,
+            conn,
+            threading.Event(),
+            self._say,
+            on_step=on_step or (lambda step: None),
+            output=on_line or (lambda line: None),
+        )
+
+    # -- workflows ----------------------------------------------------------------------
+
+    def deploy(
+        self,
+        target: str | None = None,
+        *,
+        restart: bool = False,
+        dry_run: bool = False,
+        checkpoints: CheckpointMode = "archive",
+        grace: float | None = None,
+        kill_gpu_holders: bool = False,
+        wait_lock: float | None = None,
+        env: Sequence[str] = (),
+        sets: Sequence[str] = (),
+        command: str | None = None,
+        message: str | None = None,
+        diff: bool = False,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> DeployReport:
+        """Upload the script (verified), stop the old run (with `restart`), launch it.
+
+        `env` and `sets` are KEY=VALUE strings, as for `--env` and `--set`. An active run
+        without `restart` raises RefusedError (exit code 4).
+        """
+        options = COMMANDS["deploy"].request(
+            dict(
+                restart=restart,
+                dry_run=dry_run,
+                checkpoints=checkpoints,
+                grace=grace,
+                kill_gpu_holders=kill_gpu_holders,
+                wait_lock=wait_lock,
+                env=env,
+                sets=sets,
+                command=command,
+                message=message,
+                diff=diff,
+            )
+        )
+        on_step = args.callback("on_step", on_step)
+        report: DeployReport = run(self._context(target, on_step), options)
+        return report
+
+    def verify(
+        self,
+        target: str | None = None,
+        *,
+        wait: float | None = None,
+        interval: float | None = None,
+        window: float | None = None,
+        successes: int | None = None,
+        failure_threshold: int | None = None,
+        check: bool = False,
+    ) -> VerifyResult:
+        """The startup probe. Unset settings come from the playbook's `verify:` section.
+
+        The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
+        `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
+        """
+        request = COMMANDS["verify"].request(
+            probe_values(wait, interval, window, successes, failure_threshold)
+        )
+        check = args.flag("check", check)
+        result: VerifyResult = run(self._context(target), request)
+        if check and result.exit_code != ExitCode.OK:
+            raise UnhealthyError(f"{result.verdict}: {result.reason}")
+        return result
+
+    def smoke(
+        self,
+        target: str | None = None,
+        *,
+        wait: float | None = None,
+        interval: float | None = None,
+        window: float | None = None,
+        successes: int | None = None,
+        failure_threshold: int | None = None,
+        wait_lock: float | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> SmokeResult:
+        """`deploy --restart`, then the probe of the run that deploy started (as `launcher
+        smoke`). A deploy that fails raises its LauncherError; the verdict is in the result."""
+        settings = probe_values(wait, interval, window, successes, failure_threshold)
+        request = COMMANDS["smoke"].request({**settings, "wait_lock": wait_lock})
+        on_step = args.callback("on_step", on_step)
+        result: SmokeResult = run(self._context(target, on_step), request)
+        if result.deploy_error is not None:
+            raise result.deploy_error
+        return result
+
+    def status(self, target: str | None = None) -> StatusResult:
+        """One poll judged at once, in a lifecycle `state`: exit_code 0 for healthy, starting,
+        deploying and finished; 1 for unhealthy, failed, stopped and absent."""
+        result: StatusResult = run(self._context(target), COMMANDS["status"].request({}))
+        return result
+
+    def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
+        """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
+        request = COMMANDS["stop"].request(dict(grace=grace))
+        result: StopResult = run(self._context(target), request)
+        return result
+
+    def logs(
+        self,
+        target: str | None = None,
+        *,
+        tail: int = 50,
+        raw: bool = False,
+        follow: bool = False,
+        on_line: LineSink | None = None,
+    ) -> LogsResult:
+        """The last `tail` lines of the run's log (result.lines); `follow` streams new lines to
+        `on_line` until the run ends."""
+        request = COMMANDS["logs"].request(dict(tail=tail, raw=raw, follow=follow))
+        on_line = args.callback("on_line", on_line)
+        result: LogsResult = run(self._context(target, on_line=on_line), request)
+        return result
+
+    def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
+        """The deploy records kept in the container, newest first."""
+        request = COMMANDS["history"].request(dict(limit=limit))
+        result: HistoryResult = run(self._context(target), request)
+        return result
+
+    def rollback(
+        self,
+        target: str | None = None,
+        *,
+        restart: bool = False,
+        grace: float | None = None,
+        keep_checkpoints: bool = False,
+        wait_lock: float | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> RollbackResult:
+        """Put the previous script version back and relaunch; refuses (exit code 4) without
+        one, or with an active run and no `restart`."""
+        request = COMMANDS["rollback"].request(
+            dict(
+                restart=restart,
+                grace=grace,
+                keep_checkpoints=keep_checkpoints,
+                wait_lock=wait_lock,
+            )
+        )
+        on_step = args.callback("on_step", on_step)
+        result: RollbackResult = run(self._context(target, on_step), request)
+        return result
+
+    def doctor(self, target: str | None = None) -> DoctorResult:
+        """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
+        result: DoctorResult = run(self._context(target), COMMANDS["doctor"].request({}))
+        return result
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every SSH connection (the Launcher can be used again: they reopen)."""
+        self._pool.close()
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""`launcher deploy`: verified upload, real stop of the old run, checkpoints set aside, launch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from launcher.cli.context import AppContext, fleet_options, pass_app
+from launcher.cli.params import GRACE, wait_lock_option
+
+if TYPE_CHECKING:
+    from launcher.deploy import DeployOptions
+
+
+@click.command("deploy")
+@fleet_options
+@click.option("--restart", is_flag=True, help="Stop the running session first (C-c, wait, kill).")
+@click.option("--dry-run", is_flag=True, help="Print every step it would take; change nothing.")
+@click.option(
+    "--grace",
+    type=GRACE,
+    metavar="DURATION",
+    help="Wait this long after C-c: 90, 90s, 2m; 0 s to 1 h (default: playbook stop_grace).",
+)
+@click.option(
+    "--purge-checkpoints", "purge", is_flag=True, help="Delete old checkpoints, not archive them."
+)
+@click.option(
+    "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
+)
+@click.option(
+    "--kill-gpu-holders",
+    is_flag=True,
+    help="Kill processes outside the old run that hold the GPUs (default: refuse, exit 4).",
+)
+@wait_lock_option
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set an environment value for this deploy (repeatable; history records the name).",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a playbook key for this deploy, e.g. verify.wait=60 (repeatable).",
+)
+@click.option("--command", "command", help="Run this command instead of the playbook's.")
+@click.option("--message", "-m", help="Why: recorded in history with the deploy.")
+@click.option("--diff", is_flag=True, help="With a project: show text diffs of changed files.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.deploy/1)."
+)
+@pass_app
+def deploy_command(
+    app: AppContext,
+    restart: bool,
+    dry_run: bool,
+    grace: float | None,
+    purge: bool,
+    keep: bool,
+    kill_gpu_holders: bool,
+    wait_lock: float,
+    env: tuple[str, ...],
+    sets: tuple[str, ...],
+    command: str | None,
+    message: str | None,
+    diff: bool,
+    as_json: bool,
+) -> None:
+    """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
+
+    \b
+    Examples:
+      launcher deploy -t staging              # first launch; refuses if a run is active
+      launcher deploy --restart -t prod       # replace the running job
+      launcher deploy --restart --dry-run     # show the plan, change nothing
+      launcher deploy --restart --all         # every target, in parallel, one table
+      launcher deploy --restart --wait-lock 10m   # CI: queue behind a deploy in progress
+    Steps go to stderr as they happen (-q: none); the result or --json to stdout.
+    Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
+    4 refused (lock held, run active, GPUs busy), 130 interrupted; a fleet: the worst.
+    """
+    from launcher.commands import COMMANDS
+    from launcher.errors import UsageError
+
+    if purge and keep:
+        raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
+    values = {
+        "restart": restart,
+        "dry_run": dry_run,
+        "checkpoints": "purge" if purge else "keep" if keep else "archive",
+        "grace": grace,
+        "kill_gpu_holders": kill_gpu_holders,
+        "wait_lock": wait_lock,
+        "env": env,
+        "sets": sets,
+        "command": command,
+        "message": message,
+        "diff": diff,
+    }
+    run_deploy(app, COMMANDS["deploy"].request(values), json=as_json)
+
+
+def run_deploy(app: AppContext, options: DeployOptions, *, json: bool) -> None:
+    """Deploy on the app's targets and show the result (also `launcher.tasks.deploy`)."""
+    from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
+    from launcher.commands import work
+
+    outcomes = run_on_targets(app, work(options))
+    if json:
+        emit_json("deploy", outcomes)
+    else:
+        say_result(outcomes)
+    exit_with(outcomes, title="deploy", table=not json)

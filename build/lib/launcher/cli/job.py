@@ -1,0 +1,412 @@
+"""`launcher job`: deploy, verify, status and stop of a multi-node job (inventory `jobs:`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import click
+
+from launcher.cli.context import AppContext, global_options, pass_app
+from launcher.cli.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT
+from launcher.cli.watch import FOR, MAX_RESTARTS
+
+if TYPE_CHECKING:
+    from launcher.job import Job, JobNodes
+    from launcher.jobdeploy import JobResult
+
+
+@click.group("job")
+def job() -> None:
+    """One training run across several containers: the inventory's `jobs:`.
+
+    A job names its nodes (targets, in rank order) and one playbook. Every node's run gets
+    NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT and JOB_ID in its environment.
+
+    \b
+    Example:
+      launcher job deploy --restart train && launcher job verify train
+      launcher job status
+      launcher job history train
+      launcher job logs -f train
+      launcher job rollback --restart train
+      launcher job stop train
+    """
+
+
+def _say(app: AppContext) -> Callable[[str, str], None]:
+    from launcher.termsafe import sanitize
+
+    def say(node: str, line: str) -> None:
+        if not app.quiet:
+            click.echo(f"[{node}] {sanitize(line, keep_sgr=False)}", err=True)
+
+    return say
+
+
+def _run(app: AppContext, name: str, action: Callable[[Job, JobNodes], JobResult]) -> JobResult:
+    from launcher.job import load_job, on_job
+
+    return on_job(load_job(app.inventory(), name), action)
+
+
+def _render(result: JobResult, as_json: bool) -> None:
+    from launcher.termsafe import sanitize
+
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    click.echo(sanitize(f"job {result.job}: {result.summary}", keep_sgr=False))
+    for node in result.nodes:
+        line = f"  rank {node.rank}  {node.node:<12} {node.state:<10} {node.detail}"
+        click.echo(sanitize(line, keep_sgr=False))
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+@job.command("deploy")
+@click.argument("name")
+@global_options
+@click.option("--restart", is_flag=True, help="Stop every node's running session first.")
+@click.option("--dry-run", is_flag=True, help="Every node's plan and checks; change nothing.")
+@click.option("--grace", type=GRACE, metavar="DURATION", help="Wait this long after C-c.")
+@click.option("--purge-checkpoints", "purge", is_flag=True, help="Delete old checkpoints.")
+@click.option("--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place.")
+@click.option(
+    "--kill-gpu-holders",
+    is_flag=True,
+    help="Kill processes outside the old runs that hold the GPUs (default: refuse, exit 4).",
+)
+@_JSON
+@pass_app
+def deploy_command(
+    app: AppContext,
+    name: str,
+    restart: bool,
+    dry_run: bool,
+    grace: float | None,
+    purge: bool,
+    keep: bool,
+    kill_gpu_holders: bool,
+    as_json: bool,
+) -> None:
+    """Deploy job NAME on all its nodes, or on none.
+
+    Every node's checks (script, GPUs, disk, lock, active session) pass before any old run is
+    stopped; then every old run stops (--restart); then every node launches, all with one run
+    id. A node that fails after the first stop is reported with the state each node was left in.
+
+    \b
+    Examples:
+      launcher job deploy --restart --dry-run train   # every node's plan
+      launcher job deploy --restart train
+    Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
+    4 refused on a node (lock held, run active, GPUs busy): the worst node's.
+    """
+    from launcher.deploy import DeployOptions
+    from launcher.errors import UsageError
+    from launcher.jobdeploy import deploy_job
+
+    if purge and keep:
+        raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
+    options = DeployOptions(
+        restart=restart,
+        dry_run=dry_run,
+        checkpoint_mode="purge" if purge else "keep" if keep else "archive",
+        grace=grace,
+        kill_gpu_holders=kill_gpu_holders,
+    )
+    result = _run(app, name, lambda j, nodes: deploy_job(j, nodes, options, _say(app)))
+    _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("verify")
+@click.argument("name")
+@global_options
+@click.option("--wait", type=WAIT, metavar="DURATION", help="How long the probe may take.")
+@click.option("--interval", type=INTERVAL, metavar="DURATION", help="Between polls.")
+@click.option("--successes", type=SUCCESSES, metavar="N", help="Healthy polls needed.")
+@_JSON
+@pass_app
+def verify_command(
+    app: AppContext,
+    name: str,
+    wait: float | None,
+    interval: float | None,
+    successes: int | None,
+    as_json: bool,
+) -> None:
+    """One verdict for job NAME: the status rank's startup probe, every node alive.
+
+    The status rank (jobs.NAME.status_rank, default 0) is probed as `launcher verify` probes
+    a target; every other node must keep its session, its run's process and the same run
+    throughout. A node that dies ends the probe: the job is unhealthy and the report names it.
+
+    \b
+    Example:
+      launcher job verify --wait 3m train
+    Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 a node unreachable.
+    """
+    from launcher.jobverify import verify_job
+    from launcher.requests import ProbeOverrides
+
+    overrides = ProbeOverrides(wait=wait, interval=interval, successes=successes)
+    result = _run(app, name, lambda j, nodes: verify_job(j, nodes, overrides, _say(app)))
+    _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("status")
+@click.argument("names", nargs=-1)
+@global_options
+@_JSON
+@pass_app
+def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> None:
+    """One line per job (default: every job) and one per node, from one poll of each.
+
+    \b
+    Example:
+      launcher job status train
+    Exit codes: 0 every job healthy, 1 a job unhealthy, 2 bad input, 3 a node unreachable.
+    """
+    from launcher.errors import UsageError
+    from launcher.fleet import worst
+    from launcher.jobverify import status_job
+
+    chosen = list(names) or list(app.inventory().spec.jobs)
+    if not chosen:
+        raise UsageError(f"{app.inventory().path}: no jobs", hint="a job is defined under `jobs:`")
+    results = [_run(app, name, status_job) for name in chosen]
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        for result in results:
+            _render(result, False)
+    sys.exit(int(worst([r.exit_code for r in results])))
+
+
+@job.command("stop")
+@click.argument("name")
+@global_options
+@click.option("--grace", type=GRACE, metavar="DURATION", help="Wait this long after C-c.")
+@_JSON
+@pass_app
+def stop_command(app: AppContext, name: str, grace: float | None, as_json: bool) -> None:
+    """Stop job NAME on every node at once; each node's outcome is reported.
+
+    \b
+    Example:
+      launcher job stop --grace 2m train
+    Exit codes: 0 stopped everywhere (or nothing to stop), 2 bad input, 3 a node unreachable
+    or not stopped completely, 4 refused (lock held).
+    """
+    from launcher.jobdeploy import stop_job
+
+    result = _run(app, name, lambda j, nodes: stop_job(j, nodes, grace, _say(app)))
+    _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("history")
+@click.argument("name")
+@global_options
+@click.option("--limit", type=LINES, default=0, metavar="N", help="Only the newest N runs.")
+@_JSON
+@pass_app
+def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> None:
+    """Job NAME's deploys, newest first: one line per run id, each node's outcome.
+
+    Read from every node's own records (<workdir>/.launcher/deploys.jsonl); a node without a
+    record of a run shows `no record`.
+
+    \b
+    Example:
+      launcher job history --limit 5 train
+    Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
+    """
+    from launcher.job import load_job, on_job
+    from launcher.jobhistory import job_history
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+    result = on_job(loaded, lambda job, nodes: job_history(job, nodes, limit=limit))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        if not result.runs:
+            click.echo(f"job {name}: no deploys recorded")
+        for run in result.runs:
+            outcomes = ", ".join(f"{node}: {outcome}" for node, outcome in run.outcomes.items())
+            line = f"{run.time}  run {run.run_id}  sha256 {run.sha256[:12]}  {outcomes}"
+            click.echo(sanitize(line, keep_sgr=False))
+        for node, error in result.errors.items():
+            click.echo(sanitize(f"error: {node}: {error}", keep_sgr=False), err=True)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("watch")
+@click.argument("name")
+@global_options
+@click.option("--interval", type=INTERVAL, metavar="DURATION", help="Between polls (default 10s).")
+@click.option("--for", "duration", type=FOR, metavar="DURATION", help="End after this long.")
+@click.option(
+    "--restart-on-failure",
+    is_flag=True,
+    help="Redeploy the whole job with its checkpoints kept (every rank resumes).",
+)
+@click.option(
+    "--max-restarts", type=MAX_RESTARTS, default=3, show_default=True, metavar="N",
+    help="At most N restarts; then the job is left as it is (exit 1).",
+)  # fmt: skip
+@pass_app
+def watch_command(
+    app: AppContext,
+    name: str,
+    interval: float | None,
+    duration: float | None,
+    restart_on_failure: bool,
+    max_restarts: int,
+) -> None:
+    """Watch job NAME: its one verdict polled, each change printed; on failure, restart it.
+
+    A failure is two unhealthy polls in a row, or one that finds a node's run gone, restarted
+    or replaced. --restart-on-failure redeploys the whole job (all or nothing, a new run id,
+    checkpoints kept) and runs its startup probe. Start it once the job is healthy.
+
+    \b
+    Example:
+      launcher job watch --restart-on-failure --for 12h train
+    Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
+    3 a node unreachable or a restart failed; SIGTERM ends it with 0, Ctrl-C with 130.
+    """
+    from launcher.job import load_job, on_job
+    from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+    options = JobWatchOptions(
+        interval=interval if interval is not None else 10.0,
+        duration=duration,
+        restart_on_failure=restart_on_failure,
+        max_restarts=max_restarts,
+    )
+
+    def event(line: str) -> None:
+        click.echo(sanitize(line, keep_sgr=False))
+
+    with terminated_by_sigterm() as stop:
+        result = on_job(
+            loaded,
+            lambda job, nodes: watch_job(
+                job, nodes, options, say=_say(app), event=event, stop=stop
+            ),
+        )
+    sys.exit(int(result.exit_code))
+
+
+@job.command("rollback")
+@click.argument("name")
+@global_options
+@click.option("--restart", is_flag=True, help="Stop every node's running session first.")
+@click.option("--dry-run", is_flag=True, help="Every node's rollback checks; change nothing.")
+@click.option("--grace", type=GRACE, metavar="DURATION", help="Wait this long after C-c.")
+@click.option("--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place.")
+@_JSON
+@pass_app
+def rollback_command(
+    app: AppContext,
+    name: str,
+    restart: bool,
+    dry_run: bool,
+    grace: float | None,
+    keep: bool,
+    as_json: bool,
+) -> None:
+    """Roll job NAME back to its previous version on all its nodes, or on none.
+
+    As `launcher rollback` on every node (each node's previous script version, <dest>.prev),
+    all or nothing as `job deploy`: every node's checks (a previous version there, lock,
+    active session) pass before any old run is stopped; then every old run stops (--restart);
+    then every node relaunches, all with one new run id. A node that fails after the first
+    stop is reported with the state each node was left in.
+
+    \b
+    Examples:
+      launcher job rollback --restart --dry-run train   # every node's checks
+      launcher job rollback --restart train
+    Exit codes: 0 rolled back (or planned), 2 bad input, 3 unreachable or a step failed,
+    4 refused on a node (no previous version, lock held, run active): the worst node's.
+    """
+    from launcher.jobrollback import rollback_job
+
+    result = _run(
+        app,
+        name,
+        lambda j, nodes: rollback_job(
+            j,
+            nodes,
+            _say(app),
+            restart=restart,
+            dry_run=dry_run,
+            keep_checkpoints=keep,
+            grace=grace,
+        ),
+    )
+    _render(result, as_json)
+    sys.exit(int(result.exit_code))
+
+
+@job.command("logs")
+@click.argument("name")
+@global_options
+@click.option("--node", metavar="NAME", help="Only this node's lines (default: every node).")
+@click.option(
+    "--tail", "-n", type=LINES, default=50, show_default=True, metavar="N",
+    help="How many of each node's last lines to show.",
+)  # fmt: skip
+@click.option(
+    "-f", "--follow", is_flag=True,
+    help="Keep printing every node's new lines until every run ends or Ctrl-C.",
+)  # fmt: skip
+@click.option("--raw", is_flag=True, help="Show each tmux pane instead of each log.")
+@pass_app
+def logs_command(
+    app: AppContext, name: str, node: str | None, tail: int, follow: bool, raw: bool
+) -> None:
+    """Job NAME's logs: every node's lines, each prefixed with its node (`[n0] ...`).
+
+    As `launcher logs` on each node. The last lines are shown node by node in rank order;
+    with -f every node is followed at once (one stream each) and new lines are shown as they
+    come, until every node's run has ended; Ctrl-C stops following, never the runs (exit 0).
+    Each node's outcome goes to stderr.
+
+    \b
+    Examples:
+      launcher job logs train                 # the last 50 lines of every node
+      launcher job logs --node n1 -n 200 train
+      launcher job logs -f train              # follow every node
+    Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
+    2 bad input, 3 a node unreachable (the others are still shown).
+    """
+    from launcher.job import load_job, on_job
+    from launcher.joblogs import job_logs
+    from launcher.termsafe import sanitize
+
+    loaded = load_job(app.inventory(), name)
+
+    def show(node_name: str, line: str) -> None:
+        # The line is sanitised already (operate.logs); the node's name comes from the inventory.
+        click.echo(f"[{node_name}] {line}")
+
+    result = on_job(
+        loaded,
+        lambda job, nodes: job_logs(job, nodes, show, node=node, tail=tail, raw=raw, follow=follow),
+    )
+    for outcome in result.nodes:
+        if outcome.exit_code or follow:
+            click.echo(sanitize(f"[{outcome.node}] {outcome.summary}", keep_sgr=False), err=True)
+    sys.exit(int(result.exit_code))

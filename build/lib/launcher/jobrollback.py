@@ -1,0 +1,49 @@
+"""Roll a multi-node job back to its previous version on every node, all or nothing.
+
+The same phases as a job's deploy (launcher.jobdeploy.run_phases): the rollback transaction in
+plan mode on every node (a previous version there, the lock free, no active run without
+--restart...), then every old run stopped, then every node rolled back with one new run id.
+The summary names the script versions the nodes run now (one sha256 when they agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from launcher.config import Target
+from launcher.container import HostConnection
+from launcher.deploy import Step
+from launcher.job import Job, JobNodes
+from launcher.jobdeploy import JobResult, Phases, Say, run_phases
+from launcher.operate import RollbackResult, rollback
+
+
+def rollback_job(
+    job: Job,
+    nodes: JobNodes,
+    say: Say,
+    *,
+    restart: bool = False,
+    dry_run: bool = False,
+    keep_checkpoints: bool = False,
+    grace: float | None = None,
+) -> JobResult:
+    """Every node back to its previous script version, with one new run id (see the module)."""
+
+    def run(
+        target: Target, conn: HostConnection, run_id: str, plan: bool, show: Callable[[Step], None]
+    ) -> RollbackResult:
+        return rollback(
+            target,
+            conn,
+            restart=restart,
+            grace=grace,
+            keep_checkpoints=keep_checkpoints,
+            on_step=show,
+            plan=plan,
+            run_id=run_id,
+            job=job.name,
+        )
+
+    phases = Phases("rollback", run, restart=restart, dry_run=dry_run, grace=grace)
+    return run_phases(job, nodes, phases, say)

@@ -1,0 +1,241 @@
+"""One verdict for a multi-node job: the status rank's startup probe, every node alive.
+
+The status rank (rank 0 unless the job says otherwise) is probed as `launcher verify` probes a
+target: its status lines judged. Every other node prints no status lines of its own (torchrun's
+workers log on rank 0), so it is polled for what it can show: its session is there, its pane's
+process alive, and it runs the same run as the status rank (one deploy of the job). A node that
+fails ends the probe at once: one dead rank stalls every other, so the job is unhealthy, and the
+report names the node.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.agentclient import container_for
+from launcher.config import Target
+from launcher.container import HostConnection
+from launcher.errors import ExitCode, LauncherError
+from launcher.fleet import FleetContext, Outcome
+from launcher.job import Job, JobNodes
+from launcher.jobdeploy import JobResult, NodeState, Say
+from launcher.requests import ProbeOverrides
+from launcher.verify.pane import PaneState
+from launcher.verify.poll import poll_once
+from launcher.verify.workflows import (
+    probe_summary,
+    run_probe,
+    settings_for,
+    status_work,
+)
+from launcher.workflow import Cancelled
+
+# torchrun's elastic agent on a worker's end: "failed (exitcode: 1) local_rank: 0 (pid: N)".
+WORKER_EXIT_RE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
+
+
+def liveness_problem(
+    state: PaneState, expected_run: str | None, restart_patterns: Sequence[str] = ()
+) -> str | None:
+    """Why this poll shows a node that is not taking part in the run (None: it is).
+
+    Besides a gone or exited run: a supervisor's restart line (`restart_patterns`, torchrun's
+    "Restarting worker group") or a worker's non-zero exit as torchrun's elastic agent reports
+    it (`... failed (exitcode: 1) local_rank: 0 ...`) in this run's pane: the rank restarted or
+    lost a worker, which the whole job feels."""
+    if not state.session_exists:
+        return "no session: the run is gone"
+    if state.pane_dead or state.exit_code is not None:
+        status = state.dead_status if state.dead_status is not None else state.exit_code
+        return f"the run exited (status {status})"
+    if expected_run is not None and state.run != expected_run:
+        return f"runs {state.run or '(unmarked)'}, not the job's run {expected_run}"
+    for line in state.capture.splitlines():
+        text = line.strip()
+        if any(pattern in text for pattern in restart_patterns):
+            return f"restarted: {text[:120]}"
+        exited = WORKER_EXIT_RE.search(text)
+        if exited and exited[1] != "0":
+            return f"a worker failed: {text[:120]}"
+    return None
+
+
+@dataclass
+class _Watch:
+    """One non-status node's watch: its first run marker and the first problem seen."""
+
+    target: Target
+    rank: int
+    run: str | None = None
+    problem: str | None = None
+    error: LauncherError | None = None
+    polls: int = 0
+
+
+def poll_node(
+    target: Target, conn: HostConnection, expected: str | None
+) -> tuple[PaneState, str | None]:
+    """One poll of a node that prints no status lines, and what is wrong with it (None: alive)."""
+    spec = target.playbook.spec.verify
+    state, _ = poll_once(container_for(target, conn), target, spec.lines)
+    return state, liveness_problem(state, expected or state.run, spec.restart_patterns)
+
+
+def _poll_node(watch: _Watch, conn: HostConnection, expected: str | None) -> None:
+    try:
+        state, problem = poll_node(watch.target, conn, expected or watch.run)
+    except LauncherError as error:
+        watch.error = error
+        return
+    watch.polls += 1
+    if watch.run is None:
+        watch.run = state.run
+    watch.problem = problem
+
+
+def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -> JobResult:
+    """The job's startup probe (see the module): HEALTHY only if the status rank is healthy
+    and every node was alive, in the same run, at every poll through the end."""
+    rank0 = job.status_rank
+    status_target = nodes.targets[rank0]
+    interval = settings_for(status_target, overrides).interval
+    cancel = threading.Event()
+    done = threading.Event()
+    watches = [_Watch(target, rank) for rank, target in enumerate(nodes.targets) if rank != rank0]
+    probe_run: list[str | None] = [None]
+
+    def watch_node(watch: _Watch) -> None:
+        conn = nodes.conn(watch.target)
+        while True:
+            _poll_node(watch, conn, probe_run[0])
+            if watch.problem or watch.error:
+                say(watch.target.name, f"rank {watch.rank}: {watch.problem or watch.error}")
+                cancel.set()  # one dead rank stalls the others: the job's verdict is known
+                return
+            if done.wait(interval):
+                _poll_node(watch, conn, probe_run[0])  # the verdict covers the end
+                return
+
+    threads = [threading.Thread(target=watch_node, args=(w,), daemon=True) for w in watches]
+    for thread in threads:
+        thread.start()
+    ctx = FleetContext(
+        status_target,
+        nodes.conn(status_target),
+        cancel,
+        lambda line: say(status_target.name, line),
+    )
+    probe = None
+    probe_error: LauncherError | None = None
+    try:
+        probe = run_probe(ctx, overrides)
+        probe_run[0] = probe.run
+    except Cancelled:
+        pass
+    except LauncherError as error:
+        probe_error = error
+    done.set()
+    for thread in threads:
+        thread.join()
+
+    result = JobResult(job.name, "verify", "", run_id=run_id(probe.run if probe else None))
+    status = NodeState(rank0, status_target.name, status_target.label, "", "")
+    if probe is not None:
+        status.state = probe.verdict
+        status.detail = probe_summary(probe)
+        status.exit_code = probe.exit_code
+    elif probe_error is not None:
+        status.state, status.detail = "failed", probe_error.message
+        status.exit_code = probe_error.exit_code
+    else:
+        # Not judged to the end: never healthy, whatever it showed so far.
+        status.state, status.detail = "cut short", "probe ended: another node failed"
+        status.exit_code = ExitCode.UNHEALTHY
+    states = [status]
+    expected = probe.run if probe else None
+    for watch in watches:
+        node = NodeState(watch.rank, watch.target.name, watch.target.label, "alive", "")
+        if watch.error is not None:
+            node.state, node.detail = "unreachable", watch.error.message
+            node.exit_code = watch.error.exit_code
+        elif watch.problem is None and expected and watch.run != expected:
+            watch.problem = liveness_problem_run(watch.run, expected)
+        if watch.problem is not None:
+            node.state, node.detail = problem_state(watch.problem), watch.problem
+            node.exit_code = ExitCode.UNHEALTHY
+        elif not node.detail:
+            node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
+        states.append(node)
+    result.nodes = sorted(states, key=lambda n: n.rank)
+    result.summary = job_summary(result)
+    return result
+
+
+def problem_state(problem: str) -> str:
+    """The node's state word for a liveness problem: dead, restarted or other run."""
+    if problem.startswith(("restarted", "a worker failed")):
+        return "restarted"
+    return "other run" if problem.startswith("runs ") else "dead"
+
+
+def run_id(marker: str | None) -> str | None:
+    """The run id in a run marker (`session:run id`), as deploy reports it."""
+    return marker.partition(":")[2] or None if marker else None
+
+
+def liveness_problem_run(run: str | None, expected: str) -> str:
+    return f"runs {run or '(unmarked)'}, not the job's run {expected}"
+
+
+def job_summary(result: JobResult) -> str:
+    """`healthy`, or `unhealthy: <node> (rank N): <why>` for the first failing node."""
+    bad = [n for n in result.nodes if n.exit_code]
+    if not bad:
+        return f"healthy: {len(result.nodes)} node(s) in run {result.run_id}"
+    # A dead or unreachable node is the cause; the status rank's cut-short probe is its effect.
+    first = sorted(bad, key=lambda n: (n.state == "cut short", n.rank))[0]
+    word = "unreachable" if first.exit_code == ExitCode.UNREACHABLE else "unhealthy"
+    return f"{word}: {first.node} (rank {first.rank}): {first.detail}"
+
+
+def status_job(job: Job, nodes: JobNodes) -> JobResult:
+    """One poll of every node at once: the status rank judged as `status` judges, the others
+    alive and in the same run."""
+    rank0 = job.status_rank
+
+    def one(rank: int, target: Target, conn: HostConnection) -> Any:
+        if rank == rank0:
+            return status_work(FleetContext(target, conn, threading.Event(), lambda _: None))
+        lines = target.playbook.spec.verify.lines
+        return poll_once(container_for(target, conn), target, lines)[0]
+
+    polled = nodes.each(one)
+    status_outcome = polled[rank0].value if polled[rank0].ok else None
+    expected = None
+    if isinstance(status_outcome, Outcome):
+        probe = status_outcome.data.get("probe")
+        expected = getattr(probe, "run", None)
+    result = JobResult(job.name, "status", "", run_id=run_id(expected))
+    for entry in polled:
+        target = entry.target
+        node = NodeState(entry.rank, target.name, target.label, "", "")
+        if entry.error is not None:
+            node.state, node.detail = "unreachable", entry.error.message
+            node.exit_code = entry.error.exit_code
+        elif isinstance(entry.value, Outcome):
+            node.exit_code = entry.value.exit_code
+            node.state = "healthy" if not node.exit_code else "unhealthy"
+            node.detail = entry.value.summary
+        elif isinstance(entry.value, PaneState):
+            patterns = target.playbook.spec.verify.restart_patterns
+            problem = liveness_problem(entry.value, expected, patterns)
+            node.state = problem_state(problem) if problem else "alive"
+            node.detail = problem or f"alive, run {run_id(entry.value.run)}"
+            node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
+        result.nodes.append(node)
+    result.summary = job_summary(result)
+    return result

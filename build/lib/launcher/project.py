@@ -1,0 +1,302 @@
+"""A project directory as a release: its manifest, the stream of the files a container lacks,
+and the differences between two manifests (for --dry-run and --diff).
+
+The manifest lists every file (path, size, mode, sha256), sorted by path. Paths are relative,
+normalised, '/'-separated, never absolute, never '..', never with control characters; a symlink
+is followed only when it resolves to a regular file inside the project (its content travels, not
+the link), so a release never holds a link that leads out of it. The agent checks the same again
+(launcher/agent/release.py): nothing from the client is trusted as it arrives.
+
+The stream of missing files is gzip over frames `<sha256> <size>\\n<bytes>`: the agent writes
+each blob by its hash, never by a name from the stream.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import UsageError
+
+# Never part of a release: version control data and Python's caches.
+ALWAYS_EXCLUDED = (".git", "__pycache__", "*.pyc", ".launcher")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_files: int
+    max_bytes: int
+    max_file_bytes: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    size: int
+    mode: int  # 0o644 or 0o755: only the executable bit travels
+    sha256: str
+    local: Path
+
+    def as_list(self) -> list[object]:
+        return [self.path, self.size, self.mode, self.sha256]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    entries: tuple[Entry, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def as_lists(self) -> list[list[object]]:
+        return [e.as_list() for e in self.entries]
+
+    @property
+    def digest(self) -> str:
+        """The manifest's own sha256 (what history shows): over its canonical JSON."""
+        text = json.dumps(self.as_lists(), separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def by_path(self) -> dict[str, Entry]:
+        return {e.path: e for e in self.entries}
+
+
+def path_problem(rel: str) -> str | None:
+    """Why `rel` cannot be a path in a release, or None."""
+    if not rel or rel.startswith("/"):
+        return "it is empty or absolute"
+    if any(ch in rel for ch in "\x00\n\r") or any(ord(ch) < 32 or ord(ch) == 127 for ch in rel):
+        return "it contains a newline or another control character"
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "it is not normalised (empty, '.' or '..' parts)"
+    if len(rel.encode("utf-8", "surrogateescape")) > 4000:
+        return "it is too long"
+    return None
+
+
+def _excluded(rel: str, patterns: Iterable[str]) -> bool:
+    """gitignore-like: a pattern without '/' matches any path component; one with '/' matches
+    the path from the project root; a trailing '/' is dropped (directories are matched by their
+    path, which their files start with)."""
+    parts = rel.split("/")
+    for raw in patterns:
+        pattern = raw.strip().rstrip("/")
+        if not pattern or pattern.startswith("#"):
+            continue
+        if "/" in pattern:
+            anchored = pattern.lstrip("/")
+            if any(
+                fnmatch.fnmatchcase("/".join(parts[:i]), anchored) for i in range(1, len(parts) + 1)
+            ):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pattern) for part in parts):
+            return True
+    return False
+
+
+def _git_ignored(root: Path, candidates: list[str]) -> set[str]:
+    """The candidates git ignores (`git check-ignore`, git's own rules), or none without git."""
+    if not candidates:
+        return set()
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "--no-index", "-z", "--stdin"],
+            input=b"\0".join(c.encode("utf-8", "surrogateescape") for c in candidates) + b"\0",
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    if result.returncode not in (0, 1):  # 128: not a git work tree; read .gitignore ourselves
+        patterns = _gitignore_patterns(root)
+        return {c for c in candidates if _excluded(c, patterns)}
+    return {p.decode("utf-8", "surrogateescape") for p in result.stdout.split(b"\0") if p}
+
+
+def _gitignore_patterns(root: Path) -> list[str]:
+    try:
+        text = (root / ".gitignore").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("!")]
+
+
+def build_manifest(
+    root: Path, *, exclude: Iterable[str] = (), gitignore: bool = True, limits: Limits
+) -> Manifest:
+    """Walk `root` and hash every file; UsageError naming the first thing that cannot travel
+    (a link out of the tree, a bad name, a limit passed). Limits are checked while walking, so
+    a tree of a million files is refused after max_files of them, not after hashing them all."""
+    root = root.resolve()
+    if not root.is_dir():
+        raise UsageError(f"project.source {root} is not a directory")
+    patterns = [*ALWAYS_EXCLUDED, *exclude]
+    found: list[tuple[str, Path, os.stat_result]] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        rel_dir = base.relative_to(root).as_posix()
+        rel_dir = "" if rel_dir == "." else rel_dir
+        keep = []
+        for name in sorted(dirnames):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if _excluded(rel, patterns):
+                continue
+            _check_name(root, rel)
+            if (base / name).is_symlink():
+                raise UsageError(
+                    f"project {root}: {rel!r} is a symlink to a directory "
+                    f"({os.readlink(base / name)}); a release holds files only"
+                )
+            keep.append(name)
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if _excluded(rel, patterns):
+                continue
+            _check_name(root, rel)
+            info = _file_stat(root, base / name, rel)
+            if info.st_size > limits.max_file_bytes:
+                raise UsageError(
+                    f"project {root}: {rel!r} is {info.st_size} bytes, over the limit of "
+                    f"{limits.max_file_bytes} per file (project.max_file_bytes), or exclude it"
+                )
+            total += info.st_size
+            if total > limits.max_bytes:
+                raise UsageError(
+                    f"project {root}: more than {limits.max_bytes} bytes in all "
+                    "(project.max_bytes); exclude data and outputs, or raise the limit"
+                )
+            found.append((rel, base / name, info))
+            if len(found) > limits.max_files:
+                raise UsageError(
+                    f"project {root}: more than {limits.max_files} files "
+                    "(project.max_files); exclude data and outputs, or raise the limit"
+                )
+    if gitignore:
+        ignored = _git_ignored(root, [rel for rel, _, _ in found])
+        found = [item for item in found if item[0] not in ignored]
+    entries = [
+        Entry(rel, info.st_size, 0o755 if info.st_mode & 0o111 else 0o644, _sha256(path), path)
+        for rel, path, info in sorted(found, key=lambda item: item[0])
+    ]
+    if not entries:
+        raise UsageError(f"project {root}: no files to deploy (all excluded?)")
+    return Manifest(tuple(entries))
+
+
+def _check_name(root: Path, rel: str) -> None:
+    problem = path_problem(rel)
+    if problem:
+        raise UsageError(f"project {root}: the name {rel!r} cannot be deployed: {problem}")
+
+
+def _file_stat(root: Path, path: Path, rel: str) -> os.stat_result:
+    """The file's stat; a symlink counts only when it resolves to a regular file in the tree."""
+    if path.is_symlink():
+        real = path.resolve()
+        if not real.is_relative_to(root):
+            raise UsageError(
+                f"project {root}: {rel!r} is a symlink to {os.readlink(path)}, outside the "
+                "project; a release never leads out of itself"
+            )
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise UsageError(f"project {root}: {rel!r} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"project {root}: {rel!r} is not a regular file")
+    return info
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def blob_stream(manifest: Manifest, missing: Iterable[str]) -> tuple[bytes, int, int]:
+    """The gzip stream of the blobs named in `missing` (each once): (bytes, files, raw bytes)."""
+    wanted = set(missing)
+    sources = {e.sha256: e for e in manifest.entries if e.sha256 in wanted}
+    raw = 0
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
+        for digest, entry in sorted(sources.items()):
+            data = entry.local.read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise UsageError(f"project file {entry.path} changed while deploying it")
+            out.write(f"{digest} {len(data)}\n".encode())
+            out.write(data)
+            raw += len(data)
+    return buffer.getvalue(), len(sources), raw
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # added | changed | removed
+    path: str
+    size: int
+    old_size: int | None = None
+
+
+def changes(manifest: Manifest, current: list[list[object]] | None) -> list[Change]:
+    """What a deploy of `manifest` changes against the release in place (`current`, the agent's
+    manifest rows), sorted by path."""
+    old = {str(row[0]): row for row in current or []}
+    new = manifest.by_path()
+    out: list[Change] = []
+    for path in sorted(set(old) | set(new)):
+        entry, row = new.get(path), old.get(path)
+        if entry is None and row is not None:
+            out.append(Change("removed", path, 0, _int(row[1])))
+        elif entry is not None and row is None:
+            out.append(Change("added", path, entry.size))
+        elif (
+            entry is not None
+            and row is not None
+            and (str(row[3]) != entry.sha256 or _int(row[2]) != entry.mode)
+        ):
+            out.append(Change("changed", path, entry.size, _int(row[1])))
+    return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def text_diff(path: str, old: bytes | None, new: bytes | None, *, limit: int = 200) -> list[str]:
+    """A unified diff of one file, or one line saying why there is none (binary, too long)."""
+    import difflib
+
+    def lines(data: bytes | None) -> list[str] | None:
+        if data is None:
+            return []
+        if b"\0" in data:
+            return None
+        try:
+            return data.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            return None
+
+    a, b = lines(old), lines(new)
+    if a is None or b is None:
+        return [f"Binary file {path} differs"]
+    diff = list(difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", lineterm="", n=3))
+    if len(diff) > limit:
+        diff = [*diff[:limit], f"... {len(diff) - limit} more diff line(s) of {path}"]
+    return diff

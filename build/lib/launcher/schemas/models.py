@@ -1,0 +1,264 @@
+"""The result models of every `--json` output: the shipped JSON Schemas are generated from these.
+
+Each command prints one envelope (see launcher/jsonout.py):
+`{"schema": "launcher.<command>/1", "exit_code": N, "targets": [...], ...}`. A target's item is
+the command's own document, or a TargetError when the command could not act on that target.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ExitCodeValue = Literal[0, 1, 2, 3, 4, 130]
+
+
+class Closed(BaseModel):
+    """Fields are only added within a version; an object that says so may carry keys not listed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TargetError(Closed):
+    """A target the command could not act on (unreachable, config, refused): what stopped it."""
+
+    target: str
+    ok: Literal[False]
+    exit_code: ExitCodeValue
+    error: str
+
+
+# -- verify (the published launcher.verify/2 target document), status, smoke ------------------
+
+
+class CheckDoc(Closed):
+    name: str
+    verdict: Literal["pass", "warn", "fail", "skip"] = Field(
+        description="skip: not judged (the run's status lines never carry the quantity and the "
+        "playbook does not ask for it)"
+    )
+    observed: str
+    expected: str
+    failure: Literal["immediate", "definite", "pending"] | None = Field(
+        None,
+        description="how a failing check counts: at once, after failure_threshold polls in a "
+        "row, or only at the window's end",
+    )
+
+
+class SampleDoc(Closed):
+    index: int
+    elapsed_min: float | None
+    step: int | None
+    loss: float | str | None = Field(description="a non-finite loss is a string: 'nan', 'inf'")
+    throughput: float | None
+    eta_seconds: float | None
+    queues: dict[str, list[float | None] | None]
+    nonfinite: list[str] | None = Field(
+        None,
+        description="JSON has no NaN or Infinity: the fields read as one (elapsed_min, "
+        "throughput, eta_seconds, queues.<name>) are null here and named in this list",
+    )
+
+
+class Timings(Open):
+    duration: float
+    polls: int
+    wait: float | None = None
+    interval: float | None = None
+    window: float | None = None
+    successes: int | None = None
+    failure_threshold: int | None = None
+    poll_timeout: float | None = None
+
+
+class VerifyDoc(Closed):
+    """One target's probe report."""
+
+    schema_id: Literal["launcher.verify/2"] = Field(alias="schema")
+    target: str
+    verdict: Literal["healthy", "unhealthy", "unreachable"] = Field(
+        description="the exit code in words: healthy (0, nothing wrong), unhealthy (1), "
+        "unreachable (3)"
+    )
+    state: (
+        Literal[
+            "deploying",
+            "starting",
+            "healthy",
+            "unhealthy",
+            "finished",
+            "failed",
+            "stopped",
+            "absent",
+        ]
+        | None
+    ) = Field(
+        description="where the run is in its life; null when the target was unreachable. "
+        "finished: it exited 0 (terminal success); failed: it exited non-zero; stopped: "
+        "launcher stop (or a watcher) ended it; starting: within its warmup"
+    )
+    exit_code: Literal[0, 1, 2, 3]
+    reason: str
+    checks: list[CheckDoc]
+    samples: list[SampleDoc]
+    timings: Timings
+    last_lines: list[str]
+    run: str | None = Field(
+        None,
+        description="the run marker judged (the deploy's session:run id); null for a session "
+        "launcher did not start",
+    )
+    deployed: dict[str, Any] | None = Field(
+        None, description="launcher status only: the deploy record"
+    )
+    log_age: float | None = Field(
+        None, description="launcher status only: seconds since the log was written"
+    )
+    gpus: dict[str, Any] | None = Field(
+        None,
+        description="launcher status only, with playbook gpus > 0: want (the playbook's gpus), "
+        "held (GPU indexes the run's processes have open), devices ([index, utilization %, "
+        "memory used MiB] per GPU), error (nvidia-smi's, or null)",
+    )
+
+
+# -- deploy ------------------------------------------------------------------------------------
+
+
+class StepDoc(Open):
+    name: str
+    status: str = Field(description="ok | unchanged | skipped | warning | failed | planned")
+    detail: str
+
+
+class DeployDoc(Closed):
+    """A deploy that went through (or a dry run's plan)."""
+
+    target: str
+    ok: Literal[True]
+    exit_code: Literal[0]
+    error: None
+    sha256: str
+    steps: list[StepDoc]
+    result: dict[str, Any] = Field(
+        description="the container's answer: what it stopped, moved, launched"
+    )
+
+
+class DeployFailure(Closed):
+    ok: Literal[False]
+    exit_code: ExitCodeValue
+    error: str
+
+
+class SmokeDoc(Closed):
+    """`deploy --restart`, then verify of the run it started."""
+
+    target: str
+    exit_code: ExitCodeValue
+    deploy: DeployDoc | DeployFailure
+    verify: VerifyDoc | None = Field(description="null when the deploy failed")
+
+
+# -- history, doctor ---------------------------------------------------------------------------
+
+
+class HistoryDoc(Closed):
+    target: str
+    exit_code: Literal[0]
+    path: str = Field(description="the record file in the container")
+    records: list[dict[str, Any]] = Field(description="deploy records, newest first")
+
+
+class DoctorCheck(Closed):
+    name: str
+    status: str = Field(description="ok | failed | skipped")
+    detail: str
+    fix: str | None
+
+
+class DoctorDoc(Closed):
+    target: str
+    exit_code: ExitCodeValue
+    summary: str
+    checks: list[DoctorCheck]
+
+
+# -- inventory check, buckets plan (no per-target work) ----------------------------------------
+
+
+class InventoryTarget(Closed):
+    target: str
+    host: str
+    vmid: int
+    playbook: str
+    session: str
+    workdir: str
+    script: str
+    dest: str
+    checkpoints: str
+    command: str
+    gpus: int
+
+
+class InventoryExtra(Closed):
+    inventory: str
+    default_target: str | None
+    hosts: dict[str, dict[str, Any]]
+    groups: dict[str, list[str]]
+
+
+class BucketsExtra(Closed):
+    input: dict[str, Any]
+    budget: int
+    buckets: int
+    max_len: int | None
+    boundaries: list[int]
+    model: dict[str, Any]
+    bucket_stats: list[dict[str, Any]]
+    batching: dict[str, dict[str, Any]]
+    simulation: dict[str, Any]
+    timings: dict[str, Any]
+    playbook: dict[str, Any] | None
+
+
+class Contract(BaseModel):
+    """One command's document: its target items and the keys beside `targets`."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    command: str
+    title: str
+    items: tuple[type[BaseModel], ...]
+    extra: type[BaseModel] | None = None
+    per_target: bool = True  # items repeated at the top level for one target
+
+
+CONTRACTS = (
+    Contract(command="verify", title="launcher verify", items=(VerifyDoc, TargetError)),
+    Contract(command="status", title="launcher status", items=(VerifyDoc, TargetError)),
+    Contract(command="smoke", title="launcher smoke", items=(SmokeDoc, TargetError)),
+    Contract(command="deploy", title="launcher deploy", items=(DeployDoc, TargetError)),
+    Contract(command="history", title="launcher history", items=(HistoryDoc, TargetError)),
+    Contract(command="doctor", title="launcher doctor", items=(DoctorDoc, TargetError)),
+    Contract(
+        command="inventory",
+        title="launcher inventory check",
+        items=(InventoryTarget,),
+        extra=InventoryExtra,
+        per_target=False,
+    ),
+    Contract(
+        command="buckets",
+        title="launcher buckets plan",
+        items=(),
+        extra=BucketsExtra,
+        per_target=False,
+    ),
+)
