@@ -1,1 +1,0 @@
-"""Command-line interface: thin click commands over the workflow modules."""
