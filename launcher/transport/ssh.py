@@ -172,16 +172,9 @@ class SSHConnection:
             assert deadline is not None
             return sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
 
-        def stop(state: tenacity.RetryCallState) -> bool:
-            """The last attempt, or a pause that would end past the one deadline (an attempt
-            started then would have no time left)."""
-            assert deadline is not None
-            last = state.attempt_number >= CONNECT_ATTEMPTS
-            return last or time.monotonic() + state.upcoming_sleep >= deadline
-
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(sshopen.RetryableConnect),
-            stop=stop,
+            stop=_stop_before(deadline, CONNECT_ATTEMPTS),
             wait=tenacity.wait_exponential(multiplier=RETRY_PAUSE, max=MAX_RETRY_PAUSE),
             reraise=True,  # the last attempt's own error, not tenacity's RetryError
         )
@@ -237,18 +230,18 @@ class SSHConnection:
         # the channel, which can come after it has read our next open on the same connection:
         # a session refused just after one of ours closed is asked for again, for a moment. A
         # refused open ran nothing, so asking again cannot run a command twice.
-        give_up = time.monotonic() + SESSION_REFUSED_RETRY
-        pause = 0.02
-        while True:
-            try:
-                channel = transport.open_session(timeout=ep.connect_timeout)
-                break
-            except sshopen.CHANNEL_ERRORS as exc:
-                refused = sshopen.session_refused(exc, transport)
-                if not refused or time.monotonic() + pause > give_up:
-                    raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.25)
+        import tenacity  # loaded already: the connection was opened by _connect
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda exc: sshopen.session_refused(exc, transport)),
+            stop=_stop_before(time.monotonic() + SESSION_REFUSED_RETRY),
+            wait=tenacity.wait_exponential(multiplier=0.02, max=0.25),
+            reraise=True,  # the last refusal itself, not tenacity's RetryError
+        )
+        try:
+            channel: paramiko.Channel = retrying(transport.open_session, timeout=ep.connect_timeout)
+        except sshopen.CHANNEL_ERRORS as exc:
+            raise ConnectError(f"{ep.name}: cannot open a session: {exc}") from None
         STATS.count("commands")
         return channel
 
@@ -389,6 +382,19 @@ class SSHConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stop_before(
+    deadline: float, attempts: int | None = None
+) -> Callable[[tenacity.RetryCallState], bool]:
+    """tenacity's stop for attempts that share one deadline: after `attempts`, or before a pause
+    that would end past the deadline (an attempt started then would have no time left)."""
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        last = attempts is not None and state.attempt_number >= attempts
+        return last or time.monotonic() + state.upcoming_sleep >= deadline
+
+    return stop
 
 
 def _read_until_eof(
