@@ -105,6 +105,16 @@ def process_name(pid):
         return NOT_FOUND
 
 
+def still_held(record, host_proc, check=True):
+    """Whether the driver still counts a record's memory: an exited process's until its
+    released_at (the driver frees it a moment after the exit), a running one's while its
+    process lives (by host PID and start time; `check` False: no host /proc to look in)."""
+    released = record.get("released_at")
+    if released is not None:
+        return time.time() < released
+    return not check or start_time(host_proc, record.get("host_pid")) == record.get("start")
+
+
 def records():
     """Live records of the pool: (pid as reported, {gpu index: (util %, MiB)}).
     A record whose process is gone (by host PID and start time) or whose release lag is over
@@ -128,12 +138,7 @@ def records():
             devices = {int(k): (int(v[0]), int(v[1])) for k, v in record["devices"].items()}
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             continue
-        released = record.get("released_at")
-        if released is not None:  # exited: the driver frees its memory a moment later
-            gone = time.time() >= released
-        else:
-            gone = check and start_time(HOST_PROC, host_pid) != record.get("start")
-        if gone:
+        if not still_held(record, HOST_PROC, check):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             continue

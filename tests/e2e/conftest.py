@@ -16,7 +16,7 @@ import pytest
 
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.gpus import driver_dir
-from launcher.sandbox.nvidia_smi import start_time
+from launcher.sandbox.nvidia_smi import still_held
 from launcher.transport import persist
 from tests.e2e.project import Project
 
@@ -178,18 +178,15 @@ def gpus_released(sb: Sandbox, timeout: float = 10) -> None:
 
 
 def held_records(sb: Sandbox) -> list[Path]:
-    """The GPU records of this sandbox's pools the driver still counts, judged as
-    nvidia_smi.records() judges them (by the host's /proc: the sandbox host is this machine)."""
+    """The GPU records of this sandbox's pools the driver still counts, as the stand-in
+    nvidia-smi judges them (by the host's /proc: the sandbox host is this machine; a zombie
+    not yet reaped still holds)."""
     held = []
     for path in (driver_dir(sb.state_dir) / "pools").glob("*/*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # written or removed meanwhile
-        released = record.get("released_at")
-        if isinstance(released, (int, float)):
-            if time.time() < released:
-                held.append(path)
-        elif start_time("/proc", record.get("host_pid")) == record.get("start"):
-            held.append(path)  # its process is alive, or a zombie not yet reaped
+        if still_held(record, "/proc"):
+            held.append(path)
     return held
