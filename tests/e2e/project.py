@@ -186,6 +186,32 @@ def new_host_tmp_files(before: list[str], settle: float = 15.0) -> list[str]:
     return new
 
 
+def accepted_logins(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
+    """The logins an sshd log records ("Accepted publickey"), read once the log has settled.
+    sshd's monitor writes that line after it has answered its unprivileged child (OpenSSH
+    monitor.c, monitor_child_preauth: monitor_read, then auth_log), so a client can be logged
+    in, and even done, before the line is there. Waits until there are `at_least` (for up to
+    `timeout` s), then until the count has held for LOG_SETTLE s, so that a late line is counted
+    rather than missed, and a check that no login happened can still see one that did."""
+    deadline = time.monotonic() + timeout
+    count, held_since = _count_logins(log), time.monotonic()
+    while time.monotonic() < deadline:
+        if count >= at_least and time.monotonic() - held_since >= LOG_SETTLE:
+            break
+        time.sleep(0.05)
+        now = _count_logins(log)
+        if now != count:
+            count, held_since = now, time.monotonic()
+    return count
+
+
+LOG_SETTLE = 0.3  # s without a new login line before a count is taken
+
+
+def _count_logins(log: Path) -> int:
+    return log.read_text(errors="replace").count("Accepted publickey")
+
+
 def verify_json(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:
     """`launcher verify --json ARGS`: exit code, the report (checked against its shipped schema)
     and how long it took."""
