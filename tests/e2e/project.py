@@ -143,6 +143,10 @@ class Project:
     def kill_session(self, vmid: int, session: str) -> None:
         self.ct(vmid, "tmux", "kill-session", "-t", f"={session}")
 
+    def sshd_logins(self, at_least: int = 0) -> int:
+        """Logins the sandbox host's sshd has accepted so far (see accepted_logins)."""
+        return accepted_logins(self.sandbox.state_dir / "sshd.log", at_least)
+
     def wait_for(
         self, predicate: Callable[[], T], timeout: float = 20, what: str = "condition"
     ) -> T:
@@ -186,6 +190,9 @@ def new_host_tmp_files(before: list[str], settle: float = 15.0) -> list[str]:
     return new
 
 
+LOG_SETTLE = 0.3  # s without a new login line before a count is taken
+
+
 def accepted_logins(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
     """The logins an sshd log records ("Accepted publickey"), read once the log has settled.
     sshd's monitor writes that line after it has answered its unprivileged child (OpenSSH
@@ -203,9 +210,6 @@ def accepted_logins(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
         if now != count:
             count, held_since = now, time.monotonic()
     return count
-
-
-LOG_SETTLE = 0.3  # s without a new login line before a count is taken
 
 
 def _count_logins(log: Path) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from launcher import Launcher
 from launcher.errors import ConfigError, ExitCode, LauncherError, RemoteError, UsageError
-from tests.e2e.project import Project, accepted_logins
+from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,7 @@ def test_errors_carry_the_cli_exit_codes(project: Project, tmp_path: Path) -> No
 
 def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
     project.write({"prod": (VMID, project.playbook("apidemo"))})
-    before = _accepted(project)
+    before = project.sshd_logins()
     lines: list[str] = []
     with Launcher(project.inventory, on_line=lines.append) as launcher:
         report = launcher.deploy(restart=True)  # default_target
@@ -74,11 +74,7 @@ def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
     assert len(report.sha256) == 64 and any(s.name == "launch" for s in report.steps)
     assert status.probe.run is not None and status.record is not None
     assert stopped.exit_code == ExitCode.OK
-    assert _accepted(project, at_least=before + 1) - before == 1  # three operations, one login
-
-
-def _accepted(project: Project, at_least: int = 0) -> int:
-    return accepted_logins(project.info.state_dir / "sshd.log", at_least)
+    assert project.sshd_logins(at_least=before + 1) - before == 1  # three operations, one login
 
 
 def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Project) -> None:

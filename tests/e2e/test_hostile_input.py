@@ -46,11 +46,6 @@ BAD_NUMBERS = [
 ]
 
 
-def sshd_logins(project: Project) -> int:
-    log = project.sandbox.state_dir / "sshd.log"
-    return log.read_text(errors="replace").count("Accepted publickey")
-
-
 def container_state(project: Project) -> dict[str, object]:
     """What a deploy, stop or purge would change: the pane, the records, the workdir's files."""
     pane = project.ct_text(VMID, "tmux", "display-message", "-p", "-t", f"={NAME}:", "#{pane_pid}")
@@ -84,7 +79,7 @@ def running(project: Project) -> Iterator[Project]:
 def test_bad_numbers_exit_2_and_touch_nothing(running: Project) -> None:
     project = running
     before = container_state(project)
-    pct_calls, logins = project.sandbox.pct_calls(), sshd_logins(project)
+    pct_calls, logins = project.sandbox.pct_calls(), project.sshd_logins()
     assert logins > 0, "sshd.log records logins (the deploy made one)"
     for args, option, message in BAD_NUMBERS:
         result, elapsed = timed(project, *args)
@@ -94,7 +89,7 @@ def test_bad_numbers_exit_2_and_touch_nothing(running: Project) -> None:
         assert "Traceback" not in result.stderr
         assert elapsed < 10, (args, elapsed)
     assert project.sandbox.pct_calls() == pct_calls, "a command reached the host"
-    assert sshd_logins(project) == logins, "a command logged in to sshd"
+    assert project.sshd_logins() == logins, "a command logged in to sshd"
     assert container_state(project) == before
     assert "step_100.pt" in "".join(before["files"])  # type: ignore[arg-type]
 
@@ -118,7 +113,7 @@ def test_billion_laughs_fails_in_under_a_second(project: Project) -> None:
     playbook = project.root / "playbooks" / "laughs.yaml"
     playbook.write_text(LAUGHS + yaml.safe_dump(book, sort_keys=False))
     assert playbook.stat().st_size < 1024
-    pct_calls, logins = project.sandbox.pct_calls(), sshd_logins(project)
+    pct_calls, logins = project.sandbox.pct_calls(), project.sshd_logins()
     for args in (["inventory", "check"], ["deploy", "--restart"]):
         result, elapsed = timed(project, *args)
         assert result.returncode == 2, result.stdout + result.stderr
@@ -127,7 +122,7 @@ def test_billion_laughs_fails_in_under_a_second(project: Project) -> None:
         # Loading the bomb adds under a second to what the interpreter's start-up costs.
         assert elapsed < baseline_time + 1.0, (elapsed, baseline_time)
     assert project.sandbox.pct_calls() == pct_calls
-    assert sshd_logins(project) == logins
+    assert project.sshd_logins() == logins
 
 
 @pytest.mark.parametrize(
@@ -145,10 +140,10 @@ def test_a_root_or_system_workdir_is_refused_at_config_time(
     playbook = project.root / "playbooks" / "rootwd.yaml"
     line = playbook.read_text().splitlines().index(f"workdir: {workdir}") + 1
     root_before = project.ct_text(VMID, "ls", "-a", "/")
-    pct_calls, logins = project.sandbox.pct_calls(), sshd_logins(project)
+    pct_calls, logins = project.sandbox.pct_calls(), project.sshd_logins()
     result = project.launcher("deploy", "--restart", "--purge-checkpoints")
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith(f"error: {playbook}:{line}: {message}"), result.stderr
     assert project.sandbox.pct_calls() == pct_calls
-    assert sshd_logins(project) == logins
+    assert project.sshd_logins() == logins
     assert project.ct_text(VMID, "ls", "-a", "/") == root_before

@@ -17,16 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.project import Project, accepted_logins
+from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
 VMID = 201
 NAME = "persisted"
-
-
-def accepted(project: Project, at_least: int = 0) -> int:
-    return accepted_logins(project.sandbox.state_dir / "sshd.log", at_least)
 
 
 def servers() -> list[int]:
@@ -74,11 +70,11 @@ def test_later_commands_use_the_persisted_connection(
     assert sock.stat().st_mode & 0o777 == 0o600
     assert (_private_runtime_dir / "launcher").stat().st_mode & 0o777 == 0o700
 
-    before, pct0 = accepted(project), project.sandbox.pct_calls()
+    before, pct0 = project.sshd_logins(), project.sandbox.pct_calls()
     for _ in range(3):
         code, doc = status(project)
         assert code == 0 and doc["verdict"] == "healthy"
-    assert accepted(project) == before  # no new SSH connection: all through the background one
+    assert project.sshd_logins() == before  # no new SSH connection: all through the background one
     assert project.sandbox.pct_calls() - pct0 == 3  # one poll each
 
     # `logs` goes through it too, and so does a deploy, whose transaction is streamed.
@@ -86,7 +82,7 @@ def test_later_commands_use_the_persisted_connection(
     deployed = project.launcher("deploy", "-t", NAME, "--restart")
     assert deployed.returncode == 0, deployed.stderr
     assert "launch" in deployed.stderr  # its steps, as they happened
-    assert accepted(project) == before
+    assert project.sshd_logins() == before
 
     ended = project.launcher("disconnect")
     assert ended.returncode == 0 and "ended 1 persisted connection" in ended.stdout
@@ -95,7 +91,7 @@ def test_later_commands_use_the_persisted_connection(
     assert code == 0
     project.wait_for(lambda: sockets(_private_runtime_dir), what="a new persisted connection")
     # status's own connection and the new one's
-    assert accepted(project, at_least=before + 2) == before + 2
+    assert project.sshd_logins(at_least=before + 2) == before + 2
 
 
 def test_killed_background_process_costs_nothing_but_a_connect(
@@ -184,11 +180,11 @@ def test_on_an_interactive_terminal_the_connection_persists_by_default(
     on_a_terminal(ci=False)
     project.wait_for(lambda: sockets(_private_runtime_dir), what="the persisted connection")
     [pid] = servers()
-    before = accepted(project)
+    before = project.sshd_logins()
     assert status(project)[0] == 0  # no terminal, but the default is the terminal's only
-    assert accepted(project, at_least=before + 1) == before + 1
+    assert project.sshd_logins(at_least=before + 1) == before + 1
     on_a_terminal(ci=False)
-    assert accepted(project) == before + 1  # through the background process
+    assert project.sshd_logins() == before + 1  # through the background process
     assert servers() == [pid]
 
 
@@ -207,7 +203,7 @@ def test_logs_follow_streams_through_it_and_ctrl_c_ends_the_remote_follower(
     project = persisted
     project.wait_for(lambda: servers(), what="the background process")
     [pid] = servers()
-    before = accepted(project)
+    before = project.sshd_logins()
     argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
     follower = subprocess.Popen(
         [*argv, "logs", "-f", "--tail", "0", "-t", NAME],
@@ -236,10 +232,10 @@ def test_logs_follow_streams_through_it_and_ctrl_c_ends_the_remote_follower(
     assert "stopped following" in err
     project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
     assert project.processes(VMID, "train_demo.py"), "Ctrl-C must leave the run alive"
-    assert accepted(project) == before  # all through the background process
+    assert project.sshd_logins() == before  # all through the background process
     code, doc = status(project)
     assert code == 0 and doc["verdict"] == "healthy"
-    assert servers() == [pid] and accepted(project) == before
+    assert servers() == [pid] and project.sshd_logins() == before
 
 
 def test_a_reader_that_goes_away_ends_the_persisted_follow(
@@ -249,7 +245,7 @@ def test_a_reader_that_goes_away_ends_the_persisted_follow(
     connection, and the remote follower ends."""
     project = persisted
     project.wait_for(lambda: servers(), what="the background process")
-    before = accepted(project)
+    before = project.sshd_logins()
     argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
     argv += ["logs", "-f", "--tail", "5", "-t", NAME]
     script = f'{shlex.join(argv)} | head -2; echo "PIPESTATUS=${{PIPESTATUS[*]}}" >&2'
@@ -261,4 +257,4 @@ def test_a_reader_that_goes_away_ends_the_persisted_follow(
     for noise in ("Traceback", "Broken pipe", "Exception ignored", "error:"):
         assert noise not in done.stderr, done.stderr
     project.wait_for(lambda: agents_in(project) == [], what="the remote follower to end")
-    assert accepted(project) == before
+    assert project.sshd_logins() == before
