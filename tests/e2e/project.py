@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 
 from launcher.sandbox import Sandbox, SandboxInfo
+from tests.e2e import served
 
 T = TypeVar("T")
 
@@ -31,6 +32,9 @@ class Project:
     root: Path
     sandbox: Sandbox
     info: SandboxInfo
+    # The CLI through this worker's command server (tests/e2e/served.py), or (False: for the
+    # timing tests) a fresh process per call.
+    served: bool = True
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -100,9 +104,16 @@ class Project:
         return self.inventory
 
     def launcher(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run the real CLI in a subprocess, as a user would."""
+        """Run the real CLI in a process of its own, as a user would: a child of this worker's
+        command server (tests/e2e/served.py), or a fresh `python -m launcher`."""
+        argv = ["-i", str(self.inventory), *args]
+        if self.served and served.enabled():
+            result = served.server().run(argv, timeout)
+            if result is not None:
+                return result
         return subprocess.run(
-            [sys.executable, "-m", "launcher", "-i", str(self.inventory), *args],
+            [sys.executable, "-m", "launcher", *argv],
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
