@@ -7,31 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.e2e import served
 from tests.e2e.project import Project
+from tests.e2e.test_cmdserver import children
 
 pytestmark = pytest.mark.e2e
 
 VMID = 202
 NAME = "harness"
-
-
-def live_children(pid: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(proc.name))
-    return found
 
 
 def test_a_served_call_answers_as_a_fresh_process(project: Project) -> None:
@@ -61,9 +47,9 @@ def test_a_served_call_past_its_timeout_is_killed(project: Project) -> None:
         project.launcher("logs", "-t", NAME, "-f", "--tail", "1", timeout=3)
     assert time.monotonic() - started < 10
     deadline = time.monotonic() + 10
-    while live_children(server.process.pid) and time.monotonic() < deadline:
+    while children(server.process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert live_children(server.process.pid) == []
+    assert children(server.process.pid) == []
 
 
 def test_a_declined_command_runs_as_a_fresh_process(project: Project) -> None:
