@@ -2,7 +2,7 @@
 --chg runs its suite through chg.
 
 Each `launcher` a test runs costs a new interpreter and the imports (click, pydantic, the
-configuration models, paramiko): about 0.4 s of CPU, hundreds of times per worker, on a
+configuration models, paramiko): 0.3–0.7 s of CPU as measured, hundreds of times per worker, on a
 two-core machine. The command server (launcher/cmdserver) has them imported once and forks one
 child per command, which takes the caller's argv, environment, cwd, umask and descriptors and
 runs what the console script runs (console.run_cli); docs/internals.md says why a child is a
@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import locale
 import os
 import shutil
 import signal
@@ -96,7 +97,7 @@ class Server:
             tempfile.TemporaryFile() as err,
         ):
             request = wire.Request(
-                ["launcher", *argv], os.getcwd(), dict(os.environ), _umask(), self.streams
+                ["launcher", *argv], os.getcwd(), dict(os.environ), client._umask(), self.streams
             )
             sock.settimeout(STARTED_TIMEOUT)
             sock.connect(str(self.path))
@@ -133,20 +134,8 @@ def _text(file: tempfile._TemporaryFileWrapper[bytes]) -> str:
     """What subprocess.run(text=True) makes of the bytes: the locale's encoding, universal
     newlines."""
     file.seek(0)
-    data = file.read().decode(_encoding())
+    data = file.read().decode(locale.getpreferredencoding(False))
     return data.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _encoding() -> str:
-    import locale
-
-    return locale.getpreferredencoding(False)
-
-
-def _umask() -> int:
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 def _fresh_streams() -> list[wire.Stream]:

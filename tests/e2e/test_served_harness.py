@@ -4,6 +4,7 @@ subprocess.run kills one, and what the server declines runs as a fresh process."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
@@ -26,9 +27,7 @@ def test_a_served_call_answers_as_a_fresh_process(project: Project) -> None:
     for args in (["status", "-t", NAME, "--json"], ["status", "-t", "nosuchtarget"]):
         mine = served.server().run([*inventory, *args], timeout=60)
         assert mine is not None, "the server did not take the command"
-        project.served = False
-        fresh = project.launcher(*args)
-        project.served = True
+        fresh = dataclasses.replace(project, served=False).launcher(*args)
         assert mine.returncode == fresh.returncode, (args, mine.stderr, fresh.stderr)
         assert mine.stderr == fresh.stderr
         if "--json" in args:
