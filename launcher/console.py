@@ -25,6 +25,7 @@ GLOBAL_FLAGS = frozenset(("--debug", "-q", "--quiet"))
 
 
 def main() -> NoReturn:
+    sys.unraisablehook = interrupt_or_report
     try:
         _main()
     except KeyboardInterrupt:
@@ -38,6 +39,16 @@ def interrupted() -> NoReturn:
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()
     os._exit(130)  # ExitCode.INTERRUPTED (errors.py is not imported yet)
+
+
+def interrupt_or_report(unraisable: sys.UnraisableHookArgs) -> None:
+    """sys.unraisablehook while the libraries load. A Ctrl-C that lands in a callback the
+    interpreter cannot raise from (the weakref callback of an import's module lock, a __del__)
+    is printed as "Exception ignored ... KeyboardInterrupt" and then lost; it ends the process
+    here as any other Ctrl-C at start-up does. Anything else gets the interpreter's report."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        interrupted()
+    sys.__unraisablehook__(unraisable)
 
 
 def _main() -> NoReturn:
@@ -62,6 +73,7 @@ def run_cli() -> int:
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
+    sys.unraisablehook = sys.__unraisablehook__  # from here a Ctrl-C is the command's to handle
     try:
         cli_main()
         code: object = 0
