@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -180,12 +181,16 @@ def frozen(project: Project) -> Project:
     project.write({NAME: (VMID, book)}, host=project.host(control_persist=30))
     deployed = project.launcher("deploy", "-t", NAME, "--restart")
     assert deployed.returncode == 0, deployed.stderr
-    last = [""]
+    # Still means unchanged for three of the trainer's 1 s intervals: two reads that fall
+    # between two of its lines match while it is still printing.
+    pane, since = [""], [0.0]
 
     def still() -> bool:
         now = project.launcher("logs", "-t", NAME, "-n", "3").stdout
-        same, last[0] = now == last[0] and "step=" in now, now
-        return same
+        if now != pane[0] or "step=" not in now:
+            pane[0], since[0] = now, time.monotonic()
+            return False
+        return time.monotonic() - since[0] >= 3.0
 
     project.wait_for(still, timeout=40, what="the pane to stop changing")
     return project
