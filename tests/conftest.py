@@ -4,8 +4,9 @@
   local   tests/unit modules that run real local things: the agent with tmux, interpreters,
           Unix sockets, `ssh -G`
   e2e     tests/e2e: against a sandbox (real sshd, LXC, tmux; root)
-  timing  asserts how long something took: run alone, after the rest (`./run test`), since a
-          loaded machine makes it flaky and it makes nothing else flaky
+  timing  asserts how long something took: run after the rest (`./run test`), on two workers
+          of their own (they mostly wait), since a loaded machine makes it flaky and it makes
+          nothing else flaky
 
 unit/local/e2e come from where a test lives (below); timing is marked on the test itself.
 The e2e files run longest first (tests/e2e/weights.py says why), each file's tests in order.
