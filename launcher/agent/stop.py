@@ -26,6 +26,7 @@ from launcher.agent.processes import (
     alive,
     grace_countdown,
     is_shell,
+    proc_stat,
     process_command,
     run_pids,
     signal_pids,
@@ -97,6 +98,8 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
     report["pids"] = sorted(seen)
     report["forced"] = report["forced"] or bool(alive(seen))
     report["leftover"] = sorted(terminate(seen, grace))
+    for pid in report["leftover"]:
+        warnings.append(describe_leftover(pid))
     if report["leftover"] or report["forced"]:
         for query in holders.values():
             query.cancel()  # it saw processes that have been killed since
@@ -152,6 +155,20 @@ def stop_report(was_running, session_existed, pids):
     }
 
 
+KILL_WAIT = 5.0  # how long a SIGKILLed process may take to exit before it is reported
+
+# Why a process outlives SIGKILL, by its /proc state. D is the one seen in practice: a call into
+# the kernel (a GPU driver after an Xid error, a hung NFS mount) that signals cannot interrupt.
+KILLED_BUT_ALIVE = {
+    "D": "uninterruptible sleep: blocked in a kernel call (a driver, a hung filesystem) that "
+    "no signal interrupts; it ends when that call returns, or with a reboot",
+    "R": "still running: its exit had not finished",
+    "S": "sleeping",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+}
+
+
 def terminate(pids, grace):
     """SIGTERM, short wait, SIGKILL; returns the pids still alive afterwards."""
     targets = alive(pids)
@@ -160,8 +177,17 @@ def terminate(pids, grace):
     signal_pids(targets, signal.SIGTERM)
     wait_for(lambda: not alive(targets), min(max(grace, 1.0), 10.0), pids=lambda: alive(targets))
     signal_pids(alive(targets), signal.SIGKILL)
-    wait_for(lambda: not alive(targets), 5.0, pids=lambda: alive(targets))
+    wait_for(lambda: not alive(targets), KILL_WAIT, pids=lambda: alive(targets))
     return alive(targets)
+
+
+def describe_leftover(pid):
+    """A warning naming a process that outlived SIGKILL: its command and why, from its state."""
+    stat = proc_stat(pid)
+    state = stat[0] if stat else "?"
+    why = KILLED_BUT_ALIVE.get(state, "state %s" % state)
+    command = process_command(pid) or "?"
+    return "pid %d (%s) still alive %g s after SIGKILL: %s" % (pid, command, KILL_WAIT, why)
 
 
 # The pause between two looks at the GPUs' memory after a stop: short for the first

@@ -462,6 +462,39 @@ def test_apply_restart_purge_and_stop_op(target: Target) -> None:
     assert again["ok"] is True and again["stopped"]["was_running"] is False
 
 
+def test_a_process_that_outlives_sigkill_is_named_with_why(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that SIGKILL does not end (in practice one blocked in a driver call, state D)
+    is reported as left over, and a warning names its command and what its state means."""
+    assert target.apply()["ok"] is True
+    assert wait_until(lambda: "started" in target.poll()["capture"], timeout=30)
+    with subprocess.Popen(["sleep", "60"]) as stuck:
+        try:
+            os.kill(stuck.pid, signal.SIGSTOP)  # state T: what SIGKILL could not end, stood in
+            assert wait_until(lambda: agent_processes.proc_stat(stuck.pid)[0] == "T", 5)
+            real = agent_stop.terminate
+
+            def terminate(pids: set[int], grace: float) -> set[int]:
+                assert stuck.pid not in pids, pids  # not the run's: nothing signals it
+                return real(pids, grace) | {stuck.pid}
+
+            monkeypatch.setattr(agent_stop, "terminate", terminate)
+            request = {"op": "stop", "workdir": str(target.workdir), "session": target.session}
+            stop = agent_main.run_local(
+                {**request, "grace": 2.0, "lock_path": str(target.lock_path)}
+            )
+            assert stop["ok"] is True
+            assert stop["stopped"]["leftover"] == [stuck.pid]
+            assert stop["warnings"] == [
+                f"pid {stuck.pid} (sleep 60) still alive 5 s after SIGKILL: stopped"
+            ]
+        finally:
+            stuck.kill()
+    assert "blocked in a kernel call" in agent_stop.KILLED_BUT_ALIVE["D"]
+    assert agent_stop.describe_leftover(stuck.pid).endswith("after SIGKILL: state ?")  # gone
+
+
 # --------------------------------------------------------------------------- apply: checks
 
 
