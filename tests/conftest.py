@@ -15,11 +15,18 @@ The e2e files run longest first (tests/e2e/weights.py says why), each file's tes
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.weights import file_seconds, weight
+
+# pytest keeps each test module's assertion-rewritten code in __pycache__, but not where
+# PYTHONDONTWRITEBYTECODE is set: then every worker of every tier rewrote every module again
+# (about 9 s of CPU each, most of its collection). Only this process's flag is cleared: the
+# variable still reaches every process the tests start.
+sys.dont_write_bytecode = False
 
 HERE = Path(__file__).resolve().parent
 # tests/unit modules that start real processes or sockets (the `local` tier).

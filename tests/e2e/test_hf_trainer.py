@@ -4,19 +4,18 @@ healthy, and with its loss turned nan."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.hostpython import HF_VENV, host_has_hf_trainer
 from tests.e2e.project import Project, verify_json
 
 pytestmark = pytest.mark.e2e
 
 VMID = 203
-HF_VENV = "/usr/local/lib/launcher-e2e-hf"  # ./run setup makes it (setup_hf)
 HF_TRAINER = Path(__file__).resolve().with_name("hf_trainer.py")
 # The bar's rate is in it/s (a few dozen here): the floor in it/s, as for any hf-trainer run.
 VERIFY = {
@@ -31,8 +30,7 @@ VERIFY = {
 
 @pytest.fixture
 def hf(project: Project) -> Iterator[Project]:
-    probe = [f"{HF_VENV}/bin/python", "-c", "import transformers, accelerate"]
-    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+    if not host_has_hf_trainer():
         pytest.skip(f"no Hugging Face Trainer in {HF_VENV} (./run setup installs it)")
     yield project
     project.ct(VMID, "sh", "-c", "tmux kill-server 2>/dev/null; pkill -KILL -f '[h]f_trainer'")

@@ -20,6 +20,7 @@ import yaml
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.network import address
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
+from tests.e2e.hostpython import host_has_torch
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
@@ -260,12 +261,6 @@ def test_unreachable_master_address_changes_nothing(job_project: Project) -> Non
     result = project.launcher("job", "deploy", "--dry-run", "train")
     assert result.returncode == 2
     assert "jobs.train.addresses" in result.stderr and "loopback" in result.stderr
-
-
-def host_has_torch() -> bool:
-    """The containers bind-mount the host's /usr: Debian's python3-torch there is theirs too."""
-    found = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
-    return found.returncode == 0
 
 
 TORCHRUN = (

@@ -5,13 +5,13 @@ the group), a rank hanging in all-reduce, NaN loss, a straggler rank; and that `
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.hostpython import host_has_torch
 from tests.e2e.project import Project, verify_json
 
 pytestmark = pytest.mark.e2e
@@ -25,18 +25,10 @@ TORCHRUN = "python3 ddp_trainer.py torchrun --standalone --nproc_per_node 2 --ma
 VERIFY = {"wait": 6, "interval": 1, "window": 60, "successes": 5, "queues": {}}
 
 
-def have_torch() -> str | None:
-    probe = ["/usr/bin/python3", "-c", "import torch.distributed.run"]
-    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
-        return "python3-torch is not installed (./run setup installs it)"
-    return None
-
-
 @pytest.fixture
 def ddp(project: Project) -> Iterator[Project]:
-    reason = have_torch()
-    if reason:
-        pytest.skip(reason)
+    if not host_has_torch():
+        pytest.skip("python3-torch is not installed (./run setup installs it)")
     yield project
     project.ct(VMID, "sh", "-c", "tmux kill-server 2>/dev/null; pkill -KILL -f '[d]dp_trainer'")
 
