@@ -186,8 +186,8 @@ def describe_leftover(pid):
     stat = proc_stat(pid)
     state = stat[0] if stat else "?"
     why = KILLED_BUT_ALIVE.get(state, "state %s" % state)
-    command = process_command(pid) or "?"
-    return "pid %d (%s) still alive %g s after SIGKILL: %s" % (pid, command, KILL_WAIT, why)
+    named = describe_processes([{"pid": pid, "name": "?"}])  # `pid 437 (python3 train.py)`
+    return "%s still alive %g s after SIGKILL: %s" % (named, KILL_WAIT, why)
 
 
 # The pause between two looks at the GPUs' memory after a stop: short for the first
