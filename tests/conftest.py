@@ -36,6 +36,7 @@ LOCAL_MODULES = frozenset(
         "test_agent_cache.py",
         "test_config_cli.py",
         "test_examples.py",
+        "test_open_socket.py",
         "test_operate.py",
         "test_persist.py",
         "test_quoting.py",

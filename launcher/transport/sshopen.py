@@ -251,12 +251,21 @@ def tunnel(transport: paramiko.Transport, ep: Endpoint, target: Endpoint, deadli
 
 
 def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
+    """TCP to the host, with Nagle's algorithm off.
+
+    paramiko sets no socket options and writes each SSH packet in one send(), so a small packet
+    sent while the last is unacknowledged (key exchange, every channel open after the first)
+    waits for the peer's delayed ACK, 40 ms on Linux. asyncssh turns Nagle off for the same
+    reason (ronf/asyncssh#50). Measured on the sandbox: connect 62 -> 19 ms, a channel open
+    on a connection in use 43 -> 0.4 ms."""
     try:
-        return socket.create_connection((ep.hostname, ep.port), timeout=time_left(ep, deadline))
+        sock = socket.create_connection((ep.hostname, ep.port), timeout=time_left(ep, deadline))
     except TimeoutError:
         raise timed_out_error(ep, "tcp") from None
     except OSError as exc:
         raise RetryableConnect(str(exc) or type(exc).__name__, hint=socket_hint(ep, exc)) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def socket_hint(ep: Endpoint, exc: OSError) -> str | None:
