@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 from launcher import apiargs as args
 from launcher.cli import params
@@ -30,8 +30,25 @@ from launcher.requests import (
 )
 
 if TYPE_CHECKING:
+    from launcher.deploy import DeployReport
+    from launcher.doctor import DoctorResult
     from launcher.fleet import Outcome, Work
+    from launcher.operate import HistoryResult, LogsResult, RollbackResult, StopResult
+    from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
     from launcher.workflow import Context, Workflow
+
+# Every command's request type (WORKFLOWS has one entry per member).
+Request = (
+    DeployOptions
+    | VerifyRequest
+    | SmokeRequest
+    | StatusRequest
+    | StopRequest
+    | LogsRequest
+    | HistoryRequest
+    | RollbackRequest
+    | DoctorRequest
+)
 
 CHECKPOINT_MODES = ("archive", "purge", "keep")
 
@@ -381,13 +398,32 @@ def workflow_for(request_type: type) -> Workflow[Any, Any]:
     return cast("Workflow[Any, Any]", _resolve(WORKFLOWS[request_type].run))
 
 
-def run(ctx: Context, request: Any) -> Any:
+# `run`'s result type follows its request's: what each workflow in WORKFLOWS returns.
+@overload
+def run(ctx: Context, request: DeployOptions) -> DeployReport: ...
+@overload
+def run(ctx: Context, request: VerifyRequest) -> VerifyResult: ...
+@overload
+def run(ctx: Context, request: SmokeRequest) -> SmokeResult: ...
+@overload
+def run(ctx: Context, request: StatusRequest) -> StatusResult: ...
+@overload
+def run(ctx: Context, request: StopRequest) -> StopResult: ...
+@overload
+def run(ctx: Context, request: LogsRequest) -> LogsResult: ...
+@overload
+def run(ctx: Context, request: HistoryRequest) -> HistoryResult: ...
+@overload
+def run(ctx: Context, request: RollbackRequest) -> RollbackResult: ...
+@overload
+def run(ctx: Context, request: DoctorRequest) -> DoctorResult: ...
+def run(ctx: Context, request: Request) -> Any:
     """The request's workflow on the context's target: the one call the CLI, `api.Launcher`
     and the Fabric tasks make."""
     return workflow_for(type(request))(ctx, request)
 
 
-def work(request: Any) -> Work:
+def work(request: Request) -> Work:
     """The request as a fleet's work (`fleet.run_fleet`, `fleet.run_one`): run, then its row."""
     where = WORKFLOWS[type(request)].row
     if where is None:
