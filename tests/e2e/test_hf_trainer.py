@@ -18,13 +18,16 @@ pytestmark = pytest.mark.e2e
 VMID = 203
 HF_TRAINER = Path(__file__).resolve().with_name("hf_trainer.py")
 # The bar's rate is in it/s (a few dozen here): the floor in it/s, as for any hf-trainer run.
+# The trainer is CPU-bound on a machine the other test workers load too, so its rate swings by
+# half from poll to poll (measured: 167 -> 76 it/s under a full e2e tier); these tests judge the
+# format, the sag check has its own (test_verdicts): only a collapse to a fifth of the peak fails.
 VERIFY = {
     "wait": 8,
     "interval": 1,
     "window": 60,
     "successes": 3,
     "queues": {},
-    "throughput": {"min": 1},
+    "throughput": {"min": 1, "drop": 0.2},
 }
 
 
