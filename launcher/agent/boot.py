@@ -2,7 +2,8 @@
 # where `m` is the stdin line: {"boot" (this source), "request", and "bundle" (the agent's
 # sources, see launcher/agent/__init__.py) and/or "sha256" (the cache key); "cache_dir" is for
 # tests}. It travels on every call, so it is kept small: the client sends it without its comment
-# lines and blank lines (agentclient.boot_source; a test checks that this changes no code).
+# lines and blank lines (agentclient.boot_source; a test checks that this changes no code),
+# zlib-compressed in base64 (agentclient.boot_wire).
 #
 # With a bundle it runs that (and caches it when a sha256 came too); with only the sha256 it runs
 # the cached copy whose bytes hash to it, or answers a miss and runs nothing (the client then

@@ -5,12 +5,14 @@ import system to find anything else), and the loader sent is the loader written.
 from __future__ import annotations
 
 import ast
+import base64
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from launcher.agent import MODULES
-from launcher.agentclient import AGENT_ARGV, agent_sources, boot_source, payload
+from launcher.agentclient import AGENT_ARGV, agent_sources, boot_source, boot_wire, payload
 
 PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "agent"
 
@@ -59,7 +61,9 @@ def test_the_loader_sent_is_the_loader_written() -> None:
     """Comments and blank lines dropped and indents shortened change no code."""
     written = (PACKAGE / "boot.py").read_text()
     assert ast.dump(ast.parse(boot_source())) == ast.dump(ast.parse(written))
-    assert len(boot_source()) < 2600  # it travels on every call
+    # It travels on every call, compressed: what BOOT decompresses is that very source.
+    assert zlib.decompress(base64.b64decode(boot_wire())).decode() == boot_source()
+    assert len(boot_wire()) < 1600
 
 
 def test_the_agent_in_the_container_does_not_import_typing(tmp_path: Path) -> None:
