@@ -15,12 +15,14 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from phase_timer import NESTED, Phases, timed  # noqa: E402
 
 import launcher.agentclient  # noqa: E402
 import launcher.cli.main  # noqa: E402
@@ -30,21 +32,7 @@ import launcher.transport.pool  # noqa: E402
 import launcher.transport.ssh  # noqa: E402
 
 IMPORTED = time.perf_counter()
-NESTED = "(in the next) "  # timed inside the phase listed after it (not added to the sum)
-phases: list[tuple[str, float]] = [("imports (cli, deploy, remote: paramiko, pydantic)", 0.0)]
-
-
-def timed(owner: Any, attr: str, label: Callable[..., str]) -> None:
-    original = getattr(owner, attr)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            phases.append((label(*args, **kwargs), time.perf_counter() - start))
-
-    setattr(owner, attr, wrapper)
+phases: Phases = [("imports (cli, deploy, remote: paramiko, pydantic)", 0.0)]
 
 
 def time_transaction() -> None:
@@ -74,14 +62,19 @@ def main() -> None:
     phases[0] = (phases[0][0], IMPORTED - T0)
 
     timed(
-        launcher.transport.ssh.SSHConnection, "_connect", lambda *a, **k: NESTED + "connect (SSH)"
+        phases,
+        launcher.transport.ssh.SSHConnection,
+        "_connect",
+        lambda *a, **k: NESTED + "connect (SSH)",
     )
     timed(
+        phases,
         launcher.container.Container,
         "push",
         lambda *a, **k: "push: stdin to a host temp file + pct push (one ssh exec)",
     )
     timed(
+        phases,
         launcher.agentclient.AgentClient,
         "call",
         lambda client, request, **k: f"agent {request.get('op')} (one pct exec)",

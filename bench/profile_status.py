@@ -26,27 +26,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-NESTED = "(in the next) "  # timed inside the phase listed after it (not added to the sum)
-phases: list[tuple[str, float]] = []
+from phase_timer import NESTED, Phases, timed  # noqa: E402
+
+phases: Phases = []
 SERVED_ENV = ("LAUNCHER_CONTROL_PERSIST", "600")  # what figures.SERVED_ENV sets
-
-
-def timed(owner: Any, attr: str, label: str) -> None:
-    original = getattr(owner, attr)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            phases.append((label, time.perf_counter() - start))
-
-    setattr(owner, attr, wrapper)
 
 
 def median_of(runs: int, action: Callable[[], object]) -> float:
@@ -133,15 +121,17 @@ def profile_in_process(inventory: str, target: str) -> None:
             imported - cli_imported,
         )
     )
-    timed(launcher.config, "load_inventory", "configuration: the inventory")
-    timed(launcher.config, "load_playbook", "configuration: the playbook")
+    timed(phases, launcher.config, "load_inventory", "configuration: the inventory")
+    timed(phases, launcher.config, "load_playbook", "configuration: the playbook")
     timed(
+        phases,
         launcher.transport.pool,
         "resolve_endpoint",
         "where to connect (ssh -G; without a persisted connection, paramiko loads meanwhile)",
     )
-    timed(launcher.transport.ssh.SSHConnection, "_connect", NESTED + "connect (SSH)")
+    timed(phases, launcher.transport.ssh.SSHConnection, "_connect", NESTED + "connect (SSH)")
     timed(
+        phases,
         launcher.transport.connection.Connection,
         "run",
         "the poll: one round trip (pct exec, the agent)",
