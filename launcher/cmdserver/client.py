@@ -178,6 +178,21 @@ def _umask() -> int:
     return mask
 
 
+def server_argv(path: Path, fingerprint: str, idle: float) -> list[str]:
+    """The command line of a server listening on `path` for code with this fingerprint, ending
+    after `idle` seconds without a command: this interpreter, with its flags and sys.path."""
+    import subprocess
+
+    startup = {
+        "path": [os.path.abspath(p) for p in sys.path],
+        "socket": str(path),
+        "fingerprint": fingerprint,
+        "idle": idle,
+    }
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [sys.executable, *flags, "-c", BOOT, json.dumps(startup)]
+
+
 def start(where: NoServer) -> None:
     """Start a server in the background for the next command (detached, as persist.start
     starts a persisted connection): its own session, no terminal, nothing inherited."""
@@ -185,16 +200,9 @@ def start(where: NoServer) -> None:
         return
     import subprocess
 
-    startup = {
-        "path": [os.path.abspath(p) for p in sys.path],
-        "socket": str(where.path),
-        "fingerprint": where.fingerprint,
-        "idle": wire.idle_seconds(os.environ),
-    }
-    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
     with contextlib.suppress(OSError):
         subprocess.Popen(
-            [sys.executable, *flags, "-c", BOOT, json.dumps(startup)],
+            server_argv(where.path, where.fingerprint, wire.idle_seconds(os.environ)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -52,15 +52,8 @@ class Server:
         self.fingerprint = wire.fingerprint()
         self.path = self.runtime / "launcher" / f"cmd-{self.fingerprint}"
         self.streams = _fresh_streams()
-        startup = {
-            "path": [os.path.abspath(p) for p in sys.path],
-            "socket": str(self.path),
-            "fingerprint": self.fingerprint,
-            "idle": wire.MAX_IDLE,
-        }
-        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
         self.process = subprocess.Popen(
-            [sys.executable, *flags, "-c", client.BOOT, json.dumps(startup)],
+            client.server_argv(self.path, self.fingerprint, wire.MAX_IDLE),
             env={**os.environ, "XDG_RUNTIME_DIR": str(self.runtime)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -9,6 +9,7 @@ import difflib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ def run(
     env: dict[str, str] | None = None,
     python: tuple[str, ...] = (),
     inventory: bool = True,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it; served=True: LAUNCHER_CONTROL_PERSIST set (a server is used
     if one runs), False: unset (no terminal: in-process, and no server is started)."""
@@ -64,6 +66,7 @@ def run(
         timeout=120,
         check=False,
         env=env_of(served, env),
+        cwd=cwd,
     )
 
 
@@ -511,21 +514,41 @@ def test_another_users_process_cannot_use_it(served: Project, _private_runtime_d
     assert code.returncode == 0 and json.loads(code.stdout)["verdict"] == "healthy"
 
 
-def test_changed_code_gets_a_server_of_its_own(served: Project, _private_runtime_dir: Path) -> None:
+def test_changed_code_gets_a_server_of_its_own(
+    served: Project, _private_runtime_dir: Path, tmp_path: Path
+) -> None:
+    """The code changed is a copy of the package of this test's own (on PYTHONPATH, ahead of
+    the installed one): the checkout's files, which every worker's commands run, stay as
+    they are (a changed mtime there turns other workers' servers away while it lasts)."""
     project = served
-    old = warm(project, _private_runtime_dir)
+    shutil.copytree(
+        Path(launcher.__file__).resolve().parent,
+        tmp_path / "code" / "launcher",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    own = {"PYTHONPATH": str(tmp_path / "code")}
+    where = subprocess.run(
+        [*LAUNCHER[:1], "-c", "import launcher; print(launcher.__file__)"],
+        env=env_of(True, own),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,  # `-m` and `-c` put the working directory first on sys.path
+    )
+    assert where.stdout.strip() == str(tmp_path / "code" / "launcher" / "__init__.py")
+    result = run(project, "status", "-t", NAME, "--json", env=own, cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    project.wait_for(lambda: sockets(_private_runtime_dir), what="a command server")
+    [old] = servers(_private_runtime_dir)
     [old_path] = sockets(_private_runtime_dir)
-    source = Path(launcher.__file__).resolve().parent / "version.py"
+    source = tmp_path / "code" / "launcher" / "version.py"
     stamp = source.stat()
-    try:
-        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
-        first = run(project, "status", "-t", NAME, python=("-X", "importtime"))
-        assert first.returncode == 0 and "click" in imported(first.stderr)  # not the old one
-        project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a new server")
-        [new_path] = [p for p in sockets(_private_runtime_dir) if p != old_path]
-        assert new_path.name != old_path.name
-    finally:
-        os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+    first = run(project, "status", "-t", NAME, env=own, python=("-X", "importtime"), cwd=tmp_path)
+    assert first.returncode == 0 and "click" in imported(first.stderr)  # not the old one
+    project.wait_for(lambda: len(sockets(_private_runtime_dir)) == 2, what="a new server")
+    [new_path] = [p for p in sockets(_private_runtime_dir) if p != old_path]
+    assert new_path.name != old_path.name
     assert old in servers(_private_runtime_dir)  # idle until its time is up, serving nobody
 
 
