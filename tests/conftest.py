@@ -34,6 +34,7 @@ LOCAL_MODULES = frozenset(
     {
         "test_agent.py",
         "test_agent_cache.py",
+        "test_command_socket.py",
         "test_config_cli.py",
         "test_examples.py",
         "test_open_socket.py",

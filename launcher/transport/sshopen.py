@@ -48,6 +48,7 @@ def session_refused(exc: BaseException, transport: Any) -> bool:
 
 
 STDERR_KEPT = 4096
+STDERR_DRAIN_SECONDS = 0.5  # for an ended ProxyCommand's stderr to reach the message
 # What paramiko says when it had no key or agent to offer.
 NO_KEYS = "No authentication methods available"
 
@@ -307,8 +308,8 @@ class CommandSocket:
         )
         self.timeout: float | None = None
         self._stderr = bytearray()
-        reader = threading.Thread(target=self._read_stderr, daemon=True)
-        reader.start()
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
 
     def _read_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -349,6 +350,11 @@ class CommandSocket:
 
     def describe(self) -> str:
         code = self.process.poll()
+        if code is not None:
+            # Its last words may still be in the pipe, not yet read by the reader thread (seen
+            # on a busy machine): wait for the pipe's end, bounded (a child of the command's
+            # may hold the pipe open).
+            self._reader.join(STDERR_DRAIN_SECONDS)
         said = self._stderr.decode("utf-8", "replace").strip().splitlines()
         status = "still running" if code is None else f"exit code {code}"
         return f"{status}: {said[-1]}" if said else status
