@@ -528,7 +528,7 @@ def test_changed_code_gets_a_server_of_its_own(
     )
     own = {"PYTHONPATH": str(tmp_path / "code")}
     where = subprocess.run(
-        [*LAUNCHER[:1], "-c", "import launcher; print(launcher.__file__)"],
+        [sys.executable, "-c", "import launcher; print(launcher.__file__)"],
         env=env_of(True, own),
         capture_output=True,
         text=True,

@@ -37,6 +37,7 @@ def test_an_ended_commands_last_words_reach_the_message(monkeypatch: pytest.Monk
         sock.close()
 
 
+@pytest.mark.timing
 def test_a_child_holding_stderr_open_bounds_the_wait() -> None:
     """A command that exits while a child of its keeps stderr open: described within the
     drain time, with what it said so far."""

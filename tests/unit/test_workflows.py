@@ -44,6 +44,21 @@ def test_every_cli_command_is_a_workflow_or_says_why_not() -> None:
         assert name in cli.commands and why.strip()
 
 
+def test_runs_overloads_follow_the_workflows() -> None:
+    """`commands.run` has one overload per request type in WORKFLOWS (and in `Request`), each
+    returning what that request's workflow returns: kept by hand, checked here."""
+    overloads = {}
+    for overload in typing.get_overloads(commands.run):
+        annotations = overload.__annotations__  # strings: the result types are type-only imports
+        overloads[annotations["request"]] = annotations["return"]
+    wanted = {
+        request_type.__name__: typing.get_type_hints(workflow_for(request_type))["return"].__name__
+        for request_type in WORKFLOWS
+    }
+    assert overloads == wanted
+    assert set(typing.get_args(commands.Request)) == set(WORKFLOWS)
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_frozen_request_a_run_and_a_typed_result(name: str) -> None:
     command = COMMANDS[name]
