@@ -134,6 +134,31 @@ def test_hf_dicts_without_a_bar_are_healthy() -> None:
     assert checks["queues.q_pre"].verdict is Verdict.SKIP
 
 
+def test_hf_bar_missing_from_the_captures_taken_while_tqdm_redraws_it() -> None:
+    # ProgressCallback logs with tqdm.write: the bar is cleared, the dict printed and only then
+    # the bar redrawn (tqdm/std.py, external_write_mode), so a capture can hold no bar at all.
+    # Here every third poll falls in that window, the last one too: the step and the rate are
+    # those of the bar last read, and the epoch in the dicts does not take the step's place.
+    clock = Clock()
+
+    def pane(t: float) -> str:
+        logged = HF_DICTS[: int(t / 3.0) + 1]
+        if int(t / 2.0) % 3 == 2:
+            return "\n".join(logged)
+        step = int(t * 10)
+        bar = f"  1%|▏         | {step}/3000 [00:{int(t):02d}<04:58, 10.00it/s]"
+        return "\n".join([*logged, bar])
+
+    spec = ChecksSpec.model_validate({"throughput": {"min": 1}, "queues": {}})  # in it/s
+    result = probe(pane, clock, spec=spec, status=HF, wait=6, window=30)
+    assert result.exit_code is ExitCode.OK, result.reason
+    barless = [p for p in result.polls if all(s.step is None for s in p.samples)]
+    assert len(barless) >= 2 and result.polls[-1] in barless
+    checks = {r.name: r for r in result.checks}
+    assert re.match(r"step \d+,", checks["step"].observed), checks["step"].observed
+    assert "10it/s" in checks["throughput"].observed, checks["throughput"].observed
+
+
 def test_hf_dicts_with_a_loss_stuck_at_zero_and_nan_grad_norm_are_unhealthy() -> None:
     # From the 9th dict on (second 36) the loss prints as 0.0 and grad_norm as nan.
     clock = Clock()
