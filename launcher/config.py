@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from launcher.bounded import regular_file_problem
-from launcher.errors import ConfigError, UsageError
+from launcher.errors import ConfigError, UsageError, interrupted_build
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
@@ -578,6 +578,10 @@ def _validate(document: YamlDocument, model: type[_Model], what: str) -> Any:
             for e in exc.errors()
         ]
         raise ConfigError(problems) from None
+    except Exception as exc:
+        if interrupted_build(exc):  # the model's first use builds its validator
+            raise KeyboardInterrupt from None
+        raise
 
 
 def inventory_path(option: str | None) -> Path:
