@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from launcher.bounded import regular_file_problem
-from launcher.errors import ConfigError, UsageError, interrupted_build
+from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
@@ -579,9 +579,19 @@ def _validate(document: YamlDocument, model: type[_Model], what: str) -> Any:
         ]
         raise ConfigError(problems) from None
     except Exception as exc:
-        if interrupted_build(exc):  # the model's first use builds its validator
+        if interrupted_build(exc):
             raise KeyboardInterrupt from None
         raise
+
+
+def interrupted_build(error: BaseException) -> bool:
+    """A Ctrl-C that landed while pydantic-core built a validator: every model here is built
+    on its first use (defer_build), which is in `_validate`. pydantic-core turns the
+    KeyboardInterrupt into a SchemaError whose message ends with it and keeps neither
+    __cause__ nor __context__; it is still a Ctrl-C (the CLI's guard: exit 130)."""
+    return type(error).__name__ == "SchemaError" and str(error).rstrip().endswith(
+        "KeyboardInterrupt:"
+    )
 
 
 def inventory_path(option: str | None) -> Path:

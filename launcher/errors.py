@@ -17,15 +17,6 @@ class ExitCode(IntEnum):
     PIPE_CLOSED = 141  # stdout's reader went away, as for a process killed by SIGPIPE
 
 
-def interrupted_build(error: BaseException) -> bool:
-    """A Ctrl-C that landed while pydantic-core built a validator (on a model's first use:
-    defer_build). pydantic-core turns the KeyboardInterrupt into a SchemaError whose message
-    ends with it and keeps neither __cause__ nor __context__; it is still a Ctrl-C."""
-    return type(error).__name__ == "SchemaError" and str(error).rstrip().endswith(
-        "KeyboardInterrupt:"
-    )
-
-
 class LauncherError(Exception):
     """An expected failure: printed as one message (plus an optional hint), never a traceback."""
 

@@ -23,7 +23,7 @@ from launcher.cli.context import (
     known_hosts_option,
     print_error,
 )
-from launcher.errors import ExitCode, LauncherError, interrupted_build
+from launcher.errors import ExitCode, LauncherError
 from launcher.version import __version__
 
 
@@ -265,10 +265,6 @@ def run_guarded(
         _interrupted(app, dry_run)
     except (BrokenPipeError, OutputClosed):
         _pipe_closed()
-    except Exception as error:
-        if interrupted_build(error):
-            _interrupted(app, dry_run)
-        raise
     except SystemExit:
         flush_stdout()
         raise
