@@ -78,6 +78,7 @@ def config_text(
         "UsePAM no",
         "StrictModes no",
         "PrintMotd no",
+        "LogLevel VERBOSE",  # each session logged too ("Starting session: ..."), for the tests
         "Subsystem sftp internal-sftp",
         "MaxSessions 10",  # OpenSSH's default, which launcher must live with
         "MaxStartups 200:30:400",

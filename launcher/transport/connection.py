@@ -43,7 +43,7 @@ class Connection:
     def use_relay(self) -> None:
         """Carry this host's commands on one channel, through a relay on the host (the command
         has several targets there: see relay.py). Not for a persisted connection, whose
-        commands go through its own process already."""
+        process carries its commands through a relay of its own (persistserver.py)."""
         if self._persisted is not None:
             return
         from launcher.transport.relay import Relay

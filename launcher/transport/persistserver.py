@@ -3,6 +3,11 @@ started by persist.start, it opens its own connection to one endpoint and runs t
 that persist.PersistedRunner sends over its Unix socket (frames.py's frames, output streamed as
 it comes), until idle for `control_persist` seconds.
 
+Its commands travel through a relay on the host (relay.py) when they can: the host's sshd
+session and login shell are then paid once for as long as this process lives, not once per
+command (measured in `./run bench`: see the CHANGELOG). A command that keeps its stdin open
+(`logs -f`), or every command on a host that cannot relay, gets a channel of its own.
+
 The client side (persist.py) is what connection.py uses; this side uses ssh.py, so the two live
 apart (no import cycle).
 """
@@ -20,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.errors import CommandTimeout, LauncherError
@@ -32,7 +38,9 @@ from launcher.transport.persist import (
     persistable,
     socket_path,
 )
+from launcher.transport.relay import Relay
 from launcher.transport.rundir import listen_private
+from launcher.transport.runner import Unavailable
 from launcher.transport.ssh import SSHConnection
 
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long has gone away
@@ -46,6 +54,7 @@ class Server:
         self.endpoint = endpoint
         # Its own connection never starts another background process.
         self.conn = SSHConnection(dataclasses.replace(endpoint, control_persist=0.0))
+        self.relay = Relay(self.conn)  # started by the first command it can carry
         self.path = path
         self.busy = 0
         self.last_used = time.monotonic()
@@ -121,16 +130,7 @@ class Server:
         threading.Thread(target=watch, daemon=True).start()
         rid = request.id
         try:
-            code = self.conn.stream(
-                request.command,
-                lambda data: send(frames.Output(rid, 1, data)),
-                lambda data: send(frames.Output(rid, 2, data)),
-                stdin=request.stdin,
-                close_stdin=request.close_stdin,
-                timeout=request.timeout,
-                idle_timeout=request.idle_timeout,
-                cancel=gone,
-            )
+            code = self.stream(request, send, gone)
         except LauncherError as error:
             if gone.is_set():
                 return  # nobody to tell
@@ -144,6 +144,29 @@ class Server:
         finally:
             done.set()
         send(frames.Exit(rid, code))
+
+    def stream(
+        self, request: frames.Run, send: Callable[[frames.Frame], None], gone: threading.Event
+    ) -> int:
+        """The command through the relay, or on a channel of its own when the relay cannot
+        take it (it keeps its stdin open, or the host cannot relay: nothing ran then)."""
+        rid = request.id
+        runners = (self.relay.stream, self.conn.stream)
+        for stream in runners:
+            try:
+                return stream(
+                    request.command,
+                    lambda data: send(frames.Output(rid, 1, data)),
+                    lambda data: send(frames.Output(rid, 2, data)),
+                    stdin=request.stdin,
+                    close_stdin=request.close_stdin,
+                    timeout=request.timeout,
+                    idle_timeout=request.idle_timeout,
+                    cancel=gone,
+                )
+            except Unavailable:
+                continue
+        raise AssertionError("the SSH connection takes every command")
 
 
 def serve(endpoint: Endpoint) -> int:
@@ -170,6 +193,7 @@ def serve(endpoint: Endpoint) -> int:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        server.relay.close()
         server.conn.close()
         os.close(lock)
     return 0

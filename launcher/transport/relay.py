@@ -8,7 +8,8 @@ relay once: a small stdlib-only Python program that the login shell starts on th
 runs each command line it is sent with `/bin/sh -c` (the same one parse as the login shell's:
 every line is built by container.py with one shlex.join), concurrently, and sends back its
 output as it comes and its exit code. `pct exec` still runs once per call; only the session and
-the shell around it are paid once.
+the shell around it are paid once. A persisted connection's process (persistserver.py) starts
+one too, for every command it carries while it lives.
 
 Its frames are frames.py's (Run, Cancel; Hello, Output, Exit); its host program is
 relayhost.py, sent as source on the channel's first line.
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
 # first; this ends a command whose client has gone away without closing the channel.
 BACKSTOP = 30.0
 NO_TIMEOUT = 7 * 86400.0  # a stream without a deadline (bounded by its idle timeout instead)
+CANCEL_POLL = 0.5  # how often a command with a `cancel` event looks at it
+# A command with more stdin than this (a project's files) gets a channel of its own: on the
+# relay's one channel its frame would hold up every other command's while it travels, and the
+# host's relay would hold it in memory several times over (the line, its base64, the bytes).
+MAX_STDIN = 1024 * 1024
 
 # Runs on the host under `python3 -I -S` (Python 3.5+, standard library only).
 SOURCE = (Path(__file__).parent / "relayhost.py").read_text()
@@ -160,13 +166,16 @@ class Relay:
         close_stdin: bool = True,
         timeout: float | None,
         idle_timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> int:
         """Run `command` on the host; its output goes to the sinks as it arrives (in this
-        thread); its exit code is returned. Raises Unavailable when the host cannot relay, or
-        the command keeps its stdin open (nothing ran), CommandTimeout, ConnectError, or what
-        a sink raised."""
-        if not close_stdin:
-            raise Unavailable()  # the relay hands a command all its stdin at once
+        thread); its exit code is returned. Raises Unavailable when the host cannot relay, the
+        command keeps its stdin open or has more than MAX_STDIN of it, or the relay ended before
+        the command reached it (nothing ran), CommandTimeout, ConnectError, or what
+        a sink raised. `cancel` set (a persisted connection's client went away): the command
+        is given up, and ConnectError, as ssh.SSHConnection.stream does."""
+        if not close_stdin or len(stdin or b"") > MAX_STDIN:
+            raise Unavailable()  # the relay hands a command all its stdin at once, in one frame
         channel = self._started()
         ep = self.conn.endpoint
         started = time.monotonic()
@@ -187,22 +196,31 @@ class Relay:
             )
             try:
                 self._send(channel, request)
-            except OSError as exc:
-                finished = True  # nothing reached the relay
-                raise failures.link_error(ep, exc) from None
+            except OSError:
+                # Nothing ran: the relay runs only a whole frame (it ended, or its channel
+                # broke, before this reader noticed). The next runner takes the command.
+                finished = True
+                raise Unavailable() from None
             quiet_since = time.monotonic()
             while True:
+                if cancel is not None and cancel.is_set():
+                    raise failures.link_error(ep, "the client went away")
                 waits = [NO_TIMEOUT]
                 if deadline is not None:
                     waits.append(deadline - time.monotonic())
                 if idle_timeout is not None:
                     waits.append(quiet_since + idle_timeout - time.monotonic())
+                if cancel is not None:
+                    waits.append(CANCEL_POLL)
                 try:
                     kind, value = call.items.get(timeout=max(0.0, min(waits)))
                 except queue.Empty:
-                    if deadline is not None and time.monotonic() >= deadline:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
                         raise failures.deadline_error(ep, timeout, command) from None
-                    raise failures.idle_error(ep, idle_timeout, command) from None
+                    if idle_timeout is not None and now >= quiet_since + idle_timeout:
+                        raise failures.idle_error(ep, idle_timeout, command) from None
+                    continue  # a look at `cancel` was due
                 if kind != "data":
                     finished = True
                     if kind == "broken":

@@ -158,6 +158,10 @@ class Project:
         """Logins the sandbox host's sshd has accepted so far (see accepted_logins)."""
         return accepted_logins(self.sandbox.state_dir / "sshd.log", at_least)
 
+    def sshd_sessions(self, at_least: int = 0) -> int:
+        """Sessions (command channels) the sandbox host's sshd has started so far."""
+        return started_sessions(self.sandbox.state_dir / "sshd.log", at_least)
+
     def wait_for(
         self, predicate: Callable[[], T], timeout: float = 20, what: str = "condition"
     ) -> T:
@@ -211,20 +215,31 @@ def accepted_logins(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
     in, and even done, before the line is there. Waits until there are `at_least` (for up to
     `timeout` s), then until the count has held for LOG_SETTLE s, so that a late line is counted
     rather than missed, and a check that no login happened can still see one that did."""
+    return _settled_count(log, "Accepted publickey", at_least, timeout)
+
+
+def started_sessions(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
+    """The sessions (one per command channel) an sshd log records, read as accepted_logins
+    reads logins: sshd logs "Starting session: command for ..." at LogLevel VERBOSE (OpenSSH
+    session.c, do_exec), which the sandbox's sshd_config sets."""
+    return _settled_count(log, "Starting session: ", at_least, timeout)
+
+
+def _settled_count(log: Path, needle: str, at_least: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
-    count, held_since = _count_logins(log), time.monotonic()
+    count, held_since = _count(log, needle), time.monotonic()
     while time.monotonic() < deadline:
         if count >= at_least and time.monotonic() - held_since >= LOG_SETTLE:
             break
         time.sleep(0.05)
-        now = _count_logins(log)
+        now = _count(log, needle)
         if now != count:
             count, held_since = now, time.monotonic()
     return count
 
 
-def _count_logins(log: Path) -> int:
-    return log.read_text(errors="replace").count("Accepted publickey")
+def _count(log: Path, needle: str) -> int:
+    return log.read_text(errors="replace").count(needle)
 
 
 def verify_json(project: Project, *args: str) -> tuple[int, dict[str, Any], float]:

@@ -193,6 +193,99 @@ def agents_in(project: Project) -> list[str]:
     return [line for line in out.splitlines() if "launcher_agent" in line or "json,sys" in line]
 
 
+def relays(server: int) -> list[int]:
+    """pids of the relays that background process `server` has on the host (this machine):
+    relay.py's program, in a session whose SSH_CONNECTION starts at one of its TCP ports."""
+    ports = {f"127.0.0.1 {port} ".encode() for port in local_ports(server)}
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if b"launcher_relay" not in (proc / "cmdline").read_bytes():
+                continue
+            for var in (proc / "environ").read_bytes().split(b"\0"):
+                if var.startswith(b"SSH_CONNECTION=") and any(
+                    var.removeprefix(b"SSH_CONNECTION=").startswith(port) for port in ports
+                ):
+                    found.append(int(proc.name))
+    return found
+
+
+def local_ports(pid: int) -> set[int]:
+    """The local ports of process `pid`'s TCP sockets (/proc/net/tcp, by socket inode)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def test_the_hosts_session_and_login_shell_are_paid_once(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """Through the persisted connection, commands travel through its relay on the host: after
+    the first, a status, a log read or a deploy starts no sshd session (no login shell), where
+    each would otherwise start one. `logs -f`, which keeps its stdin open, gets a session of
+    its own."""
+    project = persisted
+    [server] = project.wait_for(lambda: servers(), what="the background process")
+    code, _ = status(project)  # the first command through it starts its relay
+    assert code == 0
+    [relay] = relays(server)
+    logins, sessions = project.sshd_logins(), project.sshd_sessions()
+    for _ in range(3):
+        code, doc = status(project)
+        assert code == 0 and doc["verdict"] == "healthy"
+    assert project.launcher("logs", "-t", NAME, "-n", "5").returncode == 0
+    deployed = project.launcher("deploy", "-t", NAME, "--restart")
+    assert deployed.returncode == 0, deployed.stderr
+    assert project.sshd_sessions() == sessions and project.sshd_logins() == logins
+    assert relays(server) == [relay]
+
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv += ["logs", "-f", "--tail", "1", "-t", NAME]
+    followed = subprocess.run(
+        ["bash", "-c", f"{shlex.join(argv)} | head -1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert followed.stdout.count("\n") == 1, followed.stderr
+    assert project.sshd_sessions(at_least=sessions + 1) == sessions + 1
+    assert project.sshd_logins() == logins
+
+
+def test_a_relay_killed_on_the_host_costs_the_next_command_nothing_but_a_session(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """kill -9 of the persisted connection's relay while it is idle: the next command still
+    works, through a new relay, on the same SSH connection and the same background process."""
+    project = persisted
+    [server] = project.wait_for(lambda: servers(), what="the background process")
+    code, _ = status(project)
+    assert code == 0
+    [relay] = relays(server)
+    logins, sessions = project.sshd_logins(), project.sshd_sessions()
+    os.kill(relay, signal.SIGKILL)
+    project.wait_for(lambda: relay not in relays(server), what="the relay to end")
+    for _ in range(2):
+        code, doc = status(project)
+        assert code == 0 and doc["verdict"] == "healthy"
+    [again] = relays(server)
+    assert again != relay
+    assert project.sshd_sessions(at_least=sessions + 1) == sessions + 1  # the new relay's
+    assert project.sshd_logins() == logins and servers() == [server]
+
+
 def test_logs_follow_streams_through_it_and_ctrl_c_ends_the_remote_follower(
     persisted: Project, _private_runtime_dir: Path
 ) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -86,15 +87,38 @@ def runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     short.rmdir()
 
 
-@pytest.fixture
-def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
-    """A Server for `endpoint()` on its real socket, its connection a fake."""
+class FakeRelay(FakeConnection):
+    """A relay (relay.Relay): refuses, as the real one does, a command that keeps its stdin open
+    (nothing ran); `unavailable`: a host that cannot relay, which refuses every command."""
+
+    def __init__(self, *, unavailable: bool = False) -> None:
+        super().__init__()
+        self.unavailable = unavailable
+        self.refused: list[str] = []
+
+    def stream(self, command: str, *args: Any, close_stdin: bool, **kwargs: Any) -> int:
+        if self.unavailable or not close_stdin:
+            self.refused.append(command)
+            raise Unavailable()
+        return super().stream(command, *args, close_stdin=close_stdin, **kwargs)
+
+
+def fake_server(ep: Endpoint, path: Path, conn: object, relay: FakeRelay | None = None) -> Any:
+    """A Server whose connection and relay are fakes (by default a host that cannot relay)."""
+    server = persistserver.Server(ep, path)
+    server.conn = conn  # type: ignore[assignment]
+    server.relay = relay or FakeRelay(unavailable=True)  # type: ignore[assignment]
+    return server
+
+
+@contextlib.contextmanager
+def serving(relay: FakeRelay) -> Iterator[tuple[Endpoint, FakeConnection]]:
+    """A Server for `endpoint()` on its real socket, its connection and its relay fakes."""
     ep = endpoint()
     path = persist.socket_path(ep)
-    assert path is not None and path.parent == runtime / "launcher"
-    server = persistserver.Server(ep, path)
+    assert path is not None and path.parent.name == "launcher"
     fake = FakeConnection()
-    server.conn = fake  # type: ignore[assignment]
+    server = fake_server(ep, path, fake, relay)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(8)
@@ -105,6 +129,13 @@ def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
     thread.join(5)
     listener.close()
     path.unlink()
+
+
+@pytest.fixture
+def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
+    """A server on a host that cannot relay: every command on a channel of its own."""
+    with serving(FakeRelay(unavailable=True)) as served:
+        yield served
 
 
 def ok(out: bytes = b"out", code: int = 0) -> CommandResult:
@@ -172,6 +203,33 @@ def test_run_goes_through_the_server(served: tuple[Endpoint, FakeConnection]) ->
     assert fake.ran == [("pct exec 200 -- true", b"\x00in", 7.0)]
 
 
+def test_commands_go_through_the_relay_and_open_stdin_on_a_channel(runtime: Path) -> None:
+    """The host's session and login shell paid once: a command the relay can carry goes through
+    it; one that keeps its stdin open (logs -f) gets a channel, and so does every command on a
+    host that cannot relay (the `served` fixture)."""
+    relay = FakeRelay()
+    with serving(relay) as (ep, fake):
+        relay.answers["pct exec 200 -- true"] = ok(b"relayed", code=0)
+        result = run(ep, "pct exec 200 -- true", stdin=b"in", timeout=7.0)
+        assert result is not None and result.stdout == b"relayed"
+        assert relay.ran == [("pct exec 200 -- true", b"in", 7.0)] and fake.ran == []
+
+        fake.answers["tail -f log"] = ok(b"followed", code=0)
+        runner = persist.PersistedRunner(ep)
+        out = bytearray()
+        code = runner.stream(
+            "tail -f log",
+            out.extend,
+            lambda data: None,
+            stdin=None,
+            close_stdin=False,
+            timeout=5.0,
+            idle_timeout=None,
+        )
+        assert (code, bytes(out)) == (0, b"followed")
+        assert relay.refused == ["tail -f log"] and fake.ran == [("tail -f log", b"", 5.0)]
+
+
 def test_errors_keep_their_kind(served: tuple[Endpoint, FakeConnection]) -> None:
     ep, fake = served
     fake.answers["slow"] = CommandTimeout("pve: command did not finish within 1 s")
@@ -216,9 +274,8 @@ def test_server_answers_only_its_own_user() -> None:
     open_dir = Path(tempfile.mkdtemp(prefix="lu-peer", dir="/tmp"))
     open_dir.chmod(0o755)  # reachable by anyone, unlike the runtime directory
     path = open_dir / "s.sock"
-    server = persistserver.Server(ep, path)
     fake = FakeConnection()
-    server.conn = fake  # type: ignore[assignment]
+    server = fake_server(ep, path, fake)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     path.chmod(0o777)
@@ -323,9 +380,8 @@ def test_a_stream_is_cut_off_when_its_client_goes_away(runtime: Path) -> None:
     ep = endpoint()
     path = persist.socket_path(ep)
     assert path is not None
-    server = persistserver.Server(ep, path)
     fake = Follower()
-    server.conn = fake  # type: ignore[assignment]
+    server = fake_server(ep, path, fake)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(8)
@@ -402,8 +458,7 @@ def test_a_quiet_command_is_not_taken_for_a_gone_client(
     ep = endpoint()
     path = persist.socket_path(ep)
     assert path is not None
-    server = persistserver.Server(ep, path)
-    server.conn = Quiet()  # type: ignore[assignment]
+    server = fake_server(ep, path, Quiet())
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(8)
@@ -426,9 +481,8 @@ def test_closing_the_runner_ends_a_stream_waiting_in_another_thread(runtime: Pat
     ep = endpoint()
     path = persist.socket_path(ep)
     assert path is not None
-    server = persistserver.Server(ep, path)
     fake = Follower()
-    server.conn = fake  # type: ignore[assignment]
+    server = fake_server(ep, path, fake)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(8)

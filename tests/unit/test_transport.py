@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import json
 import queue
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from launcher.transport import ssh as ssh_module
 from launcher.transport.connection import Connection
 from launcher.transport.endpoint import Endpoint
 from launcher.transport.persist import PersistedRunner
+from launcher.transport.runner import Unavailable
 from launcher.transport.ssh import SSHConnection
 
 ALL = [
@@ -136,18 +138,20 @@ def test_a_closed_connection_runs_nothing_and_does_not_connect_again() -> None:
 class FakeChannel:
     """A relay's channel: the hello, then for each Run frame sent, the line `reply` gives."""
 
-    def __init__(self, reply: bytes) -> None:
-        self.reply = reply
+    def __init__(self, reply: bytes | None) -> None:
+        self.reply = reply  # None: a quiet command, which sends nothing back
         self.inbox: queue.Queue[bytes] = queue.Queue()
         self.inbox.put(frames.encode(frames.Hello(frames.VERSION)))
         self.closed = False
+        self.sent: list[bytes] = []
 
     def sendall(self, data: bytes) -> None:
-        if data.startswith(b"{") and b'"command"' in data:
+        self.sent.append(data)
+        if data.startswith(b"{") and b'"command"' in data and self.reply is not None:
             self.inbox.put(self.reply)
 
     def recv(self, size: int) -> bytes:
-        return self.inbox.get(timeout=5)
+        return self.inbox.get(timeout=30)
 
     def settimeout(self, seconds: float | None) -> None:
         pass
@@ -187,6 +191,55 @@ def test_a_malformed_frame_from_the_relay_fails_its_calls_clearly(reply: bytes, 
     with pytest.raises(ConnectError, match=says):
         carrier.run("pct exec 1 -- true", stdin=None, timeout=5.0)
     assert channel.closed and ssh.opened == 1
+
+
+def test_a_relayed_command_whose_client_went_away_is_given_up() -> None:
+    """A persisted connection's command through its relay: its client going away (`cancel`)
+    ends a quiet command (not at its 60 s deadline), as it ends one on a channel, and the relay
+    is told to give it up (a Cancel frame), not left running it for nobody."""
+    channel = FakeChannel(None)
+    carrier = relay.Relay(FakeSSH(channel))  # type: ignore[arg-type]
+    gone = threading.Event()
+    threading.Timer(0.2, gone.set).start()
+    with pytest.raises(ConnectError, match="the client went away"):
+        carrier.stream(
+            "pct exec 1 -- sleep 60",
+            lambda data: None,
+            lambda data: None,
+            stdin=None,
+            timeout=60.0,
+            cancel=gone,
+        )
+    run_id = frames.decode(channel.sent[1].rstrip(b"\n"))
+    assert isinstance(run_id, frames.Run)
+    assert frames.decode(channel.sent[-1].rstrip(b"\n")) == frames.Cancel(run_id.id)
+
+
+class BrokenChannel(FakeChannel):
+    """A relay that ended (or a channel that broke) before its reader noticed: sending fails."""
+
+    def sendall(self, data: bytes) -> None:
+        if b'"command"' in data:
+            raise OSError("Socket is closed")
+        super().sendall(data)
+
+
+def test_a_command_that_never_reached_the_relay_goes_to_the_next_runner() -> None:
+    """A Run frame that could not be sent ran nothing (the relay runs only whole frames): the
+    command is not failed as if the link had dropped under it, but handed on (Unavailable)."""
+    carrier = relay.Relay(FakeSSH(BrokenChannel(None)))  # type: ignore[arg-type]
+    with pytest.raises(Unavailable):
+        carrier.run("pct exec 1 -- true", stdin=None, timeout=5.0)
+
+
+def test_a_big_upload_gets_a_channel_of_its_own() -> None:
+    """A project's files on stdin would hold the relay's one channel up for every other command
+    while they travel: the relay hands such a command on before starting or sending anything."""
+    ssh = FakeSSH(FakeChannel(b""))
+    carrier = relay.Relay(ssh)  # type: ignore[arg-type]
+    with pytest.raises(Unavailable):
+        carrier.run("pct exec 1 -- true", stdin=b"x" * (relay.MAX_STDIN + 1), timeout=5.0)
+    assert ssh.opened == 0 and ssh.channel.sent == []
 
 
 class RefusingTransport:
