@@ -264,6 +264,37 @@ def test_the_hosts_session_and_login_shell_are_paid_once(
     assert project.sshd_logins() == logins
 
 
+def test_concurrent_commands_share_the_relay_and_each_gets_its_own_answer(
+    persisted: Project, _private_runtime_dir: Path
+) -> None:
+    """Four `status --json` at once through one persisted connection: four polls on the relay's
+    one channel, each answer whole and its own (one JSON document, this target's), and no
+    session or login beyond the relay's."""
+    project = persisted
+    [server] = project.wait_for(lambda: servers(), what="the background process")
+    code, _ = status(project)
+    assert code == 0
+    [relay] = relays(server)
+    logins, sessions = project.sshd_logins(), project.sshd_sessions()
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    clients = [
+        subprocess.Popen(
+            [*argv, "status", "-t", NAME, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for client in clients:
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        doc = json.loads(out)
+        assert doc["verdict"] == "healthy" and doc["target"] == NAME
+    assert project.sshd_sessions() == sessions and project.sshd_logins() == logins
+    assert relays(server) == [relay]
+
+
 def test_a_relay_killed_on_the_host_costs_the_next_command_nothing_but_a_session(
     persisted: Project, _private_runtime_dir: Path
 ) -> None:
