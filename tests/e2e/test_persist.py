@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import queue
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.project import Project
+from tests.e2e.project import DEMO_TRAINER, Project
 
 pytestmark = pytest.mark.e2e
 
@@ -293,6 +294,59 @@ def test_concurrent_commands_share_the_relay_and_each_gets_its_own_answer(
         assert doc["verdict"] == "healthy" and doc["target"] == NAME
     assert project.sshd_sessions() == sessions and project.sshd_logins() == logins
     assert relays(server) == [relay]
+
+
+def test_a_deploy_outlives_its_killed_client_through_the_relay(
+    project: Project, _private_runtime_dir: Path
+) -> None:
+    """kill -9 of `deploy --restart` while its transaction, carried by the persisted
+    connection's relay, waits out the old run's stop (it ignores C-c: 3 s of grace). The
+    transaction outlives its client, as over a channel of its own: the new version is installed,
+    launched and recorded, and its lock released (the next deploy breaks no stale lock)."""
+    book = project.playbook(NAME, env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=3)
+    host = project.host(control_persist=30)
+    project.write({NAME: (VMID, book)}, host=host)
+    assert project.launcher("deploy", "-t", NAME, "--restart").returncode == 0
+    [server] = project.wait_for(lambda: servers(), what="the background process")
+    code, _ = status(project)  # starts the relay
+    assert code == 0 and relays(server)
+    sessions = project.sshd_sessions()
+    v2 = project.root / "train_v2.py"
+    v2.write_bytes(DEMO_TRAINER.read_bytes() + b"\n# v2\n")
+    v2_sha = hashlib.sha256(v2.read_bytes()).hexdigest()
+    book["script"]["source"] = str(v2)
+    project.write({NAME: (VMID, book)}, host=host)
+
+    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    client = subprocess.Popen(
+        [*argv, "deploy", "-t", NAME, "--restart"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stderr is not None
+    seen = []
+    for line in client.stderr:  # the steps as they happen: kill it during the stop's countdown
+        seen.append(line)
+        if line.startswith("… stop"):
+            break
+    else:
+        raise AssertionError(f"no stop countdown: {seen}")
+    client.kill()
+    client.wait(timeout=10)
+
+    def recorded() -> bool:
+        doc = json.loads(project.launcher("history", "-t", NAME, "--json").stdout)
+        return bool(doc["records"]) and doc["records"][0]["sha256"] == v2_sha
+
+    project.wait_for(recorded, timeout=30, what="the killed client's deploy to be recorded")
+    installed = project.ct_text(VMID, "sha256sum", f"/root/{NAME}/train_demo.py").split()[0]
+    assert installed == v2_sha
+    project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the new run")
+    assert project.sshd_sessions() == sessions  # it went through the relay
+    again = project.launcher("deploy", "-t", NAME, "--restart")
+    assert again.returncode == 0, again.stderr
+    assert "broke stale lock" not in again.stderr
 
 
 def test_a_relay_killed_on_the_host_costs_the_next_command_nothing_but_a_session(
