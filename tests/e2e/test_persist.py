@@ -213,6 +213,15 @@ def relays(server: int) -> list[int]:
     return found
 
 
+def started_relay(project: Project) -> tuple[int, int]:
+    """The background process and its relay, which the first command through it starts."""
+    [server] = project.wait_for(lambda: servers(), what="the background process")
+    code, _ = status(project)
+    assert code == 0
+    [relay] = relays(server)
+    return server, relay
+
+
 def local_ports(pid: int) -> set[int]:
     """The local ports of process `pid`'s TCP sockets (/proc/net/tcp, by socket inode)."""
     inodes = set()
@@ -237,10 +246,7 @@ def test_the_hosts_session_and_login_shell_are_paid_once(
     each would otherwise start one. `logs -f`, which keeps its stdin open, gets a session of
     its own."""
     project = persisted
-    [server] = project.wait_for(lambda: servers(), what="the background process")
-    code, _ = status(project)  # the first command through it starts its relay
-    assert code == 0
-    [relay] = relays(server)
+    server, relay = started_relay(project)
     logins, sessions = project.sshd_logins(), project.sshd_sessions()
     for _ in range(3):
         code, doc = status(project)
@@ -272,10 +278,7 @@ def test_concurrent_commands_share_the_relay_and_each_gets_its_own_answer(
     one channel, each answer whole and its own (one JSON document, this target's), and no
     session or login beyond the relay's."""
     project = persisted
-    [server] = project.wait_for(lambda: servers(), what="the background process")
-    code, _ = status(project)
-    assert code == 0
-    [relay] = relays(server)
+    server, relay = started_relay(project)
     logins, sessions = project.sshd_logins(), project.sshd_sessions()
     argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
     clients = [
@@ -307,9 +310,7 @@ def test_a_deploy_outlives_its_killed_client_through_the_relay(
     host = project.host(control_persist=30)
     project.write({NAME: (VMID, book)}, host=host)
     assert project.launcher("deploy", "-t", NAME, "--restart").returncode == 0
-    [server] = project.wait_for(lambda: servers(), what="the background process")
-    code, _ = status(project)  # starts the relay
-    assert code == 0 and relays(server)
+    started_relay(project)
     sessions = project.sshd_sessions()
     v2 = project.root / "train_v2.py"
     v2.write_bytes(DEMO_TRAINER.read_bytes() + b"\n# v2\n")
@@ -355,10 +356,7 @@ def test_a_relay_killed_on_the_host_costs_the_next_command_nothing_but_a_session
     """kill -9 of the persisted connection's relay while it is idle: the next command still
     works, through a new relay, on the same SSH connection and the same background process."""
     project = persisted
-    [server] = project.wait_for(lambda: servers(), what="the background process")
-    code, _ = status(project)
-    assert code == 0
-    [relay] = relays(server)
+    server, relay = started_relay(project)
     logins, sessions = project.sshd_logins(), project.sshd_sessions()
     os.kill(relay, signal.SIGKILL)
     project.wait_for(lambda: relay not in relays(server), what="the relay to end")
