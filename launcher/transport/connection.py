@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from launcher.transport.endpoint import CommandResult, Endpoint
 from launcher.transport.persist import PersistedRunner
-from launcher.transport.runner import Runner, Unavailable
+from launcher.transport.runner import Runner, first_taker
 from launcher.transport.ssh import SSHConnection
 
 if TYPE_CHECKING:
@@ -68,12 +68,9 @@ class Connection:
     ) -> CommandResult:
         """Run a shell command string on the host, with a deadline on the whole exchange."""
         limit = timeout if timeout is not None else self.endpoint.command_timeout
-        for runner in self.runners():
-            try:
-                return runner.run(command, stdin=stdin, timeout=limit)
-            except Unavailable:
-                continue
-        raise AssertionError("the SSH connection takes every command")
+        return first_taker(
+            self.runners(), lambda runner: runner.run(command, stdin=stdin, timeout=limit)
+        )
 
     def stream(
         self,
@@ -92,20 +89,18 @@ class Connection:
         streams. With `close_stdin=False` the remote side's stdin stays open until the command
         is given up, so it can notice the client going away. On any exception, KeyboardInterrupt
         included, the command loses its pipes at once and the exception propagates."""
-        for runner in self.runners():
-            try:
-                return runner.stream(
-                    command,
-                    on_stdout,
-                    on_stderr or _discard,
-                    stdin=stdin,
-                    close_stdin=close_stdin,
-                    timeout=timeout,
-                    idle_timeout=idle_timeout,
-                )
-            except Unavailable:
-                continue
-        raise AssertionError("the SSH connection takes every command")
+        return first_taker(
+            self.runners(),
+            lambda runner: runner.stream(
+                command,
+                on_stdout,
+                on_stderr or _discard,
+                stdin=stdin,
+                close_stdin=close_stdin,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+            ),
+        )
 
     # -- the SSH connection itself --------------------------------------------------------------
     @property

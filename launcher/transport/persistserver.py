@@ -40,7 +40,7 @@ from launcher.transport.persist import (
 )
 from launcher.transport.relay import Relay
 from launcher.transport.rundir import listen_private
-from launcher.transport.runner import Unavailable
+from launcher.transport.runner import first_taker
 from launcher.transport.ssh import SSHConnection
 
 SEND_TIMEOUT = 30.0  # a client that reads nothing for this long has gone away
@@ -151,22 +151,20 @@ class Server:
         """The command through the relay, or on a channel of its own when the relay cannot
         take it (it keeps its stdin open, or the host cannot relay: nothing ran then)."""
         rid = request.id
-        runners = (self.relay.stream, self.conn.stream)
-        for stream in runners:
-            try:
-                return stream(
-                    request.command,
-                    lambda data: send(frames.Output(rid, 1, data)),
-                    lambda data: send(frames.Output(rid, 2, data)),
-                    stdin=request.stdin,
-                    close_stdin=request.close_stdin,
-                    timeout=request.timeout,
-                    idle_timeout=request.idle_timeout,
-                    cancel=gone,
-                )
-            except Unavailable:
-                continue
-        raise AssertionError("the SSH connection takes every command")
+        runners: tuple[Relay | SSHConnection, ...] = (self.relay, self.conn)
+        return first_taker(
+            runners,
+            lambda runner: runner.stream(
+                request.command,
+                lambda data: send(frames.Output(rid, 1, data)),
+                lambda data: send(frames.Output(rid, 2, data)),
+                stdin=request.stdin,
+                close_stdin=request.close_stdin,
+                timeout=request.timeout,
+                idle_timeout=request.idle_timeout,
+                cancel=gone,
+            ),
+        )
 
 
 def serve(endpoint: Endpoint) -> int:

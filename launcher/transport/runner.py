@@ -3,7 +3,9 @@
 Three implementations: a channel of its own on the host's SSH connection (`ssh.SSHConnection`),
 the relay that carries several targets' commands on one channel (`relay.Relay`), and the
 persisted connection's background process (`persist.PersistedRunner`). Which one a command
-takes is decided in one place: `connection.Connection.runners`.
+takes is decided in one place on the client, `connection.Connection.runners`; the persisted
+connection's process tries its relay, then a channel (persistserver.py). Both hand the command
+down that order with `first_taker`.
 
 A leaf beside endpoint.py: the runners import it, it imports none of them.
 """
@@ -12,9 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from launcher.transport.endpoint import CommandResult
 
@@ -48,6 +50,21 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+def first_taker(runners: Iterable[R], attempt: Callable[[R], T]) -> T:
+    """`attempt` with each runner in turn until one takes the command (one that cannot raises
+    Unavailable before anything ran). The last runner, a channel of its own, always takes it."""
+    for runner in runners:
+        try:
+            return attempt(runner)
+        except Unavailable:
+            continue
+    raise AssertionError("the SSH connection takes every command")
 
 
 def run_by_streaming(
