@@ -208,6 +208,22 @@ def new_host_tmp_files(before: list[str], settle: float = 15.0) -> list[str]:
 LOG_SETTLE = 0.3  # s without a new login line before a count is taken
 
 
+def local_processes() -> list[tuple[int, bytes, list[bytes]]]:
+    """This machine's processes: (pid, command line as /proc has it, NUL-separated, environment
+    as `NAME=value` entries); a process that ended or is not readable is left out."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found.append((int(proc.name), cmdline, environ))
+    return found
+
+
 def accepted_logins(log: Path, at_least: int = 0, timeout: float = 10.0) -> int:
     """The logins an sshd log records ("Accepted publickey"), read once the log has settled.
     sshd's monitor writes that line after it has answered its unprivileged child (OpenSSH

@@ -22,7 +22,7 @@ import pytest
 
 import launcher
 from launcher.cmdserver import wire
-from tests.e2e.project import Project
+from tests.e2e.project import Project, local_processes
 from tests.e2e.test_ssh_paths import (  # locked_key: the fixture, a key with a passphrase
     PASSPHRASE,
     locked_inventory,
@@ -83,20 +83,12 @@ def popen(project: Project, *args: str) -> subprocess.Popen[str]:
 
 def servers(runtime: Path) -> list[int]:
     """pids of this test's command servers (its own XDG_RUNTIME_DIR)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"launcher.cmdserver.server" in cmdline and f"XDG_RUNTIME_DIR={runtime}".encode() in (
-            environ
-        ):
-            pids.append(int(proc.name))
-    return pids
+    mine = f"XDG_RUNTIME_DIR={runtime}".encode()
+    return [
+        pid
+        for pid, cmdline, environ in local_processes()
+        if b"launcher.cmdserver.server" in cmdline and mine in environ
+    ]
 
 
 def children(pid: int) -> list[int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.project import DEMO_TRAINER, Project
+from tests.e2e.project import DEMO_TRAINER, Project, local_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -28,20 +28,12 @@ NAME = "persisted"
 
 def servers() -> list[int]:
     """pids of this test's background processes (its own XDG_RUNTIME_DIR)."""
-    runtime = os.environ["XDG_RUNTIME_DIR"]
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        mine = f"XDG_RUNTIME_DIR={runtime}".encode() in environ
-        if b"launcher.transport.persistserver" in cmdline and mine:
-            pids.append(int(proc.name))
-    return pids
+    mine = f"XDG_RUNTIME_DIR={os.environ['XDG_RUNTIME_DIR']}".encode()
+    return [
+        pid
+        for pid, cmdline, environ in local_processes()
+        if b"launcher.transport.persistserver" in cmdline.split(b"\0") and mine in environ
+    ]
 
 
 def sockets(runtime: Path) -> list[Path]:
@@ -197,20 +189,12 @@ def agents_in(project: Project) -> list[str]:
 def relays(server: int) -> list[int]:
     """pids of the relays that background process `server` has on the host (this machine):
     relay.py's program, in a session whose SSH_CONNECTION starts at one of its TCP ports."""
-    ports = {f"127.0.0.1 {port} ".encode() for port in local_ports(server)}
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if b"launcher_relay" not in (proc / "cmdline").read_bytes():
-                continue
-            for var in (proc / "environ").read_bytes().split(b"\0"):
-                if var.startswith(b"SSH_CONNECTION=") and any(
-                    var.removeprefix(b"SSH_CONNECTION=").startswith(port) for port in ports
-                ):
-                    found.append(int(proc.name))
-    return found
+    ports = tuple(f"SSH_CONNECTION=127.0.0.1 {port} ".encode() for port in local_ports(server))
+    return [
+        pid
+        for pid, cmdline, environ in local_processes()
+        if b"launcher_relay" in cmdline and any(var.startswith(ports) for var in environ)
+    ]
 
 
 def started_relay(project: Project) -> tuple[int, int]:
