@@ -112,11 +112,11 @@ def fake_server(ep: Endpoint, path: Path, conn: object, relay: FakeRelay | None 
 
 
 @contextlib.contextmanager
-def serving(relay: FakeRelay) -> Iterator[tuple[Endpoint, FakeConnection]]:
+def serving(runtime: Path, relay: FakeRelay) -> Iterator[tuple[Endpoint, FakeConnection]]:
     """A Server for `endpoint()` on its real socket, its connection and its relay fakes."""
     ep = endpoint()
     path = persist.socket_path(ep)
-    assert path is not None and path.parent.name == "launcher"
+    assert path is not None and path.parent == runtime / "launcher"
     fake = FakeConnection()
     server = fake_server(ep, path, fake, relay)
     listener = socket.socket(socket.AF_UNIX)
@@ -134,7 +134,7 @@ def serving(relay: FakeRelay) -> Iterator[tuple[Endpoint, FakeConnection]]:
 @pytest.fixture
 def served(runtime: Path) -> Iterator[tuple[Endpoint, FakeConnection]]:
     """A server on a host that cannot relay: every command on a channel of its own."""
-    with serving(FakeRelay(unavailable=True)) as served:
+    with serving(runtime, FakeRelay(unavailable=True)) as served:
         yield served
 
 
@@ -208,7 +208,7 @@ def test_commands_go_through_the_relay_and_open_stdin_on_a_channel(runtime: Path
     it; one that keeps its stdin open (logs -f) gets a channel, and so does every command on a
     host that cannot relay (the `served` fixture)."""
     relay = FakeRelay()
-    with serving(relay) as (ep, fake):
+    with serving(runtime, relay) as (ep, fake):
         relay.answers["pct exec 200 -- true"] = ok(b"relayed", code=0)
         result = run(ep, "pct exec 200 -- true", stdin=b"in", timeout=7.0)
         assert result is not None and result.stdout == b"relayed"

@@ -151,7 +151,7 @@ class FakeChannel:
             self.inbox.put(self.reply)
 
     def recv(self, size: int) -> bytes:
-        return self.inbox.get(timeout=30)
+        return self.inbox.get(timeout=5)
 
     def settimeout(self, seconds: float | None) -> None:
         pass
