@@ -103,16 +103,20 @@ class Project:
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
         return self.inventory
 
+    def argv(self, *args: str) -> list[str]:
+        """The command line that runs the real CLI on this project's inventory, for tests that
+        start it themselves (to kill it, feed it, or run several at once)."""
+        return [sys.executable, "-m", "launcher", "-i", str(self.inventory), *args]
+
     def launcher(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run the real CLI in a process of its own, as a user would: a child of this worker's
         command server (tests/e2e/served.py), or a fresh `python -m launcher`."""
-        argv = ["-i", str(self.inventory), *args]
         if self.served and served.enabled():
-            result = served.server().run(argv, timeout)
+            result = served.server().run(["-i", str(self.inventory), *args], timeout)
             if result is not None:
                 return result
         return subprocess.run(
-            [sys.executable, "-m", "launcher", *argv],
+            self.argv(*args),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

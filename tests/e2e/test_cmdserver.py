@@ -466,7 +466,7 @@ def test_another_users_process_cannot_use_it(served: Project, _private_runtime_d
         "    print('closed')\n"
     )
     request = wire.Request(
-        [sys.executable, "-m", "launcher", "-i", str(project.inventory), "stop", "-t", NAME],
+        project.argv("stop", "-t", NAME),
         "/",
         env_of(True),
         0o022,

@@ -6,7 +6,6 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -153,7 +152,7 @@ def test_two_deploys_at_once_one_is_refused(project: Project) -> None:
     book = project.playbook("race", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=4)
     project.write({"race": (VMID, book)})
     deploy_ok(project)
-    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    cmd = project.argv("deploy", "--restart")
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # The first one holds the lock, then stops the old run (which ignores SIGINT: 4 s).
     wait_for_lock_held_by(project, first.pid)
@@ -172,7 +171,7 @@ def test_wait_lock_queues_behind_a_deploy_in_progress(project: Project) -> None:
     book = project.playbook("queue", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=6)
     project.write({"queue": (VMID, book)})
     deploy_ok(project)
-    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    cmd = project.argv("deploy", "--restart")
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Once it holds the lock it stops the old run, which ignores SIGINT: 6 s of stop grace.
     wait_for_lock_held_by(project, first.pid)
@@ -195,7 +194,7 @@ def test_lock_left_by_killed_deployer_is_broken(project: Project) -> None:
     book = project.playbook("stale", env={"DEMO_IGNORE_SIGINT": "1"}, stop_grace=5)
     project.write({"stale": (VMID, book)})
     deploy_ok(project)
-    cmd = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"]
+    cmd = project.argv("deploy", "--restart")
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # Its transaction holds the lock (then stops the old run, which ignores SIGINT: 5 s).
     wait_for_lock_held_by(project, first.pid)
@@ -342,7 +341,7 @@ def test_deploy_streams_its_steps_while_the_stop_waits(project: Project) -> None
     project.write({"live": (VMID, book)})
     deploy_ok(project)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"],
+        project.argv("deploy", "--restart"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -98,7 +97,7 @@ def test_status_while_a_deploy_holds_the_lock_is_deploying(project: Project) -> 
     env = {"DEMO_IGNORE_SIGINT": "1"}
     deploy(project, "llock", env=env, stop_grace=8)
     redeploy = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "-i", str(project.inventory), "deploy", "--restart"],
+        project.argv("deploy", "--restart"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -8,7 +8,6 @@ import queue
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,7 +31,7 @@ def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
 
 def popen(project: Project, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "launcher", "-i", str(project.inventory), *args],
+        project.argv(*args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -143,7 +142,7 @@ def test_attach_in_a_real_terminal(project: Project, host_tmux: list[str]) -> No
     book = project.playbook("opsattach")
     project.write({"opsattach": (VMID, book)})
     ok(project.launcher("deploy", "--restart"))
-    attach = shlex.join([sys.executable, "-m", "launcher", "-i", str(project.inventory), "attach"])
+    attach = shlex.join(project.argv("attach"))
     shell = f"{attach}; echo ATTACH-EXIT=$?; sleep 30"
     subprocess.run(
         [*host_tmux, "new-session", "-d", "-s", "host", "-x", "200", "-y", "50", shell],

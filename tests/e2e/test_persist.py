@@ -153,7 +153,7 @@ def test_on_an_interactive_terminal_the_connection_persists_by_default(
     or with its output captured (a script), leaves none."""
     project.deploy_healthy(NAME, VMID)  # no control_persist in the inventory
     assert servers() == []
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "status", "-t", NAME]
+    argv = project.argv("status", "-t", NAME)
     monkeypatch.delenv("LAUNCHER_CONTROL_PERSIST", raising=False)
 
     def on_a_terminal(ci: bool) -> None:
@@ -241,7 +241,7 @@ def test_the_hosts_session_and_login_shell_are_paid_once(
     assert project.sshd_sessions() == sessions and project.sshd_logins() == logins
     assert relays(server) == [relay]
 
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv = project.argv()
     argv += ["logs", "-f", "--tail", "1", "-t", NAME]
     followed = subprocess.run(
         ["bash", "-c", f"{shlex.join(argv)} | head -1"],
@@ -264,7 +264,7 @@ def test_concurrent_commands_share_the_relay_and_each_gets_its_own_answer(
     project = persisted
     server, relay = started_relay(project)
     logins, sessions = project.sshd_logins(), project.sshd_sessions()
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv = project.argv()
     clients = [
         subprocess.Popen(
             [*argv, "status", "-t", NAME, "--json"],
@@ -302,7 +302,7 @@ def test_a_deploy_outlives_its_killed_client_through_the_relay(
     book["script"]["source"] = str(v2)
     project.write({NAME: (VMID, book)}, host=host)
 
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv = project.argv()
     client = subprocess.Popen(
         [*argv, "deploy", "-t", NAME, "--restart"],
         stdout=subprocess.DEVNULL,
@@ -364,7 +364,7 @@ def test_logs_follow_streams_through_it_and_ctrl_c_ends_the_remote_follower(
     project.wait_for(lambda: servers(), what="the background process")
     [pid] = servers()
     before = project.sshd_logins()
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv = project.argv()
     follower = subprocess.Popen(
         [*argv, "logs", "-f", "--tail", "0", "-t", NAME],
         stdout=subprocess.PIPE,
@@ -406,7 +406,7 @@ def test_a_reader_that_goes_away_ends_the_persisted_follow(
     project = persisted
     project.wait_for(lambda: servers(), what="the background process")
     before = project.sshd_logins()
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory)]
+    argv = project.argv()
     argv += ["logs", "-f", "--tail", "5", "-t", NAME]
     script = f'{shlex.join(argv)} | head -2; echo "PIPESTATUS=${{PIPESTATUS[*]}}" >&2'
     done = subprocess.run(

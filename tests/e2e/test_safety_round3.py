@@ -271,7 +271,7 @@ def test_watch_keeps_secrets_and_delivers_past_slow_hooks_and_huge_lines(
     receiver.chmod(0o755)
     state = tmp_path / "state"
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch", "--for", "40"]
+    argv = project.argv("watch", "--for", "40")
     argv += ["--webhook", f"{hooks.base}/slow/{token}", "--webhook", f"{hooks.base}/moved/{token}"]
     argv += ["--webhook", f"{hooks.base}/ok/{token}", "--exec", str(receiver)]
     try:
@@ -501,7 +501,7 @@ def test_ctrl_c_while_launcher_starts_exits_130_without_a_traceback(clean_ct: Pr
     project.write({"ctrlc": (VMID, project.playbook("ctrlc", workdir=WORKDIR))})
     for delay in (0.05, 0.1, 0.15, 0.2, 0.3):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "-i", str(project.inventory), "status"],
+            project.argv("status"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -564,7 +564,7 @@ def test_two_watchers_with_their_own_state_restart_a_crash_once(
     watchers = []
     for n in range(2):
         env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / f"state{n}")}
-        argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch"]
+        argv = project.argv("watch")
         argv += ["--restart-on-failure", "--restart-backoff", "0", "--for", "25"]
         err = (tmp_path / f"watch{n}.err").open("w")
         watchers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env))
@@ -611,7 +611,7 @@ def test_watch_for_exits_non_zero_while_the_target_crash_loops(
     project.write({"crashloop": (VMID, book)})
     assert project.launcher("deploy").returncode == 0
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch", "--for", "14"]
+    argv = project.argv("watch", "--for", "14")
     argv += ["--restart-on-failure", "--max-restarts", "50", "--restart-backoff", "0"]
     result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=90, check=False)
     assert "restart" in result.stderr, result.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from importlib import resources
 from typing import Any
@@ -159,7 +158,7 @@ def test_a_long_silent_checkpoint_save_is_not_a_hang(project: Project) -> None:
 
 def test_run_replaced_while_verify_polls(project: Project) -> None:
     deploy(project, "replaced")
-    argv = [sys.executable, "-m", "launcher", "-i", str(project.inventory), "verify", "--json"]
+    argv = project.argv("verify", "--json")
     with subprocess.Popen(
         [*argv, "--successes", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as running:

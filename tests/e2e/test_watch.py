@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -75,7 +74,7 @@ class Watch:
         env = {**os.environ, "XDG_STATE_HOME": str(self.state)}
         self.err = (project.root / "watch.err").open("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "-i", str(project.inventory), "watch", *args],
+            project.argv("watch", *args),
             stdout=subprocess.DEVNULL,
             stderr=self.err,
             env=env,
