@@ -1,6 +1,7 @@
 """The suite's tiers, as pytest markers (pyproject.toml lists them):
 
-  unit    pure: no process, socket or sandbox of its own (the bulk of tests/unit)
+  unit    pure: no process, socket or sandbox of its own (the bulk of tests/unit); a unit test
+          that starts a process or binds or connects a socket fails (_unit_tier_is_pure)
   local   tests/unit modules that run real local things: the agent with tmux, interpreters,
           Unix sockets, `ssh -G`
   e2e     tests/e2e: against a sandbox (real sshd, LXC, tmux; root)
@@ -14,9 +15,14 @@ The e2e files run longest first (tests/e2e/weights.py says why), each file's tes
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,15 +40,26 @@ LOCAL_MODULES = frozenset(
     {
         "test_agent.py",
         "test_agent_cache.py",
+        "test_agent_package.py",
+        "test_buckets.py",
+        "test_cli_contract.py",
+        "test_cmdserver.py",
         "test_command_socket.py",
         "test_config_cli.py",
         "test_examples.py",
         "test_open_socket.py",
         "test_operate.py",
         "test_persist.py",
+        "test_project_manifest.py",
+        "test_protocol_contract.py",
+        "test_python_floor.py",
         "test_quoting.py",
+        "test_sandbox_rootfs.py",
         "test_sshconfig.py",
+        "test_startup_interrupt.py",
         "test_status.py",
+        "test_status_imports.py",
+        "test_watch.py",
     }
 )
 
@@ -72,3 +89,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (1, -weight(path, seconds)) if tier(path) == "e2e" else (0, 0.0)
 
     items.sort(key=order)  # stable: a file's tests keep their order
+
+
+class TierViolation(AssertionError):
+    """A `unit` test started a process or opened a socket of its own."""
+
+
+def _refuse(what: str) -> Callable[..., Any]:
+    def refused(*args: object, **kwargs: object) -> Any:
+        raise TierViolation(
+            f"a unit-tier test {what}: list its module in LOCAL_MODULES (tests/conftest.py) "
+            "so that it runs in the local tier"
+        )
+
+    return refused
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_is_pure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The unit marker's promise, kept by the suite: no process and no bound or connected socket
+    (socketpair, a pair of ends in memory, is fine). A test that needs one belongs to `local`."""
+    if tier(Path(str(request.node.path))) != "unit":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
+        patch.setattr(os, "fork", _refuse("forked"))
+        patch.setattr(os, "posix_spawn", _refuse("spawned a process"))
+        patch.setattr(os, "posix_spawnp", _refuse("spawned a process"))
+        for method in ("bind", "connect", "connect_ex"):
+            patch.setattr(socket.socket, method, _refuse(f"called socket.{method}"))
+        yield
