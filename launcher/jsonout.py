@@ -1,8 +1,9 @@
 """The one JSON envelope every `--json` output shares (schemas: launcher/schemas/*.schema.json).
 
-`{"schema": "launcher.<command>/1", "exit_code": N, "targets": [...], ...}`: the same keys for one
-target and for many. With exactly one target, that target's fields are repeated at the top level,
-which is how a one-target document looked before the envelope: scripts written for it keep working.
+`{"schema": "launcher.<command>/<version>", "exit_code": N, "targets": [...], ...}`: the same keys
+for one target and for many. With exactly one target, that target's fields are repeated at the
+top level, which is how a one-target document looked before the envelope: scripts written for it
+keep working.
 Only json and click are imported here; the result models live in launcher.schemas.models.
 """
 

@@ -141,7 +141,8 @@ def watch_command(
       launcher watch --all --webhook https://hooks.slack.com/services/...
       launcher watch -t prod --restart-on-failure --max-restarts 3 --metrics-port 9310
       launcher watch -t staging --for 10m --exec 'notify-send launcher'
-    Exit codes (at --for's end): 0 all healthy, 1 one unhealthy or stopped, 3 unreachable;
+    Exit codes (at --for's end): 1 a run unhealthy, failed, or left stopped after the last
+    restart; else 3 one unreachable; else 0 (a finished run or one a person stopped included).
     SIGTERM ends it with 0, Ctrl-C with 130, bad input with 2.
     """
     from launcher.config import inventory_path

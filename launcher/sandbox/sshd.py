@@ -98,7 +98,7 @@ def stock_home(home: Path) -> Path:
     """A HOME for the sessions holding a Proxmox host's root dotfiles instead of this machine's
     root's: bash sources ~/.bashrc for every command sshd runs (Debian builds it with
     SSH_SOURCE_BASHRC), and a developer machine's may run `pyenv init`, which costs each SSH
-    command ~0.15 s of CPU and puts pyenv's shims before the host's python3."""
+    command about 0.1 s and puts pyenv's shims before the host's python3."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in ("bashrc", "profile"):
         stock = STOCK_DOTFILES / f"dot.{name}"

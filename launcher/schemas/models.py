@@ -1,8 +1,8 @@
 """The result models of every `--json` output: the shipped JSON Schemas are generated from these.
 
 Each command prints one envelope (see launcher/jsonout.py):
-`{"schema": "launcher.<command>/1", "exit_code": N, "targets": [...], ...}`. A target's item is
-the command's own document, or a TargetError when the command could not act on that target.
+`{"schema": "launcher.<command>/<version>", "exit_code": N, "targets": [...], ...}`. A target's
+item is the command's own document, or a TargetError when the command could not act on that target.
 """
 
 from __future__ import annotations
