@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher import apiargs as args
 from launcher.cluster import place
@@ -31,6 +33,10 @@ from launcher.transport.connection import Connection
 from launcher.transport.pool import ConnectionPool
 from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
 from launcher.workflow import Context, Step, StepSink
+
+if TYPE_CHECKING:
+    from launcher.watch.events import Event
+    from launcher.watch.session import WatchResult, WatchSession
 
 LineSink = Callable[[str], None]
 __all__ = ["CHECKPOINT_MODES", "Launcher", "SmokeResult", "StatusResult"]
@@ -52,7 +58,8 @@ class Launcher:
         """
         where = args.path("inventory", inventory)
         self._say: LineSink = args.callback("on_line", on_line) or (lambda line: None)
-        self.inventory: Inventory = load_inventory(inventory_path(where))
+        self._inventory_path = inventory_path(where)
+        self.inventory: Inventory = load_inventory(self._inventory_path)
         self._pool = ConnectionPool()
 
     # -- targets and connections ------------------------------------------------------------
@@ -241,6 +248,70 @@ class Launcher:
         """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
         result: DoctorResult = run(self._context(target), COMMANDS["doctor"].request({}))
         return result
+
+    def watch(
+        self,
+        *targets: str,
+        duration: float | None = None,
+        interval: float | None = None,
+        wait: float | None = None,
+        restart_on_failure: bool = False,
+        max_restarts: int = 3,
+        restart_window: float = 3600.0,
+        restart_backoff: float = 10.0,
+        webhooks: Sequence[str] = (),
+        commands: Sequence[str] = (),
+        metrics_port: int | None = None,
+        metrics_address: str = "127.0.0.1",
+        state: str | os.PathLike[str] | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        started: Callable[[WatchSession], None] | None = None,
+    ) -> WatchResult:
+        """`launcher watch` (names, `a,b` lists and groups as `targets()` takes them): judge
+        the runs until `duration` passes (None: until stopped), each transition to `on_event`,
+        the webhooks and the commands. `started` receives the session once it watches:
+        `session.stop()` ends it from another thread (the result's exit code is then 0).
+        The watch opens its own connections and closes them when it ends.
+        """
+        from launcher.cli import params
+        from launcher.watch.monitor import WatchSettings
+        from launcher.watch.policy import RestartPolicy
+        from launcher.watch.session import WatchRequest, WatchSession
+        from launcher.watch.state import default_state_path
+
+        if isinstance(webhooks, str) or isinstance(commands, str):
+            raise UsageError("webhooks and commands take a list of strings, not one string")
+        for name, values in (("webhooks", webhooks), ("commands", commands)):
+            if not all(isinstance(value, str) for value in values):
+                raise UsageError(f"{name}={list(values)!r}: must be strings")
+        if not isinstance(metrics_address, str):
+            raise UsageError(f"metrics_address={metrics_address!r}: must be an address (a string)")
+        where = args.path("state", state)
+        request = WatchRequest(
+            state_path=Path(where) if where else default_state_path(self._inventory_path),
+            settings=WatchSettings(
+                interval=args.duration("interval", interval, params.INTERVAL),
+                wait=args.duration("wait", wait, params.WAIT),
+                restart=args.flag("restart_on_failure", restart_on_failure),
+                policy=RestartPolicy(
+                    args.count("max_restarts", max_restarts, params.MAX_RESTARTS),
+                    args.seconds("restart_window", restart_window, params.RESTART_WINDOW),
+                    args.seconds("restart_backoff", restart_backoff, params.RESTART_BACKOFF),
+                ),
+            ),
+            duration=args.duration("duration", duration, params.WATCH_FOR),
+            webhooks=tuple(webhooks),
+            commands=tuple(commands),
+            metrics_port=None
+            if metrics_port is None
+            else args.count("metrics_port", metrics_port, params.PORT),
+            metrics_address=metrics_address,
+        )
+        on_event = args.callback("on_event", on_event) or (lambda event: None)
+        started = args.callback("started", started)
+        names = self.targets(*targets)
+        session = WatchSession([self.inventory.target(n) for n in names], request, on_event)
+        return session.run(lambda: started(session) if started else None)
 
     # -- lifetime -------------------------------------------------------------------------
 

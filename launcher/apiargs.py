@@ -40,6 +40,14 @@ def duration(name: str, value: Any, kind: params.Duration) -> float | None:
     return float(_converted(name, value, kind))
 
 
+def seconds(name: str, value: Any, kind: params.Duration) -> float:
+    """Seconds within the CLI's range, for an option with no playbook setting (None refused)."""
+    found = duration(name, value, kind)
+    if found is None:
+        raise UsageError(f"{name}=None: must be a number of seconds")
+    return found
+
+
 def count(name: str, value: Any, kind: params.Count) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{name}={value!r}: must be a whole number")

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.cli.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT
-from launcher.cli.watch import FOR, MAX_RESTARTS
+from launcher.cli.params import GRACE, INTERVAL, LINES, MAX_RESTARTS, SUCCESSES, WAIT, WATCH_FOR
 
 if TYPE_CHECKING:
     from launcher.job import Job, JobNodes
@@ -252,7 +251,7 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
 @click.argument("name")
 @global_options
 @click.option("--interval", type=INTERVAL, metavar="DURATION", help="Between polls (default 10s).")
-@click.option("--for", "duration", type=FOR, metavar="DURATION", help="End after this long.")
+@click.option("--for", "duration", type=WATCH_FOR, metavar="DURATION", help="End after this long.")
 @click.option(
     "--restart-on-failure",
     is_flag=True,

@@ -143,6 +143,12 @@ def wait_lock_option(command: Any) -> Any:
 
 
 INTERVAL = Duration(0.2, HOUR)
+# launcher watch (and launcher job watch)
+WATCH_FOR = Duration(0, 365 * DAY)
+RESTART_WINDOW = Duration(1, 30 * DAY)
+RESTART_BACKOFF = Duration(0, HOUR)
+MAX_RESTARTS = Count(0, 1000)
+PORT = Count(1, 65535)
 WINDOW = Duration(0, WEEK)
 SUCCESSES = Count(1, 1000)
 PARALLEL = Count(1, 256)

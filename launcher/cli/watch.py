@@ -15,18 +15,19 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import DAY, HOUR, INTERVAL, WAIT, Count, Duration
+from launcher.cli.params import (
+    HOUR,
+    INTERVAL,
+    MAX_RESTARTS,
+    PORT,
+    RESTART_BACKOFF,
+    RESTART_WINDOW,
+    WAIT,
+    WATCH_FOR,
+)
 
 if TYPE_CHECKING:
     from launcher.watch.events import Event
-
-FOR = Duration(0, 365 * DAY)
-RESTART_WINDOW = Duration(1, 30 * DAY)
-BACKOFF = Duration(0, HOUR)
-MAX_RESTARTS = Count(0, 1000)
-PORT = Count(1, 65535)
-# What a shutdown gives the notifier to deliver what is due (the rest stays in the outbox).
-DRAIN_SECONDS = 5.0
 
 
 @click.command("watch")
@@ -45,7 +46,11 @@ DRAIN_SECONDS = 5.0
     "(default: playbook verify.wait).",
 )
 @click.option(
-    "--for", "duration", type=FOR, metavar="DURATION", help="End after this long: 90, 10m, 2h."
+    "--for",
+    "duration",
+    type=WATCH_FOR,
+    metavar="DURATION",
+    help="End after this long: 90, 10m, 2h.",
 )
 @click.option(
     "--webhook",
@@ -85,7 +90,7 @@ DRAIN_SECONDS = 5.0
 )
 @click.option(
     "--restart-backoff",
-    type=BACKOFF,
+    type=RESTART_BACKOFF,
     default=10.0,
     metavar="DURATION",
     help="Wait before the first restart in a window, doubled for each further one (default 10s).",
@@ -146,97 +151,41 @@ def watch_command(
     SIGTERM ends it with 0, Ctrl-C with 130, bad input with 2.
     """
     from launcher.config import inventory_path
-    from launcher.errors import ExitCode, UsageError
-    from launcher.fleet import connections_for
-    from launcher.watch.metrics import Metrics
-    from launcher.watch.monitor import Hub, Watcher, WatchSettings
-    from launcher.watch.notify import (
-        Deliver,
-        Notifier,
-        command,
-        parse_exec,
-        parse_webhook,
-        webhook,
-        webhook_name,
-    )
+    from launcher.watch.monitor import WatchSettings
     from launcher.watch.policy import RestartPolicy
-    from launcher.watch.state import WatchState, default_state_path
+    from launcher.watch.session import WatchRequest, WatchSession
+    from launcher.watch.state import default_state_path
 
-    destinations: dict[str, Deliver] = {}
-    for url in webhooks:
-        destinations[webhook_name(parse_webhook(url))] = webhook(url)
-    for text in commands:
-        destinations[f"exec {text}"] = command(parse_exec(text))
-    targets = app.targets()  # a bad inventory exits 2 here, before any connection
-    path = state_file or default_state_path(inventory_path(app.inventory_option))
-    state = WatchState(path).open()
-    notifier = Notifier(destinations, state) if destinations else None
-    metrics = Metrics() if metrics_port else None
-    settings = WatchSettings(
-        interval=interval,
-        wait=wait,
-        restart=restart_on_failure,
-        policy=RestartPolicy(max_restarts, restart_window, restart_backoff),
+    request = WatchRequest(
+        state_path=state_file or default_state_path(inventory_path(app.inventory_option)),
+        settings=WatchSettings(
+            interval=interval,
+            wait=wait,
+            restart=restart_on_failure,
+            policy=RestartPolicy(max_restarts, restart_window, restart_backoff),
+        ),
+        duration=duration,
+        webhooks=webhooks,
+        commands=commands,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
-    say = _printer(as_json)
-    with connections_for(targets) as connection:
-        hub = Hub(state, notifier, metrics, say)
-        watcher = Watcher(targets, settings, hub, connection)
-        terminated = threading.Event()
+    targets = app.targets()  # a bad inventory exits 2 here, before any connection
+    session = WatchSession(targets, request, _printer(as_json))
 
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            terminated.set()
-            watcher.stop()
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        session.stop()
 
-        try:
-            if metrics is not None and metrics_port is not None:
-                try:
-                    metrics.serve(metrics_port, metrics_address)
-                except OSError as exc:
-                    raise UsageError(
-                        f"--metrics-port {metrics_port}: cannot listen on "
-                        f"{metrics_address}:{metrics_port}: {exc.strerror or exc}"
-                    ) from None
-            if notifier is not None:
-                notifier.start()
-            previous = signal.signal(signal.SIGTERM, on_term)
-            names = ", ".join(t.name for t in targets)
-            click.echo(f"watching {names} (state {path})", err=True)
-            try:
-                watcher.run(duration)
-            finally:
-                signal.signal(signal.SIGTERM, previous)
-        finally:
-            watcher.stop()
-            if notifier is not None:
-                notifier.stop(DRAIN_SECONDS)
-            if metrics is not None:
-                metrics.close()
-            state.close()
-    if terminated.is_set():
-        raise SystemExit(int(ExitCode.OK))
-    raise SystemExit(int(_final_code(watcher)))
+    def started() -> None:
+        names = ", ".join(t.name for t in targets)
+        click.echo(f"watching {names} (state {request.state_path})", err=True)
 
-
-def _final_code(watcher: object) -> int:
-    from launcher.errors import ExitCode
-    from launcher.watch.monitor import Watcher
-
-    assert isinstance(watcher, Watcher)
-    records = watcher.statuses().values()
-    # A run left down: unhealthy, failed, stopped by the watcher after its last restart, or one
-    # that went bad during the watch and never came back healthy (a crash loop restarted again
-    # and again, by launcher or by the trainer's own launcher). A finished run (exit 0) and one a
-    # person stopped are not failures.
-    down = ("unhealthy", "failed", "restarting")
-    if any(
-        r.status in down or r.bad or (r.status == "stopped" and r.gave_up_run == r.run)
-        for r in records
-    ):
-        return int(ExitCode.UNHEALTHY)
-    if any(not r.reachable for r in records) or watcher.errors:
-        return int(ExitCode.UNREACHABLE)
-    return int(ExitCode.OK)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = session.run(started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise SystemExit(result.exit_code)
 
 
 def _printer(as_json: bool) -> Callable[[Event], None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,7 @@ def test_documented_examples_run_against_the_sandbox(project: Project) -> None:
     assert result.returncode == 0, result.stderr + result.stdout
     out = result.stdout
     assert "healthy" in out.splitlines()[1]
+    assert "watch ended: prod healthy (exit 0)" in out
     assert "refused:" in out and "exit code 4" in out
     assert "not healthy: True" in out
     assert project.processes(VMID, "train_demo.py") == []  # l.stop() stopped it
@@ -112,3 +115,27 @@ def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Projec
         assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
         assert smoked.deploy.sha256
         api.stop("prod")
+
+
+def test_watch_through_the_api_ends_on_its_duration_or_on_stop(project: Project) -> None:
+    crashing = project.playbook(
+        "apicrash", env={"DEMO_MODE": "crash", "DEMO_CRASH_AFTER": "3"}, verify={"wait": 2}
+    )
+    project.write({"prod": (VMID, crashing)})
+    kinds: list[str] = []
+    with Launcher(project.inventory) as launcher:
+        launcher.deploy("prod", restart=True)
+        crashed = launcher.watch(
+            "prod", duration=12, interval=1, on_event=lambda event: kinds.append(event.kind)
+        )
+        assert crashed.exit_code == ExitCode.UNHEALTHY, crashed.summary
+        assert crashed.statuses["prod"].status == "failed" and not crashed.stopped
+        assert "unhealthy" in kinds
+
+        # No duration: it runs until stop(), here from a timer thread once it watches.
+        began = time.monotonic()
+        stopped = launcher.watch(
+            "prod", started=lambda session: threading.Timer(1.0, session.stop).start()
+        )
+        assert stopped.stopped and stopped.exit_code == ExitCode.OK, stopped.summary
+        assert time.monotonic() - began < 10

@@ -33,8 +33,11 @@ NOT_WORKFLOWS = {
     "inventory": "local: checks the inventory file",
     "job": "a multi-node job: its own phases over every node (jobdeploy, jobverify...)",
     "sandbox": "local: the staging host itself",
-    "watch": "long-running: a loop of status polls and notifications",
+    "watch": "long-running: one WatchSession (launcher.watch.session), which the CLI and "
+    "api.Launcher.watch both run",
 }
+# What opens or hands out connections: the workflows' layers use these, the CLI does not.
+CONNECTION_HANDLING = {"connections_for", "ConnectionPool", "Connection", "SSHConnection", "place"}
 
 
 def test_every_cli_command_is_a_workflow_or_says_why_not() -> None:
@@ -109,6 +112,23 @@ def _loaded_with(name: str) -> set[str]:
                 found = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             todo += [m for m in [*found, *parents] if m in modules]
     return seen
+
+
+def test_the_cli_handles_no_connection() -> None:
+    """Every connection is opened, shared and closed below the CLI (fleet, workflows, the watch
+    session): no module of launcher/cli imports the transport or a connection helper."""
+    found = []
+    for name, path in module_files().items():
+        if not name.startswith("launcher.cli."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {alias.name for alias in node.names}
+                if node.module.startswith("launcher.transport") or names & CONNECTION_HANDLING:
+                    found.append(f"{name}: from {node.module} import {', '.join(sorted(names))}")
+            elif isinstance(node, ast.Import):
+                found += [f"{name}: import {a.name}" for a in node.names if "transport" in a.name]
+    assert found == []
 
 
 def test_naming_a_request_loads_no_workflow() -> None:
