@@ -27,11 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.verify.registry import event_check, reason_rank, warmup_check
 from launcher.verify.results import CheckResult, Failure, Verdict, worst_verdict
 
-__all__ = ["Judgement", "Tally", "counted", "describe_failures", "probe_reason"]
+__all__ = [
+    "Judgement",
+    "Outcome",
+    "Tally",
+    "counted",
+    "describe_failures",
+    "outcome",
+    "probe_reason",
+]
 
 
 def counted(results: Sequence[CheckResult], *, judging: bool) -> list[CheckResult]:
@@ -85,6 +94,22 @@ class Tally:
             passed = worst_verdict(results) is not Verdict.FAIL
             self.passing = self.passing + 1 if passed else 0
         return Judgement(taken, immediate, definite, unhealthy, self.failing, self.passing)
+
+
+Outcome = Literal["unhealthy", "healthy", "window over", "pending"]
+
+
+def outcome(judged: Judgement, *, judging: bool, successes: int, window_over: bool) -> Outcome:
+    """Where one poll leaves a run's judgement (verify's probe, watch): unhealthy at once on
+    what the tally calls unhealthy; healthy after `successes` judged passing polls in a row;
+    `window over` when the window ends first (the caller words why); else pending."""
+    if judged.unhealthy:
+        return "unhealthy"
+    if not judging:
+        return "pending"
+    if judged.passing >= successes:
+        return "healthy"
+    return "window over" if window_over else "pending"
 
 
 def describe_failures(

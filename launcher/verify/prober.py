@@ -24,7 +24,7 @@ from launcher.errors import ContainerError, ExitCode, RemoteError
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample, parse_pane
-from launcher.verify.policy import Tally, probe_reason
+from launcher.verify.policy import Tally, outcome, probe_reason
 from launcher.verify.rules.events import replaced
 
 # Unreachable polls in a row before the probe gives up with exit 3 (a blip is retried).
@@ -170,9 +170,15 @@ class Prober:
         if judged.unhealthy:
             self._finish("unhealthy", ExitCode.UNHEALTHY, self._reason(judged.failures))
         self._emit("judging" if judging else "warmup", poll, now)
-        if judging and self.tally.passing >= self.settings.successes:
-            self._finish("healthy", ExitCode.OK, f"{self.tally.passing} consecutive passing polls")
-        if judging and self.clock() >= self._end:
+        found = outcome(
+            judged,
+            judging=judging,
+            successes=self.settings.successes,
+            window_over=self.clock() >= self._end,
+        )
+        if found == "healthy":
+            self._finish("healthy", ExitCode.OK, f"{judged.passing} consecutive passing polls")
+        if found == "window over":
             self._finish("unhealthy", ExitCode.UNHEALTHY, self._window_reason())
         # Sleep one interval, but never past the end of the warmup or of the window.
         wake = now + self.settings.interval

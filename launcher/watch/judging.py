@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
-from launcher.verify.policy import Judgement, Tally, describe_failures
+from launcher.verify.policy import Judgement, Tally, describe_failures, outcome
 from launcher.verify.prober import ParseFn
 from launcher.verify.samples import Sample
 from launcher.watch.events import LAST_LINES
@@ -144,19 +144,27 @@ class RunJudge:
         judging: bool,
         now: float,
     ) -> tuple[str, str]:
-        if judged.unhealthy:
+        # The window counts only until the run is first healthy (after that, a watch judges for
+        # as long as the run lasts), and not while the run passes, on its way to healthy.
+        end = self.started + self.settings.wait + self.settings.window
+        found = outcome(
+            judged,
+            judging=judging,
+            successes=self.settings.successes,
+            window_over=not self.ever_healthy and now >= end and not judged.passing,
+        )
+        failing = [r for r in results if r.verdict is Verdict.FAIL]
+        if found == "unhealthy":
             return "unhealthy", reason_of(judged.failures)
+        if found == "healthy":
+            self.ever_healthy = True
+            return "healthy", f"{judged.passing} passing polls in a row"
+        if found == "window over":
+            return "unhealthy", "not healthy within the window: " + reason_of(failing)
         if not judging:
             return "pending", "warmup"
         if judged.passing:
-            if judged.passing >= self.settings.successes:
-                self.ever_healthy = True
-                return "healthy", f"{judged.passing} passing polls in a row"
             return "pending", f"{judged.passing} of {self.settings.successes} passing polls"
-        failing = [r for r in results if r.verdict is Verdict.FAIL]
-        end = self.started + self.settings.wait + self.settings.window
-        if not self.ever_healthy and now >= end:
-            return "unhealthy", "not healthy within the window: " + reason_of(failing)
         return "pending", reason_of(failing)
 
     def _numbers_from(self, samples: Sequence[Sample], now: float, obs: Observation) -> None:

@@ -7,7 +7,14 @@ import pytest
 from launcher.verify import registry
 from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll
 from launcher.verify.parse import parse_pane
-from launcher.verify.policy import Tally, counted, describe_failures, probe_reason
+from launcher.verify.policy import (
+    Judgement,
+    Tally,
+    counted,
+    describe_failures,
+    outcome,
+    probe_reason,
+)
 from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.verify.rules.base import UNRANKED, Check, check
 
@@ -123,3 +130,26 @@ def test_a_reason_names_the_most_telling_failure_first() -> None:
     no_lines = [result("samples", Verdict.FAIL, Failure.PENDING), result("step", Verdict.FAIL)]
     no_lines.append(result("throughput", Verdict.FAIL, Failure.PENDING))
     assert probe_reason(no_lines, {}) == "samples observed; step observed"
+
+
+def judgement(*, unhealthy: bool = False, passing: int = 0) -> Judgement:
+    return Judgement([], [], [], unhealthy, 0, passing)
+
+
+@pytest.mark.parametrize(
+    ("judged", "judging", "window_over", "expected"),
+    [
+        (judgement(unhealthy=True), False, False, "unhealthy"),  # a crash counts in the warmup
+        (judgement(unhealthy=True, passing=5), True, True, "unhealthy"),
+        (judgement(passing=5), False, True, "pending"),  # the warmup judges nothing else
+        (judgement(passing=3), True, False, "healthy"),
+        (judgement(passing=3), True, True, "healthy"),  # the last poll of the window passes
+        (judgement(passing=2), True, False, "pending"),
+        (judgement(passing=2), True, True, "window over"),
+        (judgement(), True, True, "window over"),
+    ],
+)
+def test_one_outcome_rule_for_verify_and_watch(
+    judged: Judgement, judging: bool, window_over: bool, expected: str
+) -> None:
+    assert outcome(judged, judging=judging, successes=3, window_over=window_over) == expected
