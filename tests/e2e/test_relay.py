@@ -155,7 +155,10 @@ def test_a_relay_killed_on_the_host_fails_its_calls_and_the_next_starts_anew(
 
     thread = threading.Thread(target=long)
     thread.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 10  # the command is running on the host, through the relay
+    while "sleep 49.5" not in host_processes(direct) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "sleep 49.5" in host_processes(direct)
     # This relay only (the one running the sleep), not every relay on the machine: another
     # sandbox's tests may be using theirs.
     assert direct.run(KILL_RELAY_OF.format(pattern="[s]leep 49[.]5"), timeout=10).ok

@@ -19,6 +19,7 @@ from launcher.transport import ssh
 from launcher.transport.connection import Connection
 from launcher.transport.resolve import resolve_endpoint
 from launcher.transport.runner import STATS
+from tests.e2e.project import local_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -260,10 +261,19 @@ def test_waiting_for_a_session_counts_against_the_command_deadline(
     sandbox: tuple[Sandbox, SandboxInfo],
 ) -> None:
     with connect(sandbox[1], max_sessions=1) as conn:
-        holder = threading.Thread(target=lambda: conn.run("sleep 3", timeout=30))
+        holder = threading.Thread(target=lambda: conn.run("sleep 3.25", timeout=30))
         holder.start()
-        time.sleep(0.5)  # the one session is taken (its command runs for 3 s)
+        # The one session is taken: its command runs (for 3.25 s) on the host, this machine.
+        deadline = time.monotonic() + 10
+        while not running(b"sleep\x003.25\x00") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running(b"sleep\x003.25\x00")
         with pytest.raises(CommandTimeout, match="no free SSH session within 1 s"):
             conn.run("true", timeout=1)
         holder.join()
         assert conn.run("true", timeout=5).exit_code == 0  # the slot came back
+
+
+def running(cmdline: bytes) -> bool:
+    """Whether a process on this machine (the sandbox's host) has this exact command line."""
+    return any(found == cmdline for _, found, _ in local_processes())
