@@ -6,6 +6,12 @@ workers log on rank 0), so it is polled for what it can show: its session is the
 process alive, and it runs the same run as the status rank (one deploy of the job). A node that
 fails ends the probe at once: one dead rank stalls every other, so the job is unhealthy, and the
 report names the node.
+
+A node whose run exited 0 has finished, which is how every node of a job ends: it is never a
+failure by itself, and a finished job is not restarted. The status rank's verdict judges the
+job then (one that hangs in its next collective shows as a stall there). Only the startup
+probe asks more: a node that finished while the status rank's run goes on and is judged
+healthy makes the job unhealthy, since the other ranks cannot complete a collective without it.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from launcher.fleet import FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
 from launcher.requests import ProbeOverrides
+from launcher.verify.lifecycle import State, ended
 from launcher.verify.pane import PaneState
 from launcher.verify.poll import poll_once
+from launcher.verify.prober import ProbeResult
 from launcher.verify.workflows import (
     probe_summary,
     run_probe,
@@ -64,8 +72,16 @@ def liveness_problem(
     return None
 
 
+def has_finished(state: PaneState) -> bool:
+    """The node's run exited 0 (tmux's dead status or the runner's exit file)."""
+    return ended(state) is State.FINISHED
+
+
+FINISHED_DETAIL = "finished (exit 0)"
+
+
 @dataclass
-class _Watch:
+class NodeWatch:
     """One non-status node's watch: its first run marker and the first problem seen."""
 
     target: Target
@@ -74,6 +90,7 @@ class _Watch:
     problem: str | None = None
     error: LauncherError | None = None
     polls: int = 0
+    finished: bool = False  # its run exited 0 (no problem in itself; see the module)
 
 
 def poll_node(
@@ -85,7 +102,7 @@ def poll_node(
     return state, liveness_problem(state, expected or state.run, spec.restart_patterns)
 
 
-def _poll_node(watch: _Watch, conn: HostConnection, expected: str | None) -> None:
+def _poll_node(watch: NodeWatch, conn: HostConnection, expected: str | None) -> None:
     try:
         state, problem = poll_node(watch.target, conn, expected or watch.run)
     except LauncherError as error:
@@ -94,7 +111,8 @@ def _poll_node(watch: _Watch, conn: HostConnection, expected: str | None) -> Non
     watch.polls += 1
     if watch.run is None:
         watch.run = state.run
-    watch.problem = problem
+    watch.finished = has_finished(state)
+    watch.problem = None if watch.finished else problem
 
 
 def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -> JobResult:
@@ -105,16 +123,21 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
     interval = settings_for(status_target, overrides).interval
     cancel = threading.Event()
     done = threading.Event()
-    watches = [_Watch(target, rank) for rank, target in enumerate(nodes.targets) if rank != rank0]
+    watches = [
+        NodeWatch(target, rank) for rank, target in enumerate(nodes.targets) if rank != rank0
+    ]
     probe_run: list[str | None] = [None]
 
-    def watch_node(watch: _Watch) -> None:
+    def watch_node(watch: NodeWatch) -> None:
         conn = nodes.conn(watch.target)
         while True:
             _poll_node(watch, conn, probe_run[0])
             if watch.problem or watch.error:
                 say(watch.target.name, f"rank {watch.rank}: {watch.problem or watch.error}")
                 cancel.set()  # one dead rank stalls the others: the job's verdict is known
+                return
+            if watch.finished:  # the status rank's verdict says whether the job finished
+                say(watch.target.name, f"rank {watch.rank}: {FINISHED_DETAIL}")
                 return
             if done.wait(interval):
                 _poll_node(watch, conn, probe_run[0])  # the verdict covers the end
@@ -145,7 +168,7 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
     result = JobResult(job.name, "verify", "", run_id=run_id(probe.run if probe else None))
     status = NodeState(rank0, status_target.name, status_target.label, "", "")
     if probe is not None:
-        status.state = probe.verdict
+        status.state = "finished" if probe.state is State.FINISHED else probe.verdict
         status.detail = probe_summary(probe)
         status.exit_code = probe.exit_code
     elif probe_error is not None:
@@ -155,24 +178,39 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
         # Not judged to the end: never healthy, whatever it showed so far.
         status.state, status.detail = "cut short", "probe ended: another node failed"
         status.exit_code = ExitCode.UNHEALTHY
-    states = [status]
     expected = probe.run if probe else None
-    for watch in watches:
-        node = NodeState(watch.rank, watch.target.name, watch.target.label, "alive", "")
-        if watch.error is not None:
-            node.state, node.detail = "unreachable", watch.error.message
-            node.exit_code = watch.error.exit_code
-        elif watch.problem is None and expected and watch.run != expected:
-            watch.problem = liveness_problem_run(watch.run, expected)
-        if watch.problem is not None:
-            node.state, node.detail = problem_state(watch.problem), watch.problem
-            node.exit_code = ExitCode.UNHEALTHY
-        elif not node.detail:
-            node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
-        states.append(node)
+    states = [status, *(node_verdict(w, expected, probe, rank0) for w in watches)]
     result.nodes = sorted(states, key=lambda n: n.rank)
     result.summary = job_summary(result)
     return result
+
+
+def node_verdict(
+    watch: NodeWatch, expected: str | None, probe: ProbeResult | None, rank0: int
+) -> NodeState:
+    """Where the startup probe leaves a node without status lines (see the module): alive
+    through the end in the status rank's run, finished, or why not."""
+    node = NodeState(watch.rank, watch.target.name, watch.target.label, "alive", "")
+    if watch.error is not None:
+        node.state, node.detail = "unreachable", watch.error.message
+        node.exit_code = watch.error.exit_code
+        return node
+    problem = watch.problem
+    # A run whose session is gone may show no marker: a finished node is judged by its exit.
+    marked = watch.run is not None or not watch.finished
+    if problem is None and expected and marked and watch.run != expected:
+        problem = liveness_problem_run(watch.run, expected)
+    if problem is not None:
+        node.state, node.detail = problem_state(problem), problem
+        node.exit_code = ExitCode.UNHEALTHY
+    elif watch.finished:
+        node.state, node.detail = "finished", FINISHED_DETAIL
+        if probe is not None and probe.state is not State.FINISHED and not probe.exit_code:
+            node.detail += f" while rank {rank0}'s run goes on"
+            node.exit_code = ExitCode.UNHEALTHY
+    else:
+        node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
+    return node
 
 
 def problem_state(problem: str) -> str:
@@ -194,6 +232,8 @@ def liveness_problem_run(run: str | None, expected: str) -> str:
 def job_summary(result: JobResult) -> str:
     """`healthy`, or `unhealthy: <node> (rank N): <why>` for the first failing node."""
     bad = [n for n in result.nodes if n.exit_code]
+    if not bad and result.nodes and all(n.state == "finished" for n in result.nodes):
+        return f"finished: {len(result.nodes)} node(s) in run {result.run_id}"
     if not bad:
         return f"healthy: {len(result.nodes)} node(s) in run {result.run_id}"
     # A dead or unreachable node is the cause; the status rank's cut-short probe is its effect.
@@ -229,7 +269,13 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
         elif isinstance(entry.value, Outcome):
             node.exit_code = entry.value.exit_code
             node.state = "healthy" if not node.exit_code else "unhealthy"
+            probe = entry.value.data.get("probe")
+            if getattr(probe, "state", None) is State.FINISHED:
+                node.state = "finished"
             node.detail = entry.value.summary
+        elif isinstance(entry.value, PaneState) and has_finished(entry.value):
+            node.state = "finished"
+            node.detail = f"{FINISHED_DETAIL}, run {run_id(entry.value.run)}"
         elif isinstance(entry.value, PaneState):
             patterns = target.playbook.spec.verify.restart_patterns
             problem = liveness_problem(entry.value, expected, patterns)

@@ -69,6 +69,7 @@ def watch_job(
     result = JobWatchResult(job.name)
     end = None if options.duration is None else clock() + options.duration
     healthy: bool | None = None
+    shown = ""  # the verdict word last reported: healthy, finished, unhealthy, unreachable
     failing = 0
 
     def note(text: str) -> None:
@@ -80,9 +81,10 @@ def watch_job(
         polled = status_job(job, nodes)
         ok = polled.exit_code == ExitCode.OK
         result.exit_code = polled.exit_code
-        if ok != healthy:
+        word = polled.summary.partition(":")[0]
+        if ok != healthy or word != shown:  # a change, e.g. healthy -> finished
             note(polled.summary)
-            healthy = ok
+            healthy, shown = ok, word
         if stop.is_set():
             break  # no restart begins after SIGTERM
         failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
@@ -98,7 +100,7 @@ def watch_job(
                 if not _restart(job, nodes, say, note):
                     result.exit_code = ExitCode.UNREACHABLE
                     return result
-                healthy, failing = True, 0
+                healthy, shown, failing = True, "healthy", 0
                 continue
         pause(options.interval)
     if stop.is_set():

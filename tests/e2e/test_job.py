@@ -68,8 +68,14 @@ def job_project(net_sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Ite
         sb.ct_exec(vmid, ["sh", "-c", LEFTOVERS])
 
 
-def write_job(project: Project, *, host: dict[str, Any] | None = None, **job: Any) -> Path:
-    book = project.playbook("jobdemo", command=ECHO_ENV, gpus=2)
+def write_job(
+    project: Project,
+    *,
+    host: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    **job: Any,
+) -> Path:
+    book = project.playbook("jobdemo", command=ECHO_ENV, gpus=2, env=env or {})
     project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)}, host=host)
     inventory = yaml.safe_load(project.inventory.read_text())
     inventory["jobs"] = {
@@ -415,6 +421,27 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
     assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
+
+def test_a_job_that_finishes_is_finished_and_never_restarted(job_project: Project) -> None:
+    """Both nodes train a few steps and exit 0, as a job ends: `job watch
+    --restart-on-failure` reports it finished and redeploys nothing; `job status` says
+    finished, exit 0."""
+    project = job_project
+    write_job(project, env={"DEMO_STEPS": "12"})
+    code, deployed, stderr = job_json(project, "deploy", "--restart", "train")
+    assert code == 0, stderr
+    watch = ("job", "watch", "train", "--interval", "1", "--for", "25", "--restart-on-failure")
+    watched = project.launcher(*watch, timeout=90)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert "job train: finished: 2 node(s)" in watched.stdout, watched.stdout
+    assert "restarting" not in watched.stdout and "unhealthy" not in watched.stdout
+    code, statuses, _ = job_json(project, "status", "train")
+    status = statuses[0]
+    assert code == 0 and status["summary"].startswith("finished: 2 node(s)"), status
+    assert [node["state"] for node in status["nodes"]] == ["finished", "finished"]
+    history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
+    assert [run["run_id"] for run in history["runs"]] == [deployed["run_id"]]  # no restart
 
 
 def write_versioned_job(project: Project, version: str) -> str:

@@ -8,16 +8,28 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from launcher.config import load_inventory
 from launcher.errors import ConfigError, ExitCode
-from launcher.job import Rendezvous, choose_address, load_job, with_env
+from launcher.fleet import Outcome
+from launcher.job import NodeResult, Rendezvous, choose_address, load_job, with_env
 from launcher.jobdeploy import JobResult, NodeState
-from launcher.jobverify import job_summary, liveness_problem, run_id
+from launcher.jobverify import (
+    NodeWatch,
+    has_finished,
+    job_summary,
+    liveness_problem,
+    node_verdict,
+    run_id,
+    status_job,
+)
 from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
 from launcher.verify.checks import PaneState
+from launcher.verify.lifecycle import State, status_exit
 from tests.unit.projectfiles import write_project
 
 JOB = """\
@@ -201,3 +213,121 @@ def test_the_sigterm_handler_is_put_back() -> None:
         assert stop.wait(5)
     assert signal.getsignal(signal.SIGTERM) == before
     assert isinstance(stop, threading.Event)
+
+
+class PolledNodes:
+    """The job's nodes for `status_job`, each polled in this thread (a connection is never
+    used: the status rank's poll and the others' are faked below)."""
+
+    def __init__(self, targets: list[Any]) -> None:
+        self.targets = targets
+
+    def each(self, work: Any) -> list[NodeResult[Any]]:
+        return [NodeResult(r, t, value=work(r, t, None)) for r, t in enumerate(self.targets)]
+
+
+def polled_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank0: State, node1: PaneState
+) -> tuple[Any, PolledNodes]:
+    """A two-node job whose status rank is in state `rank0` and whose rank 1 shows `node1`."""
+    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
+    code = status_exit(rank0)
+    probe = SimpleNamespace(state=rank0, run="train:R1")
+
+    def status_work(ctx: Any) -> Outcome:
+        return Outcome(ctx.target.name, code, f"{rank0.value}: step 9", {"probe": probe})
+
+    monkeypatch.setattr("launcher.jobverify.status_work", status_work)
+    monkeypatch.setattr("launcher.jobverify.container_for", lambda target, conn: None)
+    monkeypatch.setattr("launcher.jobverify.poll_once", lambda *args: (node1, None))
+    return job, PolledNodes(list(job.nodes))
+
+
+FINISHED_NODE = state(pane_dead=True, dead_status=0)
+
+
+def test_a_finished_job_is_finished_not_a_dead_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, nodes = polled_job(tmp_path, monkeypatch, State.FINISHED, FINISHED_NODE)
+    result = status_job(job, nodes)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.OK
+    assert result.summary == "finished: 2 node(s) in run R1"
+    assert [n.state for n in result.nodes] == ["finished", "finished"]
+    # With its session gone too (remain-on-exit off), the exit file still says 0.
+    assert has_finished(state(session_exists=False, exit_code=0))
+    assert not has_finished(state(pane_dead=True, dead_status=1))
+    assert not has_finished(state())
+
+
+def test_a_node_that_finished_while_the_status_rank_runs_is_judged_by_the_status_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, nodes = polled_job(tmp_path, monkeypatch, State.HEALTHY, FINISHED_NODE)
+    result = status_job(job, nodes)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.OK and result.summary.startswith("healthy")
+    assert result.nodes[1].state == "finished"
+
+    job, nodes = polled_job(tmp_path, monkeypatch, State.UNHEALTHY, FINISHED_NODE)
+    assert status_job(job, nodes).exit_code == ExitCode.UNHEALTHY  # type: ignore[arg-type]
+
+    failed = state(pane_dead=True, dead_status=1)
+    job, nodes = polled_job(tmp_path, monkeypatch, State.HEALTHY, failed)
+    result = status_job(job, nodes)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.UNHEALTHY and result.nodes[1].state == "dead"
+
+
+def test_a_job_watch_does_not_restart_a_finished_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, nodes = polled_job(tmp_path, monkeypatch, State.FINISHED, FINISHED_NODE)
+
+    def no_restart(*args: object, **kwargs: object) -> JobResult:
+        raise AssertionError("a finished job was redeployed")
+
+    monkeypatch.setattr("launcher.jobwatch.deploy_job", no_restart)
+    ticks = iter(range(100))
+    lines: list[str] = []
+    options = JobWatchOptions(interval=1, duration=5, restart_on_failure=True, failures=1)
+    result = watch_job(
+        job, nodes, options, say=print, event=lines.append,  # type: ignore[arg-type]
+        clock=lambda: float(next(ticks)), sleep=lambda seconds: None,
+    )  # fmt: skip
+    assert (result.exit_code, result.restarts) == (ExitCode.OK, 0)
+    assert len(lines) == 1 and lines[0].endswith("job train: finished: 2 node(s) in run R1")
+
+
+def watched(**fields: Any) -> Any:
+    target = SimpleNamespace(name="n1", label="n1 (pve CT 301)")
+    return NodeWatch(target, 1, **{"run": "train:R1", "polls": 3, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("watch", "probe_state", "probe_code", "state", "code"),
+    [
+        (watched(), State.HEALTHY, ExitCode.OK, "alive", ExitCode.OK),
+        (watched(finished=True), State.FINISHED, ExitCode.OK, "finished", ExitCode.OK),
+        # Finished while the status rank's run goes on and is judged healthy: rank 0's next
+        # collective cannot complete, so the startup probe does not call the job healthy.
+        (watched(finished=True), State.HEALTHY, ExitCode.OK, "finished", ExitCode.UNHEALTHY),
+        # The status rank is unhealthy anyway: it is the cause, this node only finished.
+        (watched(finished=True), State.UNHEALTHY, ExitCode.UNHEALTHY, "finished", ExitCode.OK),
+        # Its session gone, no marker left: judged by its exit, not called another run.
+        (watched(finished=True, run=None), State.FINISHED, ExitCode.OK, "finished", ExitCode.OK),
+        (watched(run=None), State.HEALTHY, ExitCode.OK, "other run", ExitCode.UNHEALTHY),
+        (watched(run="train:R0"), State.HEALTHY, ExitCode.OK, "other run", ExitCode.UNHEALTHY),
+        (
+            watched(problem="the run exited (status 1)"),
+            State.HEALTHY,
+            ExitCode.OK,
+            "dead",
+            ExitCode.UNHEALTHY,
+        ),
+    ],
+)
+def test_where_the_startup_probe_leaves_a_node(
+    watch: Any, probe_state: State, probe_code: ExitCode, state: str, code: ExitCode
+) -> None:
+    probe = SimpleNamespace(state=probe_state, exit_code=probe_code, run="train:R1")
+    node = node_verdict(watch, "train:R1", probe, 0)  # type: ignore[arg-type]
+    assert (node.state, node.exit_code) == (state, code), node
