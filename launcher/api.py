@@ -35,6 +35,7 @@ from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
 from launcher.workflow import Context, Step, StepSink
 
 if TYPE_CHECKING:
+    from launcher.apijobs import Jobs
     from launcher.watch.events import Event
     from launcher.watch.session import WatchResult, WatchSession
 
@@ -312,6 +313,15 @@ class Launcher:
         names = self.targets(*targets)
         session = WatchSession([self.inventory.target(n) for n in names], request, on_event)
         return session.run(lambda: started(session) if started else None)
+
+    @property
+    def jobs(self) -> Jobs:
+        """The inventory's multi-node jobs (`launcher job`): `l.jobs.deploy("train",
+        restart=True)`, `verify`, `status`, `stop`, `history`, `rollback`, `logs`, `watch`
+        (launcher.apijobs). Progress lines go to `on_line` as `[node] line`."""
+        from launcher.apijobs import Jobs
+
+        return Jobs(self.inventory, lambda node, line: self._say(f"[{node}] {line}"))
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from launcher.cli.context import AppContext, global_options, pass_app
 from launcher.cli.params import GRACE, INTERVAL, LINES, MAX_RESTARTS, SUCCESSES, WAIT, WATCH_FOR
 
 if TYPE_CHECKING:
-    from launcher.job import Job, JobNodes
     from launcher.jobdeploy import JobResult
 
 
@@ -43,12 +42,6 @@ def _say(app: AppContext) -> Callable[[str, str], None]:
             click.echo(f"[{node}] {sanitize(line, keep_sgr=False)}", err=True)
 
     return say
-
-
-def _run(app: AppContext, name: str, action: Callable[[Job, JobNodes], JobResult]) -> JobResult:
-    from launcher.job import load_job, on_job
-
-    return on_job(load_job(app.inventory(), name), action)
 
 
 def _render(result: JobResult, as_json: bool) -> None:
@@ -105,9 +98,9 @@ def deploy_command(
     Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (lock held, run active, GPUs busy): the worst node's.
     """
+    from launcher import jobcommands
     from launcher.deploy import DeployOptions
     from launcher.errors import UsageError
-    from launcher.jobdeploy import deploy_job
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
@@ -118,7 +111,7 @@ def deploy_command(
         grace=grace,
         kill_gpu_holders=kill_gpu_holders,
     )
-    result = _run(app, name, lambda j, nodes: deploy_job(j, nodes, options, _say(app)))
+    result = jobcommands.deploy(app.inventory(), name, options, _say(app))
     _render(result, as_json)
     sys.exit(int(result.exit_code))
 
@@ -150,11 +143,11 @@ def verify_command(
       launcher job verify --wait 3m train
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 a node unreachable.
     """
-    from launcher.jobverify import verify_job
+    from launcher import jobcommands
     from launcher.requests import ProbeOverrides
 
     overrides = ProbeOverrides(wait=wait, interval=interval, successes=successes)
-    result = _run(app, name, lambda j, nodes: verify_job(j, nodes, overrides, _say(app)))
+    result = jobcommands.verify(app.inventory(), name, overrides, _say(app))
     _render(result, as_json)
     sys.exit(int(result.exit_code))
 
@@ -172,14 +165,10 @@ def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> No
       launcher job status train
     Exit codes: 0 every job healthy, 1 a job unhealthy, 2 bad input, 3 a node unreachable.
     """
-    from launcher.errors import UsageError
+    from launcher import jobcommands
     from launcher.fleet import worst
-    from launcher.jobverify import status_job
 
-    chosen = list(names) or list(app.inventory().spec.jobs)
-    if not chosen:
-        raise UsageError(f"{app.inventory().path}: no jobs", hint="a job is defined under `jobs:`")
-    results = [_run(app, name, status_job) for name in chosen]
+    results = jobcommands.status(app.inventory(), names)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:
@@ -203,9 +192,9 @@ def stop_command(app: AppContext, name: str, grace: float | None, as_json: bool)
     Exit codes: 0 stopped everywhere (or nothing to stop), 2 bad input, 3 a node unreachable
     or not stopped completely, 4 refused (lock held).
     """
-    from launcher.jobdeploy import stop_job
+    from launcher import jobcommands
 
-    result = _run(app, name, lambda j, nodes: stop_job(j, nodes, grace, _say(app)))
+    result = jobcommands.stop(app.inventory(), name, grace, _say(app))
     _render(result, as_json)
     sys.exit(int(result.exit_code))
 
@@ -227,12 +216,10 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
       launcher job history --limit 5 train
     Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.job import load_job, on_job
-    from launcher.jobhistory import job_history
+    from launcher import jobcommands
     from launcher.termsafe import sanitize
 
-    loaded = load_job(app.inventory(), name)
-    result = on_job(loaded, lambda job, nodes: job_history(job, nodes, limit=limit))
+    result = jobcommands.history(app.inventory(), name, limit)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -282,11 +269,11 @@ def watch_command(
     Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
     3 a node unreachable or a restart failed; SIGTERM ends it with 0, Ctrl-C with 130.
     """
-    from launcher.job import load_job, on_job
-    from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
+    from launcher import jobcommands
+    from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm
     from launcher.termsafe import sanitize
 
-    loaded = load_job(app.inventory(), name)
+    inventory = app.inventory()
     options = JobWatchOptions(
         interval=interval if interval is not None else 10.0,
         duration=duration,
@@ -298,12 +285,7 @@ def watch_command(
         click.echo(sanitize(line, keep_sgr=False))
 
     with terminated_by_sigterm() as stop:
-        result = on_job(
-            loaded,
-            lambda job, nodes: watch_job(
-                job, nodes, options, say=_say(app), event=event, stop=stop
-            ),
-        )
+        result = jobcommands.watch(inventory, name, options, say=_say(app), event=event, stop=stop)
     sys.exit(int(result.exit_code))
 
 
@@ -340,20 +322,16 @@ def rollback_command(
     Exit codes: 0 rolled back (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (no previous version, lock held, run active): the worst node's.
     """
-    from launcher.jobrollback import rollback_job
+    from launcher import jobcommands
 
-    result = _run(
-        app,
+    result = jobcommands.rollback(
+        app.inventory(),
         name,
-        lambda j, nodes: rollback_job(
-            j,
-            nodes,
-            _say(app),
-            restart=restart,
-            dry_run=dry_run,
-            keep_checkpoints=keep,
-            grace=grace,
-        ),
+        _say(app),
+        restart=restart,
+        dry_run=dry_run,
+        keep_checkpoints=keep,
+        grace=grace,
     )
     _render(result, as_json)
     sys.exit(int(result.exit_code))
@@ -391,20 +369,16 @@ def logs_command(
     Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
     2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.job import load_job, on_job
-    from launcher.joblogs import job_logs
+    from launcher import jobcommands
     from launcher.termsafe import sanitize
 
-    loaded = load_job(app.inventory(), name)
+    inventory = app.inventory()
 
     def show(node_name: str, line: str) -> None:
         # The line is sanitised already (operate.logs); the node's name comes from the inventory.
         click.echo(f"[{node_name}] {line}")
 
-    result = on_job(
-        loaded,
-        lambda job, nodes: job_logs(job, nodes, show, node=node, tail=tail, raw=raw, follow=follow),
-    )
+    result = jobcommands.logs(inventory, name, show, node=node, tail=tail, raw=raw, follow=follow)
     for outcome in result.nodes:
         if outcome.exit_code or follow:
             click.echo(sanitize(f"[{outcome.node}] {outcome.summary}", keep_sgr=False), err=True)

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher import Launcher
+from launcher.errors import ExitCode
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.network import address
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
@@ -442,6 +444,31 @@ def test_a_job_that_finishes_is_finished_and_never_restarted(job_project: Projec
     assert [node["state"] for node in status["nodes"]] == ["finished", "finished"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
     assert history["runs"][0]["run_id"] == deployed["run_id"]  # the newest: no restart since
+
+
+def test_the_python_api_runs_a_job_as_the_cli_does(job_project: Project) -> None:
+    """`Launcher.jobs`: deploy, verify, status, history, logs and stop of the two-node job,
+    through the functions `launcher job` calls."""
+    project = job_project
+    write_job(project)
+    progress: list[str] = []
+    with Launcher(project.inventory, on_line=progress.append) as launcher:
+        deployed = launcher.jobs.deploy("train", restart=True)
+        assert deployed.exit_code == ExitCode.OK, deployed.summary
+        verified = launcher.jobs.verify("train", wait=20)
+        assert verified.exit_code == ExitCode.OK, verified.summary
+        assert verified.summary == f"healthy: 2 node(s) in run {deployed.run_id}"
+        [status] = launcher.jobs.status("train")
+        assert status.exit_code == ExitCode.OK and status.run_id == deployed.run_id
+        assert launcher.jobs.history("train", limit=1).runs[0].run_id == deployed.run_id
+        shown: list[tuple[str, str]] = []
+        logs = launcher.jobs.logs("train", tail=5, on_line=lambda n, line: shown.append((n, line)))
+        assert logs.exit_code == ExitCode.OK and {n for n, _ in shown} == {"n0", "n1"}
+        stopped = launcher.jobs.stop("train")
+        assert stopped.exit_code == ExitCode.OK, stopped.summary
+    assert any(line.startswith("[n1] ") for line in progress), progress
+    for vmid in NODES:
+        assert project.processes(vmid, "train_demo.py") == []
 
 
 def write_versioned_job(project: Project, version: str) -> str:

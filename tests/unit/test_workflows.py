@@ -31,7 +31,8 @@ NOT_WORKFLOWS = {
     "completion": "local: prints a shell's completion script",
     "disconnect": "local: ends persisted connections, no target",
     "inventory": "local: checks the inventory file",
-    "job": "a multi-node job: its own phases over every node (jobdeploy, jobverify...)",
+    "job": "a multi-node job: its own phases over every node, one function each in "
+    "launcher.jobcommands, which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
     "watch": "long-running: one WatchSession (launcher.watch.session), which the CLI and "
     "api.Launcher.watch both run",

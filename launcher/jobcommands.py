@@ -1,0 +1,108 @@
+"""Each `launcher job` command as one function of an inventory: the job loaded, its nodes'
+connections opened for the phase and closed after (`job.on_job`), the phase run. The CLI
+(`cli/job.py`) and the Python API (`Launcher.jobs`) both call these, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from launcher.config import Inventory
+from launcher.deploy import DeployOptions
+from launcher.errors import UsageError
+from launcher.job import load_job, on_job
+from launcher.jobdeploy import JobResult, Say, deploy_job, stop_job
+from launcher.jobhistory import JobHistory, job_history
+from launcher.joblogs import JobLogs, NodeLine, job_logs
+from launcher.jobrollback import rollback_job
+from launcher.jobverify import status_job, verify_job
+from launcher.jobwatch import JobWatchOptions, JobWatchResult, watch_job
+from launcher.requests import ProbeOverrides
+
+
+def deploy(inventory: Inventory, name: str, options: DeployOptions, say: Say) -> JobResult:
+    """Every node's checks, then every old run stopped (`restart`), then every node launched."""
+    return on_job(load_job(inventory, name), lambda j, nodes: deploy_job(j, nodes, options, say))
+
+
+def verify(inventory: Inventory, name: str, overrides: ProbeOverrides, say: Say) -> JobResult:
+    """The job's startup probe: the status rank's, every other node alive throughout."""
+    return on_job(load_job(inventory, name), lambda j, nodes: verify_job(j, nodes, overrides, say))
+
+
+def status(inventory: Inventory, names: Sequence[str] = ()) -> list[JobResult]:
+    """One poll of each named job (none named: every job of the inventory)."""
+    chosen = list(names) or list(inventory.spec.jobs)
+    if not chosen:
+        raise UsageError(f"{inventory.path}: no jobs", hint="a job is defined under `jobs:`")
+    return [on_job(load_job(inventory, name), status_job) for name in chosen]
+
+
+def stop(inventory: Inventory, name: str, grace: float | None, say: Say) -> JobResult:
+    """Every node's run stopped at once."""
+    return on_job(load_job(inventory, name), lambda j, nodes: stop_job(j, nodes, grace, say))
+
+
+def history(inventory: Inventory, name: str, limit: int = 0) -> JobHistory:
+    """The job's deploys from every node's own records, newest first."""
+    return on_job(load_job(inventory, name), lambda j, nodes: job_history(j, nodes, limit=limit))
+
+
+def rollback(
+    inventory: Inventory,
+    name: str,
+    say: Say,
+    *,
+    restart: bool = False,
+    dry_run: bool = False,
+    keep_checkpoints: bool = False,
+    grace: float | None = None,
+) -> JobResult:
+    """Every node back to its previous version, all or none."""
+    return on_job(
+        load_job(inventory, name),
+        lambda j, nodes: rollback_job(
+            j,
+            nodes,
+            say,
+            restart=restart,
+            dry_run=dry_run,
+            keep_checkpoints=keep_checkpoints,
+            grace=grace,
+        ),
+    )
+
+
+def logs(
+    inventory: Inventory,
+    name: str,
+    on_line: NodeLine,
+    *,
+    node: str | None = None,
+    tail: int = 50,
+    raw: bool = False,
+    follow: bool = False,
+) -> JobLogs:
+    """Every chosen node's last lines to `on_line`, then with `follow` their new ones."""
+    return on_job(
+        load_job(inventory, name),
+        lambda j, nodes: job_logs(j, nodes, on_line, node=node, tail=tail, raw=raw, follow=follow),
+    )
+
+
+def watch(
+    inventory: Inventory,
+    name: str,
+    options: JobWatchOptions,
+    *,
+    say: Say,
+    event: Callable[[str], None],
+    stop: threading.Event | None = None,
+) -> JobWatchResult:
+    """The job's verdict polled until `options.duration` passes or `stop` is set; each change
+    to `event`; with `restart_on_failure`, the whole job redeployed on a failure."""
+    return on_job(
+        load_job(inventory, name),
+        lambda j, nodes: watch_job(j, nodes, options, say=say, event=event, stop=stop),
+    )
