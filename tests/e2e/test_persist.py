@@ -198,7 +198,11 @@ def relays(server: int) -> list[int]:
 
 
 def started_relay(project: Project) -> tuple[int, int]:
-    """The background process and its relay, which the first command through it starts."""
+    """The background process and its relay, which the first command through it starts.
+    The process is waited for until it listens: a command sent before that runs on a
+    connection of its own (as it should), and would start no relay."""
+    runtime = Path(os.environ["XDG_RUNTIME_DIR"])
+    project.wait_for(lambda: sockets(runtime), what="the background process's socket")
     [server] = project.wait_for(lambda: servers(), what="the background process")
     code, _ = status(project)
     assert code == 0
