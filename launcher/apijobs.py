@@ -111,15 +111,15 @@ class Jobs:
         keep_checkpoints: bool = False,
     ) -> JobResult:
         """`launcher job rollback`: every node back to its previous version, all or none."""
-        return jobcommands.rollback(
-            self._inventory,
-            _name(name),
-            self._say,
+        from launcher.jobrollback import JobRollbackOptions
+
+        options = JobRollbackOptions(
             restart=args.flag("restart", restart),
             dry_run=args.flag("dry_run", dry_run),
             keep_checkpoints=args.flag("keep_checkpoints", keep_checkpoints),
             grace=args.duration("grace", grace, params.GRACE),
         )
+        return jobcommands.rollback(self._inventory, _name(name), options, self._say)
 
     def logs(
         self,
@@ -134,15 +134,13 @@ class Jobs:
         `on_line(node, line)` (default: kept in the result's nodes only)."""
         if node is not None and not isinstance(node, str):
             raise UsageError(f"node={node!r}: must be a node's target name or None")
+        from launcher.joblogs import JobLogsOptions
+
         sink = args.callback("on_line", on_line) or (lambda node_name, line: None)
-        return jobcommands.logs(
-            self._inventory,
-            _name(name),
-            sink,
-            node=node,
-            tail=args.count("tail", tail, params.LINES),
-            raw=args.flag("raw", raw),
+        options = JobLogsOptions(
+            node=node, tail=args.count("tail", tail, params.LINES), raw=args.flag("raw", raw)
         )
+        return jobcommands.logs(self._inventory, _name(name), options, sink)
 
     def watch(
         self,

@@ -14,8 +14,8 @@ from launcher.errors import UsageError
 from launcher.job import load_job, on_job
 from launcher.jobdeploy import JobResult, Say, deploy_job, stop_job
 from launcher.jobhistory import JobHistory, job_history
-from launcher.joblogs import JobLogs, NodeLine, job_logs
-from launcher.jobrollback import rollback_job
+from launcher.joblogs import JobLogs, JobLogsOptions, NodeLine, job_logs
+from launcher.jobrollback import JobRollbackOptions, rollback_job
 from launcher.jobverify import status_job, verify_job
 from launcher.jobwatch import JobWatchOptions, JobWatchResult, watch_job
 from launcher.requests import ProbeOverrides
@@ -49,46 +49,14 @@ def history(inventory: Inventory, name: str, limit: int = 0) -> JobHistory:
     return on_job(load_job(inventory, name), lambda j, nodes: job_history(j, nodes, limit=limit))
 
 
-def rollback(
-    inventory: Inventory,
-    name: str,
-    say: Say,
-    *,
-    restart: bool = False,
-    dry_run: bool = False,
-    keep_checkpoints: bool = False,
-    grace: float | None = None,
-) -> JobResult:
+def rollback(inventory: Inventory, name: str, options: JobRollbackOptions, say: Say) -> JobResult:
     """Every node back to its previous version, all or none."""
-    return on_job(
-        load_job(inventory, name),
-        lambda j, nodes: rollback_job(
-            j,
-            nodes,
-            say,
-            restart=restart,
-            dry_run=dry_run,
-            keep_checkpoints=keep_checkpoints,
-            grace=grace,
-        ),
-    )
+    return on_job(load_job(inventory, name), lambda j, nodes: rollback_job(j, nodes, say, options))
 
 
-def logs(
-    inventory: Inventory,
-    name: str,
-    on_line: NodeLine,
-    *,
-    node: str | None = None,
-    tail: int = 50,
-    raw: bool = False,
-    follow: bool = False,
-) -> JobLogs:
+def logs(inventory: Inventory, name: str, options: JobLogsOptions, on_line: NodeLine) -> JobLogs:
     """Every chosen node's last lines to `on_line`, then with `follow` their new ones."""
-    return on_job(
-        load_job(inventory, name),
-        lambda j, nodes: job_logs(j, nodes, on_line, node=node, tail=tail, raw=raw, follow=follow),
-    )
+    return on_job(load_job(inventory, name), lambda j, nodes: job_logs(j, nodes, on_line, options))
 
 
 def watch(

@@ -59,21 +59,25 @@ def chosen_nodes(job: Job, nodes: JobNodes, node: str | None) -> list[Target]:
     raise UsageError(f"job {job.name!r} has no node {node!r} (nodes: {names})")
 
 
+@dataclass(frozen=True)
+class JobLogsOptions:
+    """`launcher job logs`' options."""
+
+    node: str | None = None  # only this node's lines (None: every node's)
+    tail: int = 50  # how many of each node's last lines
+    raw: bool = False  # each tmux pane instead of each log
+    follow: bool = False  # then every node's new lines until every run ends
+
+
 def job_logs(
-    job: Job,
-    nodes: JobNodes,
-    on_line: NodeLine,
-    *,
-    node: str | None = None,
-    tail: int = 50,
-    raw: bool = False,
-    follow: bool = False,
+    job: Job, nodes: JobNodes, on_line: NodeLine, options: JobLogsOptions = JobLogsOptions()
 ) -> JobLogs:
     """The chosen nodes' last `tail` lines, then with `follow` their new lines as they come.
 
     Without `follow` the tails are read at once and shown node by node in rank order (the
     lines carry no time to interleave them by); with it, lines are shown as they arrive.
     """
+    node, tail, raw, follow = options.node, options.tail, options.raw, options.follow
     targets = chosen_nodes(job, nodes, node)
     lock = threading.Lock()  # one line at a time on the terminal, whichever thread has it
 

@@ -9,6 +9,7 @@ The summary names the script versions the nodes run now (one sha256 when they ag
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from launcher.config import Target
 from launcher.container import HostConnection
@@ -18,15 +19,18 @@ from launcher.jobdeploy import JobResult, Phases, Say, run_phases
 from launcher.operate import RollbackResult, rollback
 
 
+@dataclass(frozen=True)
+class JobRollbackOptions:
+    """`launcher job rollback`'s options."""
+
+    restart: bool = False  # stop every node's running session first
+    dry_run: bool = False  # every node's checks only
+    keep_checkpoints: bool = False
+    grace: float | None = None  # None: the playbook's stop_grace
+
+
 def rollback_job(
-    job: Job,
-    nodes: JobNodes,
-    say: Say,
-    *,
-    restart: bool = False,
-    dry_run: bool = False,
-    keep_checkpoints: bool = False,
-    grace: float | None = None,
+    job: Job, nodes: JobNodes, say: Say, options: JobRollbackOptions = JobRollbackOptions()
 ) -> JobResult:
     """Every node back to its previous script version, with one new run id (see the module)."""
 
@@ -36,14 +40,16 @@ def rollback_job(
         return rollback(
             target,
             conn,
-            restart=restart,
-            grace=grace,
-            keep_checkpoints=keep_checkpoints,
+            restart=options.restart,
+            grace=options.grace,
+            keep_checkpoints=options.keep_checkpoints,
             on_step=show,
             plan=plan,
             run_id=run_id,
             job=job.name,
         )
 
-    phases = Phases("rollback", run, restart=restart, dry_run=dry_run, grace=grace)
+    phases = Phases(
+        "rollback", run, restart=options.restart, dry_run=options.dry_run, grace=options.grace
+    )
     return run_phases(job, nodes, phases, say)

@@ -323,16 +323,12 @@ def rollback_command(
     4 refused on a node (no previous version, lock held, run active): the worst node's.
     """
     from launcher import jobcommands
+    from launcher.jobrollback import JobRollbackOptions
 
-    result = jobcommands.rollback(
-        app.inventory(),
-        name,
-        _say(app),
-        restart=restart,
-        dry_run=dry_run,
-        keep_checkpoints=keep,
-        grace=grace,
+    options = JobRollbackOptions(
+        restart=restart, dry_run=dry_run, keep_checkpoints=keep, grace=grace
     )
+    result = jobcommands.rollback(app.inventory(), name, options, _say(app))
     _render(result, as_json)
     sys.exit(int(result.exit_code))
 
@@ -370,6 +366,7 @@ def logs_command(
     2 bad input, 3 a node unreachable (the others are still shown).
     """
     from launcher import jobcommands
+    from launcher.joblogs import JobLogsOptions
     from launcher.termsafe import sanitize
 
     inventory = app.inventory()
@@ -378,7 +375,8 @@ def logs_command(
         # The line is sanitised already (operate.logs); the node's name comes from the inventory.
         click.echo(f"[{node_name}] {line}")
 
-    result = jobcommands.logs(inventory, name, show, node=node, tail=tail, raw=raw, follow=follow)
+    options = JobLogsOptions(node=node, tail=tail, raw=raw, follow=follow)
+    result = jobcommands.logs(inventory, name, options, show)
     for outcome in result.nodes:
         if outcome.exit_code or follow:
             click.echo(sanitize(f"[{outcome.node}] {outcome.summary}", keep_sgr=False), err=True)
