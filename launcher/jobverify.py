@@ -273,7 +273,11 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
             if getattr(probe, "state", None) is State.FINISHED:
                 node.state = "finished"
             node.detail = entry.value.summary
-        elif isinstance(entry.value, PaneState) and has_finished(entry.value):
+        elif (
+            isinstance(entry.value, PaneState)
+            and has_finished(entry.value)
+            and entry.value.run in (None, expected or entry.value.run)
+        ):  # finished in the job's run (or with no marker left to say otherwise)
             node.state = "finished"
             node.detail = f"{FINISHED_DETAIL}, run {run_id(entry.value.run)}"
         elif isinstance(entry.value, PaneState):

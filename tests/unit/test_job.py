@@ -271,6 +271,12 @@ def test_a_node_that_finished_while_the_status_rank_runs_is_judged_by_the_status
     job, nodes = polled_job(tmp_path, monkeypatch, State.UNHEALTHY, FINISHED_NODE)
     assert status_job(job, nodes).exit_code == ExitCode.UNHEALTHY  # type: ignore[arg-type]
 
+    # A node that finished another run than the status rank's has not finished this one.
+    other = state(pane_dead=True, dead_status=0, run="train:R0")
+    job, nodes = polled_job(tmp_path, monkeypatch, State.HEALTHY, other)
+    result = status_job(job, nodes)  # type: ignore[arg-type]
+    assert result.exit_code == ExitCode.UNHEALTHY and result.nodes[1].state != "finished"
+
     failed = state(pane_dead=True, dead_status=1)
     job, nodes = polled_job(tmp_path, monkeypatch, State.HEALTHY, failed)
     result = status_job(job, nodes)  # type: ignore[arg-type]
