@@ -270,14 +270,15 @@ class Launcher:
     ) -> WatchResult:
         """`launcher watch` (names, `a,b` lists and groups as `targets()` takes them): judge
         the runs until `duration` passes (None: until stopped), each transition to `on_event`,
-        the webhooks and the commands. `started` receives the session once it watches:
+        the webhooks and the commands (what `on_event` raises goes to `on_line`; the watch and
+        its webhooks go on). `started` receives the session once it watches:
         `session.stop()` ends it from another thread (the result's exit code is then 0).
         The watch opens its own connections and closes them when it ends.
         """
         from launcher.cli import params
         from launcher.watch.monitor import WatchSettings
         from launcher.watch.policy import RestartPolicy
-        from launcher.watch.session import WatchRequest, WatchSession
+        from launcher.watch.session import WatchRequest, WatchSession, guarded
         from launcher.watch.state import default_state_path
 
         if isinstance(webhooks, str) or isinstance(commands, str):
@@ -308,10 +309,10 @@ class Launcher:
             else args.count("metrics_port", metrics_port, params.PORT),
             metrics_address=metrics_address,
         )
-        on_event = args.callback("on_event", on_event) or (lambda event: None)
+        sink = guarded(args.callback("on_event", on_event) or (lambda event: None), self._say)
         started = args.callback("started", started)
         names = self.targets(*targets)
-        session = WatchSession([self.inventory.target(n) for n in names], request, on_event)
+        session = WatchSession([self.inventory.target(n) for n in names], request, sink)
         return session.run(lambda: started(session) if started else None)
 
     @property

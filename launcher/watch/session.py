@@ -116,6 +116,21 @@ def final_code(statuses: Mapping[str, TargetRecord], errors: Sequence[str]) -> i
     return int(ExitCode.OK)
 
 
+def guarded(
+    sink: Callable[[Event], None], report: Callable[[str], None]
+) -> Callable[[Event], None]:
+    """`sink` (an API caller's callback) made harmless to the watch: what it raises is reported
+    and the event goes on to the notifier, so a bug in a callback silences no webhook."""
+
+    def deliver(event: Event) -> None:
+        try:
+            sink(event)
+        except Exception as exc:
+            report(f"{event.target}: on_event raised {type(exc).__name__}: {exc}")
+
+    return deliver
+
+
 class WatchSession:
     """A watch of `targets`: `run()` blocks until it ends; `stop()` ends it (exit code 0)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,13 @@ from launcher.errors import ExitCode, UsageError
 from launcher.watch.monitor import WatchSettings
 from launcher.watch.notify import parse_webhook, webhook_name
 from launcher.watch.policy import RestartPolicy
-from launcher.watch.session import WatchRequest, WatchResult, WatchSession, final_code
+from launcher.watch.session import (
+    WatchRequest,
+    WatchResult,
+    WatchSession,
+    final_code,
+    guarded,
+)
 from launcher.watch.state import TargetRecord, WatchState
 from tests.unit.projectfiles import write_project
 
@@ -180,3 +187,17 @@ def test_the_result_says_how_each_target_was_left() -> None:
         "targets": {"prod": {"status": "failed", "run": "r1", "reachable": True, "restarts": 2}},
     }
     assert dataclasses.is_dataclass(result)
+
+
+def test_a_callback_that_raises_is_reported_and_the_event_goes_on() -> None:
+    reported: list[str] = []
+    seen: list[str] = []
+
+    def buggy(event: Any) -> None:
+        seen.append(event.kind)
+        raise KeyError("oops")
+
+    deliver = guarded(buggy, reported.append)
+    deliver(SimpleNamespace(kind="unhealthy", target="prod"))  # returns: the Hub goes on
+    assert seen == ["unhealthy"]
+    assert reported == ["prod: on_event raised KeyError: 'oops'"]
