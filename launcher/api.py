@@ -281,11 +281,6 @@ class Launcher:
         from launcher.watch.session import WatchRequest, WatchSession, guarded
         from launcher.watch.state import default_state_path
 
-        if isinstance(webhooks, str) or isinstance(commands, str):
-            raise UsageError("webhooks and commands take a list of strings, not one string")
-        for name, values in (("webhooks", webhooks), ("commands", commands)):
-            if not all(isinstance(value, str) for value in values):
-                raise UsageError(f"{name}={list(values)!r}: must be strings")
         if not isinstance(metrics_address, str):
             raise UsageError(f"metrics_address={metrics_address!r}: must be an address (a string)")
         where = args.path("state", state)
@@ -302,8 +297,8 @@ class Launcher:
                 ),
             ),
             duration=args.duration("duration", duration, params.WATCH_FOR),
-            webhooks=tuple(webhooks),
-            commands=tuple(commands),
+            webhooks=args.strings("webhooks", webhooks),
+            commands=args.strings("commands", commands),
             metrics_port=None
             if metrics_port is None
             else args.count("metrics_port", metrics_port, params.PORT),

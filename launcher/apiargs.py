@@ -48,6 +48,19 @@ def seconds(name: str, value: Any, kind: params.Duration) -> float:
     return found
 
 
+def strings(name: str, value: Any, what: str = "string") -> tuple[str, ...]:
+    """A list or tuple of strings (None: none). One string is refused, not read as a list of
+    its characters."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise UsageError(f"{name}={value!r}: must be a list of {what}s")
+    for item in value:
+        if not isinstance(item, str):
+            raise UsageError(f"{name}: {item!r} is not a {what}")
+    return tuple(value)
+
+
 def count(name: str, value: Any, kind: params.Count) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{name}={value!r}: must be a whole number")

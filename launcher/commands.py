@@ -109,14 +109,7 @@ class Param:
 
 def pairs(name: str, value: Any) -> tuple[str, ...]:
     """KEY=VALUE items (--env, --set): a sequence of strings (the builder reads them)."""
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise UsageError(f"{name}={value!r}: must be a list of KEY=VALUE strings")
-    for item in value:
-        if not isinstance(item, str):
-            raise UsageError(f"{name}: {item!r} is not a KEY=VALUE string")
-    return tuple(value)
+    return args.strings(name, value, "KEY=VALUE string")
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,12 @@ def has_finished(state: PaneState) -> bool:
     return ended(state) is State.FINISHED
 
 
+def finished_in(state: PaneState, expected: str | None) -> bool:
+    """The node's run exited 0 and was the job's run `expected` (or left no marker to say
+    otherwise): a node that finished another run has not finished this one."""
+    return has_finished(state) and (None in (state.run, expected) or state.run == expected)
+
+
 FINISHED_DETAIL = "finished (exit 0)"
 
 
@@ -273,11 +279,7 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
             if getattr(probe, "state", None) is State.FINISHED:
                 node.state = "finished"
             node.detail = entry.value.summary
-        elif (
-            isinstance(entry.value, PaneState)
-            and has_finished(entry.value)
-            and entry.value.run in (None, expected or entry.value.run)
-        ):  # finished in the job's run (or with no marker left to say otherwise)
+        elif isinstance(entry.value, PaneState) and finished_in(entry.value, expected):
             node.state = "finished"
             node.detail = f"{FINISHED_DETAIL}, run {run_id(entry.value.run)}"
         elif isinstance(entry.value, PaneState):

@@ -68,7 +68,6 @@ def watch_job(
     pause = sleep or stop.wait
     result = JobWatchResult(job.name)
     end = None if options.duration is None else clock() + options.duration
-    healthy: bool | None = None
     shown = ""  # the verdict word last reported: healthy, finished, unhealthy, unreachable
     failing = 0
 
@@ -81,10 +80,11 @@ def watch_job(
         polled = status_job(job, nodes)
         ok = polled.exit_code == ExitCode.OK
         result.exit_code = polled.exit_code
+        # The word (jobverify.job_summary's) changes whenever `ok` does, and healthy -> finished.
         word = polled.summary.partition(":")[0]
-        if ok != healthy or word != shown:  # a change, e.g. healthy -> finished
+        if word != shown:
             note(polled.summary)
-            healthy, shown = ok, word
+            shown = word
         if stop.is_set():
             break  # no restart begins after SIGTERM
         failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
@@ -100,7 +100,7 @@ def watch_job(
                 if not _restart(job, nodes, say, note):
                     result.exit_code = ExitCode.UNREACHABLE
                     return result
-                healthy, shown, failing = True, "healthy", 0
+                shown, failing = "healthy", 0  # a poll not healthy after the restart is reported
                 continue
         pause(options.interval)
     if stop.is_set():

@@ -153,12 +153,12 @@ class RunJudge:
             successes=self.settings.successes,
             window_over=not self.ever_healthy and now >= end and not judged.passing,
         )
-        failing = [r for r in results if r.verdict is Verdict.FAIL]
         if found == "unhealthy":
             return "unhealthy", reason_of(judged.failures)
         if found == "healthy":
             self.ever_healthy = True
             return "healthy", f"{judged.passing} passing polls in a row"
+        failing = [r for r in results if r.verdict is Verdict.FAIL]
         if found == "window over":
             return "unhealthy", "not healthy within the window: " + reason_of(failing)
         if not judging:

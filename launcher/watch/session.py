@@ -59,13 +59,12 @@ class WatchRequest:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
 
+    # --webhook and --exec as the notifier's receivers, made with the request: a bad one is
+    # refused here, before the inventory is read or anything is opened.
+    receivers: dict[str, Deliver] = field(init=False, compare=False, repr=False)
+
     def __post_init__(self) -> None:
-        # A bad --webhook or --exec is refused here, before the inventory is read or anything
-        # is opened.
-        for url in self.webhooks:
-            parse_webhook(url)
-        for text in self.commands:
-            parse_exec(text)
+        object.__setattr__(self, "receivers", receivers(self.webhooks, self.commands))
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,6 @@ class WatchSession:
         self.targets = list(targets)
         self.request = request
         self.say = say
-        self.receivers = receivers(request.webhooks, request.commands)
         self._stopped = threading.Event()
         self._watcher: Watcher | None = None
 
@@ -157,7 +155,7 @@ class WatchSession:
         once the metrics server listens and the notifier runs, just before the first polls."""
         request = self.request
         state = WatchState(request.state_path).open()
-        notifier = Notifier(self.receivers, state) if self.receivers else None
+        notifier = Notifier(request.receivers, state) if request.receivers else None
         metrics = Metrics() if request.metrics_port else None
         try:
             with connections_for(self.targets) as connect:

@@ -144,7 +144,8 @@ def test_the_cli_and_the_api_run_the_same_watch(
     )
     assert [t.name for t in cli.targets] == [t.name for t in api.targets] == ["prod"]
     hook = webhook_name(parse_webhook("https://example.com/hook"))
-    assert set(cli.receivers) == set(api.receivers) == {hook, "exec notify-send launcher"}
+    names = {hook, "exec notify-send launcher"}
+    assert set(cli.request.receivers) == set(api.request.receivers) == names
 
 
 @pytest.mark.parametrize(
