@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
     field_validator,
@@ -294,6 +295,9 @@ class VerifySpec(ChecksSpec):
     window: Annotated[float, Field(strict=True, ge=0, le=WEEK)] = 300.0
     successes: Annotated[StrictInt, Field(ge=1, le=1000)] = 3
     lines: Annotated[StrictInt, Field(ge=10, le=100_000)] = 2000
+    # The run is meant to be short (a CI smoke run with a small max_steps): one that exits 0
+    # after progress, before the probe counted its passing polls, is healthy. Off: it is not.
+    finish_ok: StrictBool = False
     queues: dict[str, Annotated[StrictInt, Field(ge=0, le=1_000_000)]] = Field(
         default_factory=lambda: {"q_pre": 6, "q_hs": 1}
     )

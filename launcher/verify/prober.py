@@ -43,6 +43,9 @@ class ProbeSettings:
     successes: int
     failure_threshold: int = 3
     poll_timeout: float | None = None  # the host's command_timeout: one poll's deadline at most
+    # The run is meant to be short (a CI smoke run with a small max_steps): exiting 0 after
+    # progress, before the passing polls were counted, is healthy (`verify.finish_ok`).
+    finish_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,14 @@ class ProbeResult:
 PollFn = Callable[[float], PaneState]  # takes the poll's deadline in seconds
 EventSink = Callable[[PollEvent], None]
 ParseFn = Callable[[str, int | None], list[Sample]]  # a capture and its pane's width
+
+
+def lasted(state: PaneState, probed: float) -> str:
+    """How long a finished run ran, as far as the poll tells: from its session's start to its
+    last output or checkpoint write (the container's clock), else the probe's own time."""
+    if state.age is not None and state.quiet_for is not None:
+        return f"after {max(0.0, state.age - state.quiet_for):.0f} s"
+    return f"within {probed:.0f} s of the probe's start"
 
 
 class _Finished(Exception):
@@ -164,7 +175,7 @@ class Prober:
         self._remember(poll)
         results = self._all = self.judge.add(poll, warmup_over=judging)
         if ended(state) is State.FINISHED:
-            self._finished()
+            self._finished(state, now)
         judged = self.tally.take(results, judging=judging)
         self._results = judged.counted
         if judged.unhealthy:
@@ -186,12 +197,22 @@ class Prober:
             wake = min(wake, self._warm_end)
         self._wait_until(wake)
 
-    def _finished(self) -> NoReturn:
-        """The run exited 0: terminal success once it had shown progress; a run that exits 0
-        before any status line with a step (a misspelt flag, `--help`) proved nothing."""
+    def _finished(self, state: PaneState, now: float) -> NoReturn:
+        """The run exited 0 before the probe counted its passing polls (after them it would have
+        ended healthy already). A run that exits 0 before any status line with a step (a
+        misspelt flag, `--help`) proved nothing; one that made progress and stopped early (a
+        debug `max_steps` left in) was not seen healthy either, unless the playbook says the
+        run is meant to be short (`verify.finish_ok`)."""
         step = self.judge.progress
         if step is None:
             reason = "the run exited 0 before any progress was seen"
+            self._finish("unhealthy", ExitCode.UNHEALTHY, reason, State.FINISHED)
+        if not self.settings.finish_ok:
+            reason = (
+                f"the run finished (exit 0) {lasted(state, now - self._start)} at {step}, "
+                "before it could be judged healthy (verify.finish_ok: true for a run meant to "
+                "be short)"
+            )
             self._finish("unhealthy", ExitCode.UNHEALTHY, reason, State.FINISHED)
         reason = f"the run finished (exit 0) at {step}"
         self._finish("healthy", ExitCode.OK, reason, State.FINISHED)

@@ -151,6 +151,7 @@ def settings_for(target: Target, overrides: ProbeOverrides) -> ProbeSettings:
             else overrides.failure_threshold
         ),
         poll_timeout=target.host.command_timeout,
+        finish_ok=v.finish_ok,
     )
 
 

@@ -5,6 +5,7 @@ watcher's restart budget that belongs to the run it restarted. Real sshd, LXC an
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,10 +46,25 @@ def status(project: Project) -> tuple[int, dict[str, Any]]:
     return result.returncode, report
 
 
-def test_a_run_that_finishes_with_exit_0_is_finished(project: Project) -> None:
-    # About 12 steps in 6 s, then "Training completed." and exit 0, while the probe still
-    # counts its passing polls (20 asked for).
-    verify = {"wait": 2, "window": 30, "successes": 20}
+def test_a_run_that_finishes_before_it_was_judged_is_not_a_healthy_deploy(
+    project: Project,
+) -> None:
+    # A debug max_steps left in the config: about 12 steps in 6 s, then "Training completed."
+    # and exit 0, while the probe still counts its passing polls (20 asked for).
+    deploy(project, "lshort", env={"DEMO_STEPS": "12"}, verify={"wait": 2, "window": 30,
+           "successes": 20})  # fmt: skip
+    code, report, _ = verify_json(project)
+    assert code == 1, report
+    assert report["state"] == "finished" and report["verdict"] == "unhealthy", report
+    assert re.search(r"the run finished \(exit 0\) after \d+ s at step \d+, before it could "
+                     r"be judged healthy", report["reason"]), report["reason"]  # fmt: skip
+    # status is a snapshot, not a startup probe: the run is over and it ended well.
+    code, doc = status(project)
+    assert code == 0 and doc["state"] == "finished", doc
+
+
+def test_a_run_meant_to_be_short_that_finishes_is_finished_exit_0(project: Project) -> None:
+    verify = {"wait": 2, "window": 30, "successes": 20, "finish_ok": True}
     deploy(project, "lfinish", env={"DEMO_STEPS": "12"}, verify=verify)
     code, report, _ = verify_json(project)
     assert code == 0, report

@@ -14,7 +14,7 @@ from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.formats import StatusSpec
 from launcher.verify.lifecycle import State, ended, status_exit
 from launcher.verify.parse import Sample, parse_pane
-from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
+from launcher.verify.prober import Prober, ProbeResult, ProbeSettings, lasted
 from launcher.verify.workflows import status_state
 
 PANES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -57,6 +57,7 @@ def probe(
     status: StatusSpec | None = None,
     dead_at: float | None = None,
     exit_status: int = 0,
+    finish_ok: bool = False,
     **settings: float,
 ) -> ProbeResult:
     def poll(timeout: float) -> PaneState:
@@ -72,6 +73,7 @@ def probe(
         interval=settings.get("interval", 2),
         window=settings.get("window", 60),
         successes=int(settings.get("successes", 3)),
+        finish_ok=finish_ok,
     )
     return Prober(poll, spec, s, clock=clock, sleep=clock.sleep, parse=parse).run()
 
@@ -175,10 +177,27 @@ def test_a_rate_the_playbook_asks_for_is_still_required() -> None:
     assert "no throughput reported" in result.reason
 
 
-def test_a_run_that_finishes_during_the_probe_is_finished_exit_0() -> None:
+def test_a_run_that_finishes_before_it_was_judged_is_not_healthy() -> None:
+    # A debug max_steps left in: progress, then exit 0 at second 15, while the warmup (12 s)
+    # is barely over: the probe never counted its passing polls.
+    clock = Clock()
+    result = probe(recorded(DEMO, 0.3), clock, spec=DFLASH_SPEC, dead_at=15.0)
+    assert result.state is State.FINISHED and result.exit_code is ExitCode.UNHEALTHY
+    assert "finished (exit 0) within 16 s of the probe's start at step" in result.reason
+    assert "before it could be judged healthy" in result.reason
+    assert "verify.finish_ok" in result.reason
+
+
+def test_how_long_a_finished_run_lasted_comes_from_the_container_when_known() -> None:
+    state = PaneState(True, True, 0, None, "", age=9.0, quiet_for=4.0)
+    assert lasted(state, 30.0) == "after 5 s"
+    assert lasted(PaneState(True, True, 0, None, ""), 30.0) == "within 30 s of the probe's start"
+
+
+def test_a_run_meant_to_be_short_that_finishes_during_the_probe_is_finished_exit_0() -> None:
     clock = Clock()
     pane = recorded(DEMO, 0.3)
-    result = probe(pane, clock, spec=DFLASH_SPEC, dead_at=15.0)
+    result = probe(pane, clock, spec=DFLASH_SPEC, dead_at=15.0, finish_ok=True)
     assert result.state is State.FINISHED and result.exit_code is ExitCode.OK, result.reason
     assert "finished (exit 0) at step" in result.reason
     alive = next(r for r in result.checks if r.name == "alive")
@@ -186,9 +205,14 @@ def test_a_run_that_finishes_during_the_probe_is_finished_exit_0() -> None:
 
 
 def test_a_run_that_exits_0_before_any_progress_proved_nothing() -> None:
-    clock = Clock()
-    result = probe(lambda t: "usage: train.py [-h]", clock, spec=DFLASH_SPEC, dead_at=1.0)
-    assert result.state is State.FINISHED and result.exit_code is ExitCode.UNHEALTHY
+    for finish_ok in (False, True):  # even a run meant to be short must show progress
+        clock = Clock()
+        result = probe(
+            lambda t: "usage: train.py [-h]", clock, spec=DFLASH_SPEC, dead_at=1.0,
+            finish_ok=finish_ok,
+        )  # fmt: skip
+        assert result.state is State.FINISHED and result.exit_code is ExitCode.UNHEALTHY
+        assert "before any progress" in result.reason
 
 
 def test_a_run_that_exits_non_zero_is_failed() -> None:
