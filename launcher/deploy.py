@@ -33,6 +33,7 @@ from launcher.errors import (
 )
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
+from launcher.provenance import source_of
 from launcher.version import __version__
 from launcher.workflow import Context, StepSink
 from launcher.workflow import Step as Step  # its home before workflow.py
@@ -334,6 +335,10 @@ def deploy_request(
         kill_gpu_holders=options.kill_gpu_holders,
     )
     request["record"].update(override_record(options))
+    source = target.playbook.project_source or target.playbook.script_source
+    provenance = source_of(source) if source is not None else None
+    if provenance is not None:
+        request["record"]["source"] = provenance
     if options.message:
         request["record"]["message"] = options.message
     request.update(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.errors import UsageError
+from launcher.provenance import describe as describe_source
 from launcher.termsafe import sanitize
 from launcher.verify.checks import Verdict, history
 from launcher.verify.prober import ProbeResult
@@ -325,6 +326,7 @@ def header_fields(run: Run, generated: str) -> list[tuple[str, str]]:
         ("CT", str(run.vmid) if run.vmid is not None else "?"),
         ("run", (probe.run if probe else None) or "unknown (not started by launcher)"),
         ("script sha256", sha if isinstance(sha, str) else "unknown (no deploy record)"),
+        ("source", describe_source(record.get("source") if record else None) or "unknown"),
         ("deployed", deployed if isinstance(deployed, str) else "unknown"),
         ("launcher", __version__),
         ("report written", generated),

@@ -22,6 +22,7 @@ from launcher.deploy import operator_info, run_transaction, transaction_request
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
+from launcher.provenance import describe as describe_source
 from launcher.requests import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.transport.endpoint import Endpoint
@@ -475,6 +476,9 @@ def history_lines(record: dict[str, Any]) -> list[str]:
             f"  release      {release.get('id')} (manifest "
             f"{str(release.get('manifest_sha256') or '?')[:12]}, was {release.get('previous')})"
         )
+    source = describe_source(record.get("source"))
+    if source:
+        lines.append(f"  source       {source}")
     if record.get("env") or record.get("set"):
         told = [f"--env {name}" for name in record.get("env") or []]
         told += [f"--set {item}" for item in record.get("set") or []]

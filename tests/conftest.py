@@ -52,6 +52,7 @@ LOCAL_MODULES = frozenset(
         "test_persist.py",
         "test_project_manifest.py",
         "test_protocol_contract.py",
+        "test_provenance.py",
         "test_python_floor.py",
         "test_quoting.py",
         "test_sandbox_rootfs.py",

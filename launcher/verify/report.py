@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from launcher.provenance import describe as describe_source
 from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
 from launcher.verify.gpus import status_text as gpus_status_text
@@ -293,4 +294,7 @@ def render_status(
         lines.append(
             f"  deployed: sha256 {sha} at {record.get('time')} by {record.get('operator')}"
         )
+        source = describe_source(record.get("source"))
+        if source:
+            lines.append(f"  source: {source}")
     return sanitize("\n".join(lines), keep_sgr=False)
