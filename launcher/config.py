@@ -298,9 +298,6 @@ class VerifySpec(ChecksSpec):
     # The run is meant to be short (a CI smoke run with a small max_steps): one that exits 0
     # after progress, before the probe counted its passing polls, is healthy. Off: it is not.
     finish_ok: StrictBool = False
-    queues: dict[str, Annotated[StrictInt, Field(ge=0, le=1_000_000)]] = Field(
-        default_factory=lambda: {"q_pre": 6, "q_hs": 1}
-    )
     step: _Step = Field(default_factory=_Step)
 
 

@@ -191,6 +191,15 @@ def progress_line(event: PollEvent, queues: list[str], threshold: int) -> str:
     return line
 
 
+def unread_note(event: PollEvent) -> str | None:
+    """The `samples` check's note when the pane's lines read as status lines of another
+    shape than the playbook's (its observation quotes two and carries the block)."""
+    for result in event.checks:
+        if result.name == "samples" and result.kind is Failure.IMMEDIATE:
+            return f"the trainer's lines are not read: {result.observed}"
+    return None
+
+
 def run_probe(
     ctx: FleetContext, overrides: ProbeOverrides, *, expected_run: str | None = None
 ) -> ProbeResult:
@@ -214,8 +223,14 @@ def run_probe(
         records[0] = answer.get("record")
         return state
 
+    noted: set[str] = set()
+
     def show(event: PollEvent) -> None:
         ctx.say(progress_line(event, queues, settings.failure_threshold))
+        note = unread_note(event)
+        if note is not None and note not in noted:
+            noted.add(note)  # said once, in the warmup: the verdict follows after it
+            ctx.say(note)
 
     result = Prober(
         poll,
