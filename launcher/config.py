@@ -29,7 +29,7 @@ from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
-from launcher.verify.spec import ChecksSpec, StepSpec
+from launcher.verify.spec import ChecksSpec, QueueSpec, StepSpec
 from launcher.yamlsource import YamlDocument, load_yaml
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -322,6 +322,15 @@ class PlaybookSpec(_Model):
     verify: VerifySpec = Field(default_factory=VerifySpec)
     # How the trainer's status lines are read (format, preset, fields): launcher.verify.formats.
     status: StatusSpec = Field(default_factory=StatusSpec)
+
+    @model_validator(mode="after")
+    def _mapped_queues_checked(self) -> PlaybookSpec:
+        # A queue the status: block maps is one its lines report: checked like DFlash's own
+        # (the dict is filled in place: the playbook did not set verify.queues).
+        if "queues" not in self.verify.model_fields_set:
+            for name in self.status.fields.queues:
+                self.verify.queues.setdefault(name, QueueSpec())
+        return self
 
     @model_validator(mode="after")
     def _script_or_project(self) -> PlaybookSpec:

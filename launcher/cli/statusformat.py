@@ -45,6 +45,11 @@ def detect_command(app: AppContext, source: str | None) -> None:
     with -t, from the target's tmux pane. The block goes to stdout (paste it into the
     playbook); what was found, and how sure, to stderr.
 
+    \b
+    Example:
+      launcher status-format detect train.log
+      python train.py 2>&1 | head -50 | launcher status-format detect -
+      launcher status-format detect -t prod
     Exit codes: 0 a block was found, 1 none reads the lines, 2 usage, 3 unreachable (-t).
     """
     from launcher.verify.detect import detect_status
@@ -75,6 +80,10 @@ def test_command(playbook: Path, source: str) -> None:
     checks read (step, loss, throughput in its unit, the playbook's queues, watched fields),
     or `-` when it is not a status line; a summary ends it.
 
+    \b
+    Example:
+      launcher status-format test playbooks/train.yaml < train.log
+      launcher logs --raw -t prod | launcher status-format test playbooks/train.yaml
     Exit codes: 0 status lines with a step (or the counter standing for it) were read,
     1 none were, 2 the playbook is invalid.
     """

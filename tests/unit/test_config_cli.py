@@ -381,3 +381,28 @@ def test_debug_sends_paramikos_log_to_stderr() -> None:
             if handler not in before:
                 log.removeHandler(handler)
         log.setLevel(level)
+
+
+def test_a_check_the_status_format_cannot_feed_is_a_warning(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DFlash playbook's queues under the megatron preset: Megatron prints no q_pre."""
+    book = project / "playbooks" / "dflash.yaml"
+    edit(
+        book,
+        "verify: {wait: 180, interval: 10}",
+        "status: {preset: megatron}\nverify: {wait: 180, interval: 10, queues: {q_pre: 6}}",
+    )
+    code, _, err = check(project, capsys)
+    assert code == 0
+    assert err == (
+        f"warning: {book}:13: verify.queues.q_pre: the megatron preset's lines carry no "
+        "'q_pre': this check can never be judged (map it under status.fields.queues, or "
+        "drop it)\n"
+    )
+    edit(book, "status: {preset: megatron}", "status: {preset: nanogpt}")
+    edit(book, "queues: {q_pre: 6}", "loss: {ceiling: 10.8}")
+    assert check(project, capsys)[2] == ""  # nanoGPT prints its loss
+    edit(book, "status: {preset: nanogpt}", "status: {format: regex, pattern: 'it (?P<step>\\d+)'}")
+    _, _, err = check(project, capsys)
+    assert "verify.loss.ceiling: the status pattern's named groups carry no loss" in err
