@@ -175,7 +175,9 @@ def probe_summary(probe: ProbeResult) -> str:
     samples = probe.samples
     if probe.state is State.HEALTHY and samples:
         latest = samples[-1]
-        return f"healthy: step {latest.step}, {format_rate(latest.throughput)}"
+        return (
+            f"healthy: step {latest.step}, {format_rate(latest.throughput, latest.throughput_unit)}"
+        )
     word = probe.verdict if probe.state is None else str(probe.state)
     return f"{word}: {probe.reason}"
 
@@ -228,8 +230,9 @@ def run_probe(
     def show(event: PollEvent) -> None:
         ctx.say(progress_line(event, queues, settings.failure_threshold))
         note = unread_note(event)
-        if note is not None and note not in noted:
-            noted.add(note)  # said once, in the warmup: the verdict follows after it
+        block = note.partition("\n")[2] if note is not None else ""
+        if note is not None and block not in noted:
+            noted.add(block)  # said once (per block), in the warmup: the verdict follows it
             ctx.say(note)
 
     result = Prober(
