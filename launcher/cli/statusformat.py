@@ -42,8 +42,9 @@ def detect_command(app: AppContext, source: str | None) -> None:
     """Print a playbook `status:` block that reads the trainer's lines.
 
     The lines come from FILE (a log), from standard input (`-`, or no FILE and no -t) or,
-    with -t, from the target's tmux pane. The block goes to stdout (paste it into the
-    playbook); what was found, and how sure, to stderr.
+    with -t (or LAUNCHER_TARGET when nothing is piped in), from the target's tmux pane.
+    The block goes to stdout (paste it into the playbook); what was found, and how sure,
+    to stderr.
 
     \b
     Example:
@@ -54,7 +55,9 @@ def detect_command(app: AppContext, source: str | None) -> None:
     """
     from launcher.verify.detect import detect_status
 
-    pane = source is None and bool(app.names())
+    # -t reads the pane; LAUNCHER_TARGET only when nothing is piped in (it is often set
+    # for the shell, and a piped log is what the person meant).
+    pane = source is None and (bool(app.target_names) or (sys.stdin.isatty() and bool(app.names())))
     lines = _pane_lines(app) if pane else _read_lines(source or "-")
     found = detect_status(lines)
     if found.status is None:
