@@ -158,13 +158,19 @@ def test_lines_that_are_no_status_lines_get_no_block() -> None:
 
 
 def test_lightning_epochs_restart_the_bar_without_a_restart() -> None:
+    """Each epoch's bar counts from 0: the epoch in its description says so, and the lines
+    after the first of a new epoch are not "the step went backwards" either."""
     spec = ChecksSpec()
     status = StatusSpec.model_validate(detect_status(LIGHTNING).status)
+    later = "Epoch 1:   5%|▍         | 400/8000 [00:10<03:22, 37.61it/s, v_num=0, train_loss=1.860]"
+    # The bar is redrawn in place (`\r`): each poll's pane holds its latest drawing only.
     polls = [
-        _poll(at, "\n".join(LIGHTNING[: n + 1]), status) for n, at in enumerate((0.0, 5.0, 10.0))
+        _poll(at, f"GPU available: True\n{line}", status)
+        for at, line in zip((0.0, 5.0, 10.0, 15.0), [*LIGHTNING, later], strict=True)
     ]
     results = {r.name: r for r in evaluate(polls, spec)}
     assert results["restarts"].verdict is Verdict.PASS, results["restarts"].observed
+    assert results["step"].observed.startswith("step 400")
 
 
 # --- queues: lists, depths and fills ----------------------------------------------------------
