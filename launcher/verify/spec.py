@@ -23,7 +23,9 @@ __all__ = ["ChecksSpec", "LossSpec", "QueueSpec", "StepSpec", "ThroughputSpec", 
 
 
 class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):
-    min: float = Field(default=1000.0, ge=0)  # tok/s; "5Ktok/s" is accepted too
+    # tok/s ("5Ktok/s" is accepted too). The default is DFlash's floor: another format's run
+    # has a floor only when the playbook sets one, in its unit (`rules.numbers._floor`).
+    min: float = Field(default=1000.0, ge=0)
     target: float | None = Field(default=None, ge=0)
     rise_margin: float = Field(default=0.05, ge=0)  # later must beat earlier by this fraction
     # Failing below this fraction of the run's own peak; null: no such check.
