@@ -10,7 +10,10 @@ status-format detect`, the probe's note on lines it cannot read and `launcher in
 Where each shape comes from (real lines, quoted in tests/unit/test_detect.py and docs/verify.md):
 nanoGPT's train.py, Megatron-LM's training_log, torchtitan's MetricsProcessor.log, the Hugging
 Face Trainer's ProgressCallback, Lightning's TQDMProgressBar (`Epoch 0:   4%|▍ | 350/8000
-[00:09<03:23, 37.56it/s, v_num=0]`) and tqdm's default layout.
+[00:09<03:23, 37.56it/s, v_num=0]`: lightning/pytorch/callbacks/progress/tqdm_progress.py,
+whose on_train_epoch_start resets the one training bar, `initial = 0`, and sets the
+description `f"Epoch {trainer.current_epoch}"`; the postfix is `get_metrics`: `v_num` and the
+metrics logged with prog_bar=True) and tqdm's default layout.
 """
 
 from __future__ import annotations

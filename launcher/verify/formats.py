@@ -467,7 +467,8 @@ class LineReader:
         fields: dict[str, object] = keyvalue_fields(bar["postfix"]) if bar["postfix"] else {}
         epoch = _EPOCH_RE.match(desc)
         if epoch is not None and "epoch" not in fields:
-            # Lightning's `Epoch 3`: its bar counts the epoch's batches, from 0 each epoch.
+            # Lightning's `Epoch 3`: its one training bar is reset (from 0) at each epoch's
+            # start (tqdm_progress.py, on_train_epoch_start): a new epoch, not a restart.
             fields["epoch"] = int(epoch[1])
         fields, _ = self.mapping.apply(fields)
         fields["step"] = _count(bar["n"])

@@ -267,8 +267,8 @@ def status_state(
 
     A running session is judged at once, except that a run within its warmup (`wait` seconds
     since tmux created its session), or still without a status line while its window lasts, is
-    `starting` unless a crash, a fatal sign or a restart already shows. Any other failing check,
-    of any kind, is unhealthy.
+    `starting` unless a crash, a fatal sign or a restart already shows, or its lines read as
+    another format's. Any other failing check, of any kind, is unhealthy.
     """
     failing = [f"{r.name}: {r.observed.splitlines()[0]}" for r in checks if r.kind is not None]
     if state.deploy_lock:
@@ -283,7 +283,8 @@ def status_state(
     early = any(r.kind is not None for r in counted(checks, judging=False))
     age = state.age
     if not early and age is not None:
-        silent = not any(r.name == "samples" and r.kind is None for r in checks)
+        # No status line yet, and no other format reads the lines either (those fail).
+        silent = any(r.name == "samples" and r.kind is Failure.PENDING for r in checks)
         if age < wait:
             return State.STARTING, f"within its warmup ({age:.0f} s of {wait:g} s)"
         if silent and age < wait + window:

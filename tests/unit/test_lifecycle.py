@@ -248,6 +248,9 @@ def status_of(state: PaneState, wait: float = 40, window: float = 60) -> State:
         (pane(capture="Loading model...", age=70.0), State.STARTING),  # no line, window open
         (pane(capture="Loading model...", age=120.0), State.UNHEALTHY),  # window over
         (pane(capture="Loading model..."), State.UNHEALTHY),  # age unknown: judged at once
+        # Lines of another format: past the warmup they will not turn into DFlash lines.
+        (pane(capture="step 1 | loss 2.5\nstep 2 | loss 2.4", age=70.0), State.UNHEALTHY),
+        (pane(capture="step 1 | loss 2.5\nstep 2 | loss 2.4", age=1.0), State.STARTING),
         # A fatal sign already shows: not starting any more.
         (
             pane(capture="Traceback (most recent call last)\n  x\nValueError", age=1),
