@@ -23,6 +23,7 @@ from launcher.verify.checks import (
     history,
     worst_verdict,
 )
+from launcher.verify.detect import detect_status, suggests
 from launcher.verify.parse import Fields, Sample, parse_pane
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -619,3 +620,12 @@ def test_start_up_lines_are_learnt_only_from_a_capture_that_starts_at_the_start(
         judge = Judge(ChecksSpec(), history_lines=lines)
         judge.add(poll(0, *first))
         assert by_name(judge.add(poll(10, *later)))["restarts"].verdict is verdict, lines
+
+
+def test_lines_of_another_shape_after_status_lines_are_a_phase_not_a_format() -> None:
+    """A run that printed its status lines and then only lines another format reads (an
+    evaluation printing `step N | loss X`) waits for the step checks to judge it."""
+    rows = [f"eval step {i} | loss 2.0{i}" for i in range(4)]
+    assert suggests(detect_status(rows))  # on their own, a format to read them would be named
+    result = check("samples", [poll(0, line(0, step=10)), poll(10, *rows)])
+    assert result.verdict is Verdict.FAIL and result.kind is Failure.PENDING

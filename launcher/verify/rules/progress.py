@@ -27,10 +27,12 @@ def samples(run: RunHistory) -> CheckResult:
     captured = [line for line in latest.state.capture.splitlines() if line.strip()]
     found = detect_status(captured)
     observed = unread_note(len(captured), found)
-    # Lines that read as status lines of another shape will not start to read as these:
-    # unhealthy at the first judged poll, with the block that reads them. Anything else may
-    # still be the trainer starting up: only the window's end makes it a verdict.
-    failure = Failure.IMMEDIATE if suggests(found) else Failure.PENDING
+    # Lines that read as status lines of another shape, from a run none of whose lines was
+    # ever read, will not start to read as these: unhealthy at the first judged poll, with
+    # the block that reads them. Anything else may be the trainer starting up, or a phase of
+    # a run that printed status lines before (an evaluation's): only time makes it a verdict.
+    other_shape = suggests(found) and not run.formats
+    failure = Failure.IMMEDIATE if other_shape else Failure.PENDING
     return CheckResult("samples", Verdict.FAIL, observed, expected, failure)
 
 
