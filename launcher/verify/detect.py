@@ -73,28 +73,18 @@ _LOSS_KEYS = (
     "loss_avg",
 )
 _NOT_TRAIN_LOSS = re.compile(r"val|eval|test|scale|valid")
-# Rates: the key names a unit (`tok/s`, `tokens_per_s`) or is the throughput itself.
-_RATE_KEYS: tuple[tuple[str, str], ...] = (
-    ("tok/s", "tok/s"),
-    ("tokens/s", "tok/s"),
-    ("tokens/sec", "tok/s"),
-    ("tps", "tok/s"),
-    ("tokens_per_s", "tok/s"),
-    ("tokens_per_sec", "tok/s"),
-    ("tokens_per_second", "tok/s"),
-    ("tok_per_s", "tok/s"),
-    ("tok_s", "tok/s"),
-    ("samples/s", "samples/s"),
-    ("samples_per_second", "samples/s"),
-    ("train_samples_per_second", "samples/s"),
-    ("samples_per_sec", "samples/s"),
-    ("seq/s", "samples/s"),
-    ("img/s", "samples/s"),
-    ("it/s", "it/s"),
-    ("steps/s", "it/s"),
-    ("steps_per_second", "it/s"),
-    ("train_steps_per_second", "it/s"),
-    ("throughput", ""),
+# Rates: the key names a unit (`tok/s`, `tokens_per_sec`, `perf/tps`, `samples/s`), matched
+# at the end of the key; the most specific unit first. `throughput` alone counts tokens unless
+# its value names its unit.
+_PER_SECOND = r"(?:/|_per_|_|\s*per\s*)(?:s|sec|second)"
+_RATE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(rf"(?:^|[./_ ])(?:tok|token)s?{_PER_SECOND}$|(?:^|[./_ ])tps$"), "tok/s"),
+    (
+        re.compile(rf"(?:^|[./_ ])(?:sample|seq|sequence|img|image|example)s?{_PER_SECOND}$"),
+        "samples/s",
+    ),
+    (re.compile(rf"(?:^|[./_ ])(?:it|iter|iteration|step|batch)s?{_PER_SECOND}$"), "it/s"),
+    (re.compile(r"(?:^|[./_ ])throughput$"), ""),
 )
 # Time per iteration: its rate is one iteration per that time.
 _TIME_KEYS = (
@@ -108,6 +98,7 @@ _TIME_KEYS = (
     "batch_time",
     "step time",
 )
+_PATH_RE = re.compile(r"[./]")  # nested keys: `train.loss`, `train/loss`
 _QUEUE_RE = re.compile(r"(?:^|[._/])(q_\w+|\w*queue\w*)$", re.IGNORECASE)
 _PRESETS = ("megatron", "nanogpt", "torchtitan", "hf-trainer")
 
@@ -273,8 +264,13 @@ def _numeric(value: object) -> bool:
 
 
 def _pick(keys: dict[str, object], wanted: tuple[str, ...]) -> str | None:
+    """The first wanted name a key is, or ends with as a path (`train/global_step`)."""
     lower = {key.lower(): key for key in keys if _numeric(keys[key])}
-    return next((lower[name] for name in wanted if name in lower), None)
+    found = next((lower[name] for name in wanted if name in lower), None)
+    if found is not None:
+        return found
+    last = {_PATH_RE.split(name)[-1]: key for name, key in lower.items()}
+    return next((last[name] for name in wanted if name in last), None)
 
 
 def _loss_key(keys: dict[str, object]) -> str | None:
@@ -294,8 +290,8 @@ def _loss_key(keys: dict[str, object]) -> str | None:
 def _throughput(keys: dict[str, object]) -> tuple[str, str] | None:
     """The throughput's field and unit: a rate if the lines carry one, else a time per step."""
     lower = {key.lower(): key for key in keys if _numeric(keys[key])}
-    for name, unit in _RATE_KEYS:
-        key = lower.get(name)
+    for pattern, unit in _RATE_PATTERNS:
+        key = next((lower[name] for name in lower if pattern.search(name)), None)
         if key is None:
             continue
         value = keys[key]

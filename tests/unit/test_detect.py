@@ -48,6 +48,12 @@ DICTS = [
     "{'loss': 2.119, 'grad_norm': 37.65, 'learning_rate': 4.58e-05, 'epoch': 0.25}",
     "{'loss': 2.011, 'grad_norm': 30.02, 'learning_rate': 4.16e-05, 'epoch': 0.5}",
 ]
+# Logger-style names: a path of words, the unit at its end.
+PATHS = [
+    f"train/loss={2.0 + i / 10} train/lr=0.001 perf/tps={9000 + i} trainer/global_step={i}"
+    for i in range(3)
+]
+NESTED = [f'{{"step": {i}, "train": {{"loss": 2.1, "tokens_per_sec": 1000}}}}' for i in range(3)]
 KEY_EQUALS = [f"it={i} train_loss={3 - i / 10:.3f} samples/s={120 + i}" for i in range(3)]
 KEY_COLON = [f"Iter: {i}  Loss: {3 - i / 10:.3f}  step_time: {0.5 + i / 100}" for i in range(3)]
 
@@ -99,6 +105,31 @@ def test_each_projects_lines_detect_as_its_preset(fixture: str, block: dict[str,
             ("step", "loss", "throughput"),
         ),
         (DICTS, {"preset": "hf-trainer"}, ("step", "loss")),
+        (
+            PATHS,
+            {
+                "format": "keyvalue",
+                "fields": {
+                    "step": "trainer/global_step",
+                    "loss": "train/loss",
+                    "throughput": "perf/tps",
+                    "throughput_unit": "tok/s",
+                },
+            },
+            ("step", "loss", "throughput"),
+        ),
+        (
+            NESTED,
+            {
+                "format": "json",
+                "fields": {
+                    "loss": "train.loss",
+                    "throughput": "train.tokens_per_sec",
+                    "throughput_unit": "tok/s",
+                },
+            },
+            ("step", "loss", "throughput"),
+        ),
         (
             KEY_EQUALS,
             {
