@@ -76,12 +76,16 @@ def detect_command(app: AppContext, source: str | None) -> None:
 @status_format.command("test")
 @click.argument("playbook", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("source", required=False, default="-", metavar="[FILE|-]")
-def test_command(playbook: Path, source: str) -> None:
+@click.option(
+    "--all-fields", "-a", is_flag=True, help="Also show every field each line holds, as read."
+)
+def test_command(playbook: Path, source: str, all_fields: bool) -> None:
     """Show, line by line, what the playbook's `status:` block reads a sample to.
 
     The sample is FILE or standard input. Each line is shown with the quantities the
     checks read (step, loss, throughput in its unit, the playbook's queues, watched fields),
-    or `-` when it is not a status line; a summary ends it.
+    or `-` when it is not a status line; a summary ends it. --all-fields adds every field
+    each line holds, as read.
 
     \b
     Example:
@@ -112,6 +116,9 @@ def test_command(playbook: Path, source: str) -> None:
         for name, _ in shown:
             read[name] = read.get(name, 0) + 1
         click.echo("       →  " + "  ".join(f"{name}={value}" for name, value in shown))
+        if all_fields:
+            every = "  ".join(f"{key}={_value(sample.fields.get(key))}" for key in sample.fields)
+            click.echo(f"          fields: {_safe(every)}")
     click.echo(_summary(len(lines), len(samples), read, queues), err=True)
     stepped = read.get("step", 0) or read.get("epoch", 0)
     sys.exit(0 if stepped else 1)
@@ -146,6 +153,23 @@ def _fields(sample: Sample, queues: list[str]) -> list[tuple[str, str]]:
     if (eta := sample.eta_seconds) is not None:
         shown.append(("eta", f"{eta:g} s"))
     return shown or [("(nothing the checks read)", "")]
+
+
+def _value(value: object) -> str:
+    """A field's value as read: a number, a duration, `n/total`, a list, `?` (not known)."""
+    from launcher.verify.samples import Quantity, Share
+
+    if value is None:
+        return "?"
+    if isinstance(value, Quantity):
+        return f"{value.value:g} {value.unit}"
+    if isinstance(value, Share):
+        return f"{value.value:g}/{value.total:g}"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return f"{value:g}"
+    return repr(value)
 
 
 def _summary(lines: int, samples: int, read: dict[str, int], queues: list[str]) -> str:

@@ -101,3 +101,19 @@ def test_test_with_an_invalid_playbook_exits_2(tmp_path: Path) -> None:
         handle.write("status: {format: csv}\n")
     code, _, err = run("test", str(book), stdin=PIPES)
     assert code == 2 and "status.format" in err
+
+
+def test_test_shows_every_field_as_read_when_asked(tmp_path: Path) -> None:
+    write_project(tmp_path)
+    book = tmp_path / "playbooks" / "dflash.yaml"
+    with book.open("a") as handle:
+        handle.write("status: {preset: nanogpt}\n")
+    # nanoGPT train.py: f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu ..."
+    sample = "iter 100: loss 2.1000, time 30.50ms, mfu 12.30%\n"
+    code, out, _ = run("test", str(book), "--all-fields", stdin=sample)
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "       →  step=100  loss=2.1  throughput=32.7869 it/s",
+        "          fields: iter=100  loss=2.1  time=0.0305 s  mfu=12.3 %  step=100  "
+        "throughput=32.7869",
+    ]
