@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.project import Project, verify_json
+from tests.e2e.project import DEMO_TRAINER, Project, verify_json
 
 pytestmark = pytest.mark.e2e
 
@@ -205,3 +207,65 @@ def test_a_trainer_of_its_own_shape_from_detect_to_healthy(
         record_property(f"seconds_to_{name}", round(value, 1))
     print("newcomer with an own trainer, seconds since start:", times)
     project.kill_session(VMID, "own")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_another_trainer_commands() -> list[str]:
+    """The README's "Another trainer?" console block, its `$ ` lines without the prompt."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text[text.index("**Another trainer?**") :]
+    start = after.index("```console\n") + len("```console\n")
+    block = after[start : after.index("\n```", start)]
+    return [line[2:] for line in block.splitlines() if line.startswith("$ ")]
+
+
+def test_readme_another_trainer_steps_run_verbatim_to_healthy(
+    project: Project, record_property: Callable[[str, object], None]
+) -> None:
+    """The README's steps for a trainer that is not DFlash, typed as they are written in the
+    project's directory (train.py: the demo trainer printing its pipes format), then deploy and
+    verify: HEALTHY, timed from nothing."""
+    started = time.monotonic()
+    commands = readme_another_trainer_commands()
+    assert any("status-format detect" in c for c in commands), commands
+    book = project.playbook("dflash", env=PIPES_ENV)
+    project.write({"dflash": (VMID, book)})
+    (project.root / "train.py").write_bytes(DEMO_TRAINER.read_bytes())
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DEMO_FORMAT": "pipes",
+        "DEMO_INTERVAL": "0.05",  # the sample's 200 lines in 10 s
+        "DEMO_RAMP": "1",
+        "DEMO_GPUS": "0",
+    }
+    env.pop("LAUNCHER_INVENTORY", None)  # ./inventory.yaml, as a newcomer's directory has
+    script = "set -eu\n" + "".join(f"echo '+ {c}'\n{c}\n" for c in commands)
+    result = subprocess.run(
+        ["bash", "-c", script],
+        cwd=project.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "→  step=" in result.stdout and "% full" in result.stdout, result.stdout
+    written = yaml.safe_load((project.root / "playbooks" / "dflash.yaml").read_text())
+    assert written["status"] == {
+        "format": "keyvalue",
+        "fields": {"throughput": "tok/s", "throughput_unit": "tok/s"},
+    }
+    detected = time.monotonic() - started
+    assert project.launcher("deploy", "--restart").returncode == 0
+    code, report, _ = verify_json(project)
+    assert code == 0, report
+    healthy = time.monotonic() - started
+    record_property("seconds_to_status_block", round(detected, 1))
+    record_property("seconds_to_healthy", round(healthy, 1))
+    print(f"README's another-trainer steps: block in {detected:.0f} s, HEALTHY in {healthy:.0f} s")
+    assert healthy < 600  # the issue's ten minutes, with room to spare
+    project.kill_session(VMID, "dflash")
