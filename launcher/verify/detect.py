@@ -5,7 +5,8 @@ sample, each with the fields it guesses from the lines' own key names, and keeps
 reads the most: the quantities the checks need first (step, loss, throughput), then the number
 of lines, then the more specific reading (DFlash's default, a preset, a generic format). Its
 answer is the block as a playbook holds it, with how sure it is and why. `launcher
-status-format detect`, the probe's note on lines it cannot read and `launcher init` all use it.
+status-format detect` and the `samples` check's note on lines it cannot read use it, as may any
+command that writes a playbook from a sample of the trainer's output.
 
 Where each shape comes from (real lines, quoted in tests/unit/test_detect.py and docs/verify.md):
 nanoGPT's train.py, Megatron-LM's training_log, torchtitan's MetricsProcessor.log, the Hugging
