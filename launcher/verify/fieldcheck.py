@@ -60,6 +60,15 @@ def unproducible(status: StatusSpec, verify: ChecksSpec) -> list[Finding]:
                         f"(map it under status.fields.queues, or drop it)",
                     )
                 )
+    given = status.fields.model_dump(exclude_unset=True)
+    for key in ("step", "loss", "throughput", "elapsed", "eta"):
+        named = given.get(key)
+        if named is not None and named not in fields:
+            found.append((("status", "fields", key), f"{where} carry no {named!r}"))
+    for index, watched in enumerate(given.get("watch", [])):
+        if watched not in fields:
+            message = f"{where} carry no {watched!r}: the finite check never sees it"
+            found.append((("status", "fields", "watch", index), message))
     quantities = _quantities(status, fields)
     throughput = verify.throughput.model_fields_set & {"min", "target"}
     if throughput and "throughput" not in quantities:

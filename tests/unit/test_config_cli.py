@@ -403,6 +403,13 @@ def test_a_check_the_status_format_cannot_feed_is_a_warning(
     edit(book, "status: {preset: megatron}", "status: {preset: nanogpt}")
     edit(book, "queues: {q_pre: 6}", "loss: {ceiling: 10.8}")
     assert check(project, capsys)[2] == ""  # nanoGPT prints its loss
-    edit(book, "status: {preset: nanogpt}", "status: {format: regex, pattern: 'it (?P<step>\\d+)'}")
+    edit(book, "status: {preset: nanogpt}", "status: {preset: nanogpt, fields: {watch: [gn]}}")
+    _, _, err = check(project, capsys)
+    assert "status.fields.watch.0: the nanogpt preset's lines carry no 'gn'" in err
+    edit(
+        book,
+        "status: {preset: nanogpt, fields: {watch: [gn]}}",
+        "status: {format: regex, pattern: 'it (?P<step>\\d+)'}",
+    )
     _, _, err = check(project, capsys)
     assert "verify.loss.ceiling: the status pattern's named groups carry no loss" in err
