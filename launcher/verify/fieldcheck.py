@@ -11,7 +11,7 @@ ends) but it is almost always a mistake: the playbook was written for another tr
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from launcher.verify.formats import PRESETS, StatusSpec
 from launcher.verify.spec import ChecksSpec
@@ -32,6 +32,8 @@ _PRESET_FIELDS: dict[str, frozenset[str]] = {
             "lm loss",
             "loss scale",
             "grad norm",
+            "params norm",
+            "num zeros",
             "number of skipped iterations",
             "number of nan iterations",
         )
@@ -43,8 +45,8 @@ _PRESET_FIELDS: dict[str, frozenset[str]] = {
 
 def unproducible(status: StatusSpec, verify: ChecksSpec) -> list[Finding]:
     """Checks set in `verify:` (or fields named in `status:`) that the format cannot feed."""
-    fields = _fields(status)
-    if fields is None:
+    carries = _fields(status)
+    if carries is None:
         return []  # lines may carry any field
     where = _source(status)
     mapped = status.fields.queues
@@ -52,7 +54,7 @@ def unproducible(status: StatusSpec, verify: ChecksSpec) -> list[Finding]:
     if "queues" in verify.model_fields_set:
         for name in verify.queues:
             source = mapped.get(name, name)
-            if source not in fields:
+            if not carries(source):
                 found.append(
                     (
                         ("verify", "queues", name),
@@ -63,13 +65,13 @@ def unproducible(status: StatusSpec, verify: ChecksSpec) -> list[Finding]:
     given = status.fields.model_dump(exclude_unset=True)
     for key in ("step", "loss", "throughput", "elapsed", "eta"):
         named = given.get(key)
-        if named is not None and named not in fields:
+        if named is not None and not carries(named):
             found.append((("status", "fields", key), f"{where} carry no {named!r}"))
     for index, watched in enumerate(given.get("watch", [])):
-        if watched not in fields:
+        if not carries(watched):
             message = f"{where} carry no {watched!r}: the finite check never sees it"
             found.append((("status", "fields", "watch", index), message))
-    quantities = _quantities(status, fields)
+    quantities = _quantities(status, carries)
     throughput = verify.throughput.model_fields_set & {"min", "target"}
     if throughput and "throughput" not in quantities:
         key = sorted(throughput)[0]
@@ -89,13 +91,20 @@ def unproducible(status: StatusSpec, verify: ChecksSpec) -> list[Finding]:
     return found
 
 
-def _fields(status: StatusSpec) -> frozenset[str] | None:
-    """The fields the format's lines can carry; None when any field may appear."""
+# Names a preset's lines may carry beyond its set: Megatron's training_log prints every key of
+# its loss dict (`lm loss`, `mtp_1 loss`, `load_balancing_loss`, ...) and a grad norm per part.
+_PRESET_OPEN: dict[str, re.Pattern[str]] = {"megatron": re.compile(r"loss$|grad norm$")}
+
+
+def _fields(status: StatusSpec) -> Callable[[str], bool] | None:
+    """Whether the format's lines can carry a field; None when any field may appear."""
     if status.resolved_format == "regex":
-        return frozenset(re.compile(status.pattern or "").groupindex)
-    if status.preset is not None and status.preset in _PRESET_FIELDS:
-        return _PRESET_FIELDS[status.preset]
-    return None
+        return frozenset(re.compile(status.pattern or "").groupindex).__contains__
+    preset = status.preset
+    if preset is None or preset not in _PRESET_FIELDS:
+        return None
+    known, extra = _PRESET_FIELDS[preset], _PRESET_OPEN.get(preset)
+    return lambda name: name in known or (extra is not None and extra.search(name) is not None)
 
 
 def _source(status: StatusSpec) -> str:
@@ -104,14 +113,9 @@ def _source(status: StatusSpec) -> str:
     return f"the {status.preset} preset's lines"
 
 
-def _quantities(status: StatusSpec, fields: frozenset[str]) -> set[str]:
+def _quantities(status: StatusSpec, carries: Callable[[str], bool]) -> set[str]:
     """Which of loss and throughput the format maps to a field its lines carry."""
     preset = PRESETS[status.preset].fields if status.preset is not None else {}
     given = status.fields.model_dump(exclude_unset=True)
     chosen = {**preset, **given}
-    found = set()
-    for quantity in ("loss", "throughput"):
-        source = chosen.get(quantity, quantity)
-        if source in fields:
-            found.add(quantity)
-    return found
+    return {q for q in ("loss", "throughput") if carries(chosen.get(q, q))}

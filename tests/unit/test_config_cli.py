@@ -413,3 +413,16 @@ def test_a_check_the_status_format_cannot_feed_is_a_warning(
     )
     _, _, err = check(project, capsys)
     assert "verify.loss.ceiling: the status pattern's named groups carry no loss" in err
+
+
+def test_megatrons_loss_dict_keys_are_fields_it_may_print() -> None:
+    """training_log prints every key of its loss dict (` {}: {:.6E} |`): no warning for one."""
+    from launcher.verify.fieldcheck import unproducible
+    from launcher.verify.formats import StatusSpec
+    from launcher.verify.spec import ChecksSpec
+
+    status = StatusSpec.model_validate(
+        {"preset": "megatron", "fields": {"watch": ["mtp_1 loss", "params norm", "q_pre"]}}
+    )
+    found = unproducible(status, ChecksSpec())
+    assert [where for where, _ in found] == [("status", "fields", "watch", 2)]
