@@ -35,6 +35,7 @@ from launcher.verify.samples import Quantity, Sample, Share
 
 __all__ = [
     "MAX_LINES",
+    "SUGGEST_AFTER",
     "Detection",
     "detect_status",
     "status_yaml",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 MAX_LINES = 400  # the newest lines of a sample that are looked at: detection stays cheap
+SUGGEST_AFTER = 3  # lines another block reads before the probe calls them the trainer's
 _QUANTITIES = ("step", "loss", "throughput")
 _NO_WRAP = 1 << 30
 
@@ -340,11 +342,11 @@ def _block(fmt: str, rows: list[dict[str, object]]) -> dict[str, Any]:
 
 
 def suggests(found: Detection) -> bool:
-    """Whether the lines are status lines of another shape for certain: a block reads two
-    lines or more and finds the loss in them, or the step in lines that are not progress
-    bars (a bar alone, e.g. a data loader's or a download's, may come before the training's
-    own lines)."""
-    if found.status is None or found.read < 2:
+    """Whether the lines are status lines of another shape for certain: a block reads three
+    lines or more (one or two may be a start-up evaluation's) and finds the loss in them, or
+    the step in lines that are not progress bars (a bar alone, e.g. a data loader's or a
+    download's, may come before the training's own lines)."""
+    if found.status is None or found.read < SUGGEST_AFTER:
         return False
     bars = all(sample.reading.progress for sample in found.samples)
     return "loss" in found.reads or ("step" in found.reads and not bars)
