@@ -101,9 +101,22 @@ _TIME_KEYS = (
     "batch_time",
     "step time",
 )
+# Time since the start, in seconds or as a duration (not a time per step).
+_ELAPSED_KEYS = ("elapsed", "elapsed_s", "elapsed_sec", "elapsed_time", "time_elapsed", "runtime")
 _PATH_RE = re.compile(r"[./]")  # nested keys: `train.loss`, `train/loss`
 _QUEUE_RE = re.compile(r"(?:^|[._/])(q_\w+|\w*queue\w*)$", re.IGNORECASE)
 _PRESETS = ("megatron", "nanogpt", "torchtitan", "hf-trainer")
+# The fields that tell each preset's lines (any one set, all of its names; lower case).
+_SIGNATURES: dict[str, tuple[frozenset[str], ...]] = {
+    "megatron": (
+        frozenset(("iteration", "elapsed time per iteration (ms)")),
+        frozenset(("iteration", "consumed samples")),
+    ),
+    "nanogpt": (frozenset(("iter", "time", "mfu")),),
+    "torchtitan": (frozenset(("step", "tps")), frozenset(("step", "tflops"))),
+    # The Trainer's logged dicts (`on_log`): the learning rate and the epoch with the loss.
+    "hf-trainer": (frozenset(("loss", "learning_rate")), frozenset(("loss", "epoch"))),
+}
 
 
 @dataclass(frozen=True)
@@ -211,15 +224,22 @@ def _covered(samples: list[Sample]) -> set[str]:
 def _candidates(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """Every block worth trying, the most specific first (it wins a tie)."""
     bodies = [line[message_start(line) :] for line in lines]
-    dicts = any(dict_fields(body) for body in bodies)
+    dict_rows = [fields for body in bodies if (fields := dict_fields(body))]
+    names = {key.lower() for row in dict_rows for key in row}
+    names |= {key.lower() for body in bodies for key in keyvalue_fields(body)}
     found: list[tuple[str, dict[str, Any]]] = [("dflash", {})]
-    # HF's preset reads bars too: without its dict lines, a bar is tqdm's own.
-    found += [(name, {"preset": name}) for name in _PRESETS if dicts or name != "hf-trainer"]
+    # A preset is tried when the lines carry its own fields: a generic format's lines that a
+    # preset happens to read too (`step`, `loss`) are named as what they are.
+    found += [
+        (name, {"preset": name})
+        for name in _PRESETS
+        if any(signature <= names for signature in _SIGNATURES[name])
+    ]
     bars = [m for body in bodies if (m := BAR_RE.match(body)) is not None]
     if bars:
         found.append(_bars(bars))
-    for fmt, read in (("json", json_fields), ("python-dict", dict_fields)):
-        rows = [fields for body in bodies if (fields := read(body))]
+    json_rows = [fields for body in bodies if (fields := json_fields(body))]
+    for fmt, rows in (("json", json_rows), ("python-dict", dict_rows)):
         if rows:
             found.append((fmt, _block(fmt, rows)))
     rows = [
@@ -328,6 +348,9 @@ def _block(fmt: str, rows: list[dict[str, object]]) -> dict[str, Any]:
     rate = _throughput(keys)
     if rate is not None:
         fields["throughput"], fields["throughput_unit"] = rate
+    elapsed = _pick(keys, _ELAPSED_KEYS)
+    if elapsed is not None and elapsed != rate_key(rate):
+        fields["elapsed"] = elapsed  # seconds since the start: bounds a stall as `[Nm]` does
     queues = {
         key.rsplit(".", 1)[-1]: key
         for key in keys
@@ -374,3 +397,7 @@ def unread_note(captured: int, found: Detection) -> str:
 def _clip(line: str, limit: int = 100) -> str:
     line = line.strip().replace("`", "'")
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def rate_key(rate: tuple[str, str] | None) -> str | None:
+    return rate[0] if rate is not None else None

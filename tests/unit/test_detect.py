@@ -54,6 +54,8 @@ PATHS = [
     for i in range(3)
 ]
 NESTED = [f'{{"step": {i}, "train": {{"loss": 2.1, "tokens_per_sec": 1000}}}}' for i in range(3)]
+# `step` and `loss` alone: torchtitan's preset would read them, but they are not its lines.
+STEP_LOSS = [f"step {i} | loss {2 - i / 10:.2f} | elapsed 0:0{i}:10" for i in range(3)]
 KEY_EQUALS = [f"it={i} train_loss={3 - i / 10:.3f} samples/s={120 + i}" for i in range(3)]
 KEY_COLON = [f"Iter: {i}  Loss: {3 - i / 10:.3f}  step_time: {0.5 + i / 100}" for i in range(3)]
 
@@ -105,6 +107,7 @@ def test_each_projects_lines_detect_as_its_preset(fixture: str, block: dict[str,
             ("step", "loss", "throughput"),
         ),
         (DICTS, {"preset": "hf-trainer"}, ("step", "loss")),
+        (STEP_LOSS, {"format": "keyvalue", "fields": {"elapsed": "elapsed"}}, ("step", "loss")),
         (
             PATHS,
             {
