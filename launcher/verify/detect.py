@@ -349,7 +349,7 @@ def _block(fmt: str, rows: list[dict[str, object]]) -> dict[str, Any]:
     if rate is not None:
         fields["throughput"], fields["throughput_unit"] = rate
     elapsed = _pick(keys, _ELAPSED_KEYS)
-    if elapsed is not None and elapsed != rate_key(rate):
+    if elapsed is not None and elapsed != _rate_key(rate):
         fields["elapsed"] = elapsed  # seconds since the start: bounds a stall as `[Nm]` does
     queues = {
         key.rsplit(".", 1)[-1]: key
@@ -399,5 +399,5 @@ def _clip(line: str, limit: int = 100) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def rate_key(rate: tuple[str, str] | None) -> str | None:
+def _rate_key(rate: tuple[str, str] | None) -> str | None:
     return rate[0] if rate is not None else None
