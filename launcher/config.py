@@ -29,7 +29,7 @@ from launcher.errors import ConfigError, UsageError
 from launcher.protocol import STATE_DIR, system_path_problem
 from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
-from launcher.verify.spec import ChecksSpec, StepSpec
+from launcher.verify.spec import ChecksSpec, QueueSpec, StepSpec
 from launcher.yamlsource import YamlDocument, load_yaml
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -298,9 +298,6 @@ class VerifySpec(ChecksSpec):
     # The run is meant to be short (a CI smoke run with a small max_steps): one that exits 0
     # after progress, before the probe counted its passing polls, is healthy. Off: it is not.
     finish_ok: StrictBool = False
-    queues: dict[str, Annotated[StrictInt, Field(ge=0, le=1_000_000)]] = Field(
-        default_factory=lambda: {"q_pre": 6, "q_hs": 1}
-    )
     step: _Step = Field(default_factory=_Step)
 
 
@@ -325,6 +322,15 @@ class PlaybookSpec(_Model):
     verify: VerifySpec = Field(default_factory=VerifySpec)
     # How the trainer's status lines are read (format, preset, fields): launcher.verify.formats.
     status: StatusSpec = Field(default_factory=StatusSpec)
+
+    @model_validator(mode="after")
+    def _mapped_queues_checked(self) -> PlaybookSpec:
+        # A queue the status: block maps is one its lines report: checked like DFlash's own
+        # (the dict is filled in place: the playbook did not set verify.queues).
+        if "queues" not in self.verify.model_fields_set:
+            for name in self.status.fields.queues:
+                self.verify.queues.setdefault(name, QueueSpec())
+        return self
 
     @model_validator(mode="after")
     def _script_or_project(self) -> PlaybookSpec:

@@ -143,10 +143,13 @@ def chart_series(probe: ProbeResult, queue_names: Sequence[str]) -> list[tuple[s
         if sample.loss is not None:
             loss.points.append((x, sample.loss))  # NaN kept: drawn as a marker
         for name in queue_names:
-            values = sample.numbers(name) or []
+            # A list per bucket; a depth (`12`) or a fill (`12/16`: 0.75) as one line.
+            read = sample.queue(name)
+            values = read[1] if read is not None else []
             lines = queues[name]
             while len(lines) < len(values):
-                lines.append(Series(f"{name}[{len(lines)}]"))
+                label = f"{name}[{len(lines)}]" if read and read[0] == "buckets" else name
+                lines.append(Series(label))
             for line, value in zip(lines, values, strict=False):
                 line.points.append((x, value))
     charts = [

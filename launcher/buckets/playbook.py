@@ -22,6 +22,7 @@ import yaml
 
 from launcher.config import load_playbook
 from launcher.errors import ConfigError
+from launcher.verify.spec import queue_spec
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,13 @@ def record_plan(path: Path, boundaries: list[int]) -> PlaybookEdit:
     text = path.read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     spec = original.spec
-    queues = dict(spec.verify.queues)
-    q_pre_before = queues.get("q_pre")
+    # A queue set as {buckets: N, min_fill: F} is written back as such; q_pre becomes a count.
+    queues: dict[str, Any] = {
+        name: value if isinstance(value, int) else value.model_dump(exclude_defaults=True)
+        for name, value in spec.verify.queues.items()
+    }
+    before = spec.verify.queues.get("q_pre")
+    q_pre_before = queue_spec(before).buckets if before is not None else None
     queues["q_pre"] = len(boundaries) - 1
     if q_pre_before is None:
         queues = {"q_pre": queues.pop("q_pre"), **queues}

@@ -35,8 +35,9 @@ def check(app: AppContext, as_json: bool) -> None:
     Example:
       launcher -i inventory.yaml inventory check
       launcher inventory check --json | jq '.targets[] | select(.target == "prod")'
-    Identity files named in the inventory must exist and be readable; loose permissions
-    and a missing known_hosts file are warnings.
+    Identity files named in the inventory must exist and be readable; loose permissions,
+    a missing known_hosts file and a check the playbook's status format can never feed
+    (a queue a preset's lines do not print) are warnings.
     Exit codes: 0 valid, 2 a problem (each printed on stderr with its file and key).
     """
     from launcher.config import check_all, inventory_path
@@ -45,7 +46,7 @@ def check(app: AppContext, as_json: bool) -> None:
 
     inv, targets, problems = check_all(inventory_path(app.inventory_option))
     key_problems, warnings = key_file_findings(inv)
-    for warning in warnings:
+    for warning in [*warnings, *_check_warnings(targets)]:
         click.echo(f"warning: {warning}", err=True)
     problems.extend(key_problems)
     if problems:
@@ -94,3 +95,22 @@ def check(app: AppContext, as_json: bool) -> None:
             f"  target {name}: {t['host']} CT {t['vmid']}, session {t['session']}, "
             f"{t['dest']}{default}"
         )
+
+
+def _check_warnings(targets: list[Any]) -> list[str]:
+    """Each playbook's checks that name a field its status format cannot produce."""
+    from launcher.verify.fieldcheck import unproducible
+    from launcher.yamlsource import load_yaml
+
+    found: list[str] = []
+    seen: set[str] = set()
+    for target in targets:
+        playbook = target.playbook
+        if str(playbook.path) in seen:
+            continue
+        seen.add(str(playbook.path))
+        findings = unproducible(playbook.spec.status, playbook.spec.verify)
+        if findings:
+            document = load_yaml(playbook.path, what="playbook")
+            found.extend(document.problem(where, message) for where, message in findings)
+    return found

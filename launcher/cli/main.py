@@ -138,6 +138,7 @@ SUBCOMMANDS: dict[str, str] = {
     "doctor": "launcher.cli.operate:doctor_command",
     "disconnect": "launcher.cli.operate:disconnect_command",
     "buckets": "launcher.cli.buckets:buckets",
+    "status-format": "launcher.cli.statusformat:status_format",
     "completion": "launcher.cli.completion:completion_command",
     "watch": "launcher.cli.watch:watch_command",
     "job": "launcher.cli.job:job",

@@ -118,7 +118,7 @@ def up(
       healthy (default), crash, stall, flat, nan, silent, crashloop, diverge,
       sag, finalizer-noise, nan-gradnorm, bursty, hang, cpu-fallback, one-gpu, idle-gpus
     (DEMO_CRASH_AFTER, DEMO_STALL_AFTER, DEMO_NAN_AFTER, DEMO_HANG_AFTER: seconds before it
-    misbehaves; DEMO_INTERVAL: seconds between status lines; DEMO_FORMAT: dflash, hf, jsonl;
+    misbehaves; DEMO_INTERVAL: seconds between status lines; DEMO_FORMAT: dflash, hf, jsonl, pipes;
     DEMO_STEPS: finish with exit 0 after this many steps; DEMO_LOAD_SECONDS: a silent model
     load first.)
     \b

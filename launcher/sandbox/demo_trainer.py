@@ -25,12 +25,15 @@ Environment:
   DEMO_LOAD_SECONDS      print "Loading model..." and nothing else for this long before the
                          first status line, as a large model's load does (default 0)
   DEMO_HF_BAR=0          hf format without the progress bar (disable_tqdm=True): dicts only
-  DEMO_FORMAT            how status is printed: dflash (default) | hf | jsonl
+  DEMO_FORMAT            how status is printed: dflash (default) | hf | jsonl | pipes
                            hf     a Hugging Face Trainer: a tqdm-style bar redrawn with \r
                                   (step, it/s) and dicts written above it, e.g.
                                   {'loss': 2.1, 'grad_norm': 1.2, 'learning_rate': 6e-04, ...}
                            jsonl  one JSON object a line: step, loss, lr, throughput.tokens_per_s,
                                   queues.q_pre, queues.q_hs, elapsed_s (loss nan prints NaN)
+                           pipes  a trainer of its own shape, `key value | key value`, the
+                                  prefetch queue as a fill: step 317 | loss 2.04 |
+                                  tok/s 50676 | q_pre 13/16 | q_post 3/16
 
 modes:
   healthy  queues fill, throughput climbs to ~28 Ktok/s, loss falls, checkpoints appear
@@ -70,12 +73,13 @@ BUSY_UTIL = 97  # % a compute-bound trainer shows at full throughput
 RELEASE_LAG = 0.5  # s the driver takes to free an exited process's memory
 MODES = ("healthy", "crash", "stall", "flat", "nan", "silent")
 GPU_MODES = ("cpu-fallback", "one-gpu", "idle-gpus")
-FORMATS = ("dflash", "hf", "jsonl")
+FORMATS = ("dflash", "hf", "jsonl", "pipes")
 PLATEAU_KTOK = 28.0
 FLAT_KTOK = 0.5
 TOKENS_PER_STEP = 14000.0
 TOTAL_STEPS = 2000000
 QUEUE_TARGET = [8, 7, 6, 6, 5, 4]
+QUEUE_DEPTH = 16  # the pipes format's prefetch queue capacity
 HS_TARGET = 4
 # Misbehaviours the verdict tests need (see misbehave() and the functions after it).
 MISBEHAVIOURS = ("crashloop", "diverge", "sag", "finalizer-noise", "nan-gradnorm", "bursty")
@@ -440,7 +444,28 @@ def emit_jsonl(trainer, t, ktok):
     print(json.dumps(record), flush=True)  # a nan loss prints as NaN
 
 
-EMIT = {"dflash": emit_dflash, "hf": emit_hf, "jsonl": emit_jsonl}
+def emit_pipes(trainer, t, ktok):
+    """`step 317 | loss 2.04 | tok/s 50676 | q_pre 13/16 | q_post 3/16`: what DFlash's reader
+    cannot read, launcher status-format detect can."""
+    q_pre, _ = trainer.queues(t)
+    depth = round(QUEUE_DEPTH * sum(q_pre) / float(sum(QUEUE_TARGET)))
+    loss = "---" if trainer.loss is None else "%.2f" % trainer.loss
+    print(
+        "step %d | loss %s | tok/s %d | q_pre %d/%d | q_post %d/%d"
+        % (
+            trainer.step,
+            loss,
+            round(ktok * 1000.0),
+            depth,
+            QUEUE_DEPTH,
+            trainer.rng.randint(1, 4),
+            QUEUE_DEPTH,
+        ),
+        flush=True,
+    )
+
+
+EMIT = {"dflash": emit_dflash, "hf": emit_hf, "jsonl": emit_jsonl, "pipes": emit_pipes}
 
 
 # --- misbehaviours (see MISBEHAVIOURS) ------------------------------------------------------

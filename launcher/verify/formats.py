@@ -36,9 +36,19 @@ from launcher.verify.readers import (
     kv_value,
     regex_fields,
 )
-from launcher.verify.samples import MISS, Quantity, Reading, ReadSample, RowMemo, Sample, classify
+from launcher.verify.samples import (
+    MISS,
+    Quantity,
+    Reading,
+    ReadSample,
+    RowMemo,
+    Sample,
+    Share,
+    classify,
+)
 
 __all__ = [
+    "BAR_RE",
     "FORMATS",
     "MAX_OBJECT_CHARS",
     "PRESETS",
@@ -97,6 +107,8 @@ def to_rate(value: object, unit: tuple[str, float, bool]) -> float | None:
     another kind than `unit` counts (it/s for tok/s) is not a reading: None.
     """
     base, scale, inverted = unit
+    if isinstance(value, Share):  # `512.3/498.1`, `13/16`: the count is the reading
+        value = value.value
     if type(value) is int or type(value) is float:
         number = float(value)
     elif isinstance(value, Quantity):
@@ -358,6 +370,8 @@ class _Mapping:
 
 
 def _minutes(value: object) -> float | None:
+    if isinstance(value, Share):
+        value = value.value
     if type(value) is int or type(value) is float:
         return float(value) / 60.0
     if isinstance(value, Quantity) and value.unit == "s":
@@ -451,6 +465,11 @@ class LineReader:
         if (wanted is True and desc) or (isinstance(wanted, str) and not desc.startswith(wanted)):
             return None
         fields: dict[str, object] = keyvalue_fields(bar["postfix"]) if bar["postfix"] else {}
+        epoch = _EPOCH_RE.match(desc)
+        if epoch is not None and "epoch" not in fields:
+            # Lightning's `Epoch 3`: its one training bar is reset (from 0) at each epoch's
+            # start (tqdm_progress.py, on_train_epoch_start): a new epoch, not a restart.
+            fields["epoch"] = int(epoch[1])
         fields, _ = self.mapping.apply(fields)
         fields["step"] = _count(bar["n"])
         if bar["total"]:
@@ -528,7 +547,8 @@ def _compile(spec: StatusSpec) -> LineReader | None:
 # tqdm's default layout: `{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<
 # {remaining}, {rate_fmt}{postfix}]`, or without a total `{desc}: {n_fmt}{unit} [{elapsed},
 # {rate_fmt}{postfix}]`; rate_fmt is `6.01it/s`, `1.23s/it` or `?it/s` before the first update.
-_BAR_RE = re.compile(
+_EPOCH_RE = re.compile(r"Epoch\s+(\d+)\b")
+BAR_RE = _BAR_RE = re.compile(
     r"\s*(?:(?P<desc>[^|\[\]{}]{0,80}?):\s*)?"
     r"(?:\d{1,3}%\|[^|]*\|\s*)?"
     r"(?P<n>\d+(?:\.\d+)?[kMG]?)(?:/(?P<total>\d+(?:\.\d+)?[kMG]?))?\s*(?:[A-Za-z]+\s*)?"

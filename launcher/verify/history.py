@@ -302,6 +302,8 @@ class RunHistory:
             name: deque(maxlen=spec.failure_threshold) for name in spec.queues
         }
         self.queue_latest: dict[str, list[float] | None] = dict.fromkeys(spec.queues)
+        # How each queue prints (`Sample.queue`): buckets, depth or fill; None until read.
+        self.queue_kind: dict[str, str | None] = dict.fromkeys(spec.queues)
         self.new_samples: list[Sample] = []  # the status lines the latest poll brought
         self._recent: deque[Sample] = deque(maxlen=8)
         self.formats: set[str] = set()  # the formats the run's status lines were read in
@@ -419,11 +421,17 @@ class RunHistory:
         """Each queue's readings in this poll's newest status lines (or the last one known)."""
         recent = self.new_samples[-_QUEUE_READINGS:]
         for name, polls in self.queues.items():
-            readings = [v for s in recent if (v := s.numbers(name)) is not None]
-            if not readings:
+            found = [v for s in recent if (v := s.queue(name)) is not None]
+            if found:
+                kind = found[-1][0]  # a queue printed two ways: its latest way is judged
+                readings = [values for k, values in found if k == kind]
+                self.queue_kind[name] = kind
+            else:
                 older = self.new_samples[: -_QUEUE_READINGS or None]
-                latest = next((v for s in reversed(older) if (v := s.numbers(name))), None)
-                latest = latest or self.queue_latest[name]
+                latest_found = next((v for s in reversed(older) if (v := s.queue(name))), None)
+                if latest_found is not None:
+                    self.queue_kind[name] = latest_found[0]
+                latest = latest_found[1] if latest_found else self.queue_latest[name]
                 readings = [latest] if latest is not None else []  # nothing new: it holds
             if readings:
                 self.queue_latest[name] = readings[-1]
@@ -463,9 +471,11 @@ class RunHistory:
         restart = self._open_restart()
         # Ranks printing in turn may lag a step behind each other: two steps back is a restart,
         # unless the counter restarts with each epoch.
-        backwards = (
-            self._step_max is not None and step < self._step_max - 1 and not self._new_epoch(sample)
-        )
+        behind = self._step_max is not None and step < self._step_max - 1
+        new_epoch = behind and self._new_epoch(sample)
+        if new_epoch:
+            self._step_max = None  # a counter that restarts with each epoch: counted afresh
+        backwards = behind and not new_epoch
         if restart is not None or backwards:
             if restart is None:
                 restart = self._restart("the step went backwards")

@@ -60,6 +60,8 @@ class PollEvent:
     consecutive: int
     error: str | None = None
     failing: int = 0  # failing polls in a row (definite failures)
+    # Every check's result at this poll, counted or not (the warmup counts only some).
+    checks: list[CheckResult] = field(default_factory=list)
 
 
 @dataclass
@@ -298,6 +300,7 @@ class Prober:
                 self.tally.passing,
                 error=error,
                 failing=self.tally.failing,
+                checks=self._all,
             )
         )
 

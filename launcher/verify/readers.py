@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from launcher.verify.parse import parse_line
-from launcher.verify.samples import classify
+from launcher.verify.samples import Share, classify
 
 __all__ = [
     "MAX_OBJECT_CHARS",
@@ -60,7 +60,7 @@ _KV_RE = re.compile(
     rf"|(?P<c>{_KV_WORDS})\s+(?P<cv>{_KV_NUMBER}))"
 )
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_OF_TOTAL_RE = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*/\s*\d+(?:\.\d+)?")  # 100/1000 -> 100
+_OF_TOTAL_RE = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")  # 100/1000: a Share
 _WITH_NOTE_RE = re.compile(r"(.+?)\([^()]*\)")  # 66.91GiB(37.51%) -> 66.91GiB
 
 
@@ -70,9 +70,10 @@ def kv_value(text: str) -> object:
     if "," in v and _THOUSANDS_RE.fullmatch(v):
         v = v.replace(",", "")
     else:
-        m = _OF_TOTAL_RE.fullmatch(v) if "/" in v else None
-        if m is None and v.endswith(")"):
-            m = _WITH_NOTE_RE.fullmatch(v)
+        share = _OF_TOTAL_RE.fullmatch(v) if "/" in v else None
+        if share is not None:  # a count out of a total: its number is the count
+            return Share(float(share[1]), float(share[2]))
+        m = _WITH_NOTE_RE.fullmatch(v) if v.endswith(")") else None
         if m is not None:
             v = m[1]
     return classify(v) if v else None

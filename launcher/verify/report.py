@@ -12,6 +12,7 @@ from launcher.verify.checks import CheckResult, Verdict, history
 from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
+from launcher.verify.rules.text import spaced_rate
 from launcher.verify.samples import Sample
 
 if TYPE_CHECKING:
@@ -212,9 +213,12 @@ def throughput_trend(probe: ProbeResult) -> list[float]:
     return [v for v in values if v is not None][-40:]
 
 
-def format_rate(value: float | None) -> str:
+def format_rate(value: float | None, unit: str = "tok/s") -> str:
+    """`27.9 Ktok/s`; a rate of another unit as it is counted (`1.12 it/s`)."""
     if value is None:
         return "?"
+    if unit != "tok/s":
+        return spaced_rate(value, unit)
     return f"{value / 1000:.1f} Ktok/s"
 
 
@@ -226,11 +230,16 @@ def latest_line(samples: Sequence[Sample], queue_names: Sequence[str]) -> str:
     parts = [f"step {sample.step if sample.step is not None else '?'}"]
     loss = sample.loss
     parts.append(f"loss {loss:.4g}" if loss is not None else "loss ?")
-    parts.append(format_rate(sample.throughput))
+    parts.append(format_rate(sample.throughput, sample.throughput_unit))
     for name in queue_names:
-        values = sample.numbers(name)
-        if values is not None:
+        queue = sample.queue(name)
+        if queue is None:
+            continue
+        kind, values = queue
+        if kind == "buckets":
             parts.append(f"{name} [{', '.join(f'{v:g}' for v in values)}]")
+        else:
+            parts.append(f"{name} {values[0]:.0%}" if kind == "fill" else f"{name} {values[0]:g}")
     return " · ".join(parts)
 
 
@@ -245,9 +254,9 @@ def render_text(
         lines.append(f"  latest: {latest_line(probe.samples, queue_names)}")
     trend = throughput_trend(probe)
     if trend:
-        lines.append(
-            f"  throughput: {sparkline(trend)}  {format_rate(trend[0])} → {format_rate(trend[-1])}"
-        )
+        unit = probe.samples[-1].throughput_unit if probe.samples else "tok/s"
+        first, last = format_rate(trend[0], unit), format_rate(trend[-1], unit)
+        lines.append(f"  throughput: {sparkline(trend)}  {first} → {last}")
     shown = [r for r in probe.checks if verbose or r.verdict is not Verdict.PASS]
     passed = [r.name for r in probe.checks if r.verdict is Verdict.PASS]
     if passed and len(shown) < len(probe.checks):

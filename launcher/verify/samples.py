@@ -29,6 +29,7 @@ __all__ = [
     "RowMemo",
     "Sample",
     "SampleReader",
+    "Share",
     "classify",
     "parse_rate",
 ]
@@ -40,6 +41,22 @@ class Quantity:
 
     value: float
     unit: str
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """`12/16`: a count out of a total (a queue's depth of its capacity, `iteration 100/1000`).
+
+    Read as a number it is the count (`value`); a queue check reads its `fill`.
+    """
+
+    value: float
+    total: float
+
+    @property
+    def fill(self) -> float | None:
+        """The count as a share of the total (0.75 for 12/16); None for a total of 0."""
+        return self.value / self.total if self.total > 0 else None
 
 
 class Fields(Mapping[str, object]):
@@ -154,6 +171,20 @@ class Sample:
             return None
         return list(map(float, value))
 
+    def queue(self, key: str) -> tuple[str, list[float]] | None:
+        """A queue field as the queue check reads it: ("buckets", depths) for a list,
+        ("depth", [n]) for a number, ("fill", [share]) for `n/total`; None when missing,
+        unknown or not numeric."""
+        listed = self.numbers(key)
+        if listed is not None:
+            return "buckets", listed
+        value = self.fields.get(key)
+        if isinstance(value, Share):
+            fill = value.fill
+            return None if fill is None or not math.isfinite(fill) else ("fill", [fill])
+        number = _as_number(value)
+        return None if number is None else ("depth", [number])
+
     @property
     def step(self) -> int | None:
         value = self.fields.get("step")
@@ -211,7 +242,7 @@ _ABSENT = object()
 def _as_number(value: object) -> float | None:
     if type(value) is int or type(value) is float:
         return float(value)
-    if isinstance(value, Quantity):
+    if isinstance(value, Quantity | Share):
         return value.value
     return None
 
@@ -225,6 +256,7 @@ _SCALAR_RE = re.compile(
     r"|(?P<duration>(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+)"
     rf"|(?P<qn>{NUMBER})(?P<qu>[A-Za-z%µ]+(?:/[A-Za-z]+)?)"
     r"|(?:(?P<hh>\d+):)?(?P<mm>\d{1,2}):(?P<ss>\d{2})(?:\.\d+)?"
+    r"|(?P<sn>\d+(?:\.\d+)?)/(?P<st>\d+(?:\.\d+)?)"
 )
 # A list of integers float() reads as float(int()) does (exactly, and no overflow). Spaces and
 # tabs only: `\s` would also take control characters float() refuses.
@@ -283,6 +315,8 @@ def _scalar(v: str) -> object:
         return Quantity(sum(float(n) * _SECONDS[u] for n, u in _DURATION_PART_RE.findall(v)), "s")
     if kind == "ss":
         return Quantity(int(m["hh"] or 0) * 3600.0 + int(m["mm"]) * 60.0 + int(m["ss"]), "s")
+    if kind == "st":
+        return Share(float(m["sn"]), float(m["st"]))
     unit = m["qu"]
     tok = _TOK_RATE_RE.fullmatch(unit)
     if tok is not None:

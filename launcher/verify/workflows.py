@@ -175,7 +175,9 @@ def probe_summary(probe: ProbeResult) -> str:
     samples = probe.samples
     if probe.state is State.HEALTHY and samples:
         latest = samples[-1]
-        return f"healthy: step {latest.step}, {format_rate(latest.throughput)}"
+        return (
+            f"healthy: step {latest.step}, {format_rate(latest.throughput, latest.throughput_unit)}"
+        )
     word = probe.verdict if probe.state is None else str(probe.state)
     return f"{word}: {probe.reason}"
 
@@ -189,6 +191,15 @@ def progress_line(event: PollEvent, queues: list[str], threshold: int) -> str:
         names = sorted(r.name for r in event.results if r.kind is Failure.DEFINITE)
         line += f" · failing {event.failing}/{threshold}: {', '.join(names)}"
     return line
+
+
+def unread_note(event: PollEvent) -> str | None:
+    """The `samples` check's note when the pane's lines read as status lines of another
+    shape than the playbook's (its observation quotes two and carries the block)."""
+    for result in event.checks:
+        if result.name == "samples" and result.kind is Failure.IMMEDIATE:
+            return f"the trainer's lines are not read: {result.observed}"
+    return None
 
 
 def run_probe(
@@ -214,8 +225,15 @@ def run_probe(
         records[0] = answer.get("record")
         return state
 
+    noted: set[str] = set()
+
     def show(event: PollEvent) -> None:
         ctx.say(progress_line(event, queues, settings.failure_threshold))
+        note = unread_note(event)
+        block = note.partition("\n")[2] if note is not None else ""
+        if note is not None and block not in noted:
+            noted.add(block)  # said once (per block), in the warmup: the verdict follows it
+            ctx.say(note)
 
     result = Prober(
         poll,
@@ -249,8 +267,8 @@ def status_state(
 
     A running session is judged at once, except that a run within its warmup (`wait` seconds
     since tmux created its session), or still without a status line while its window lasts, is
-    `starting` unless a crash, a fatal sign or a restart already shows. Any other failing check,
-    of any kind, is unhealthy.
+    `starting` unless a crash, a fatal sign or a restart already shows, or its lines read as
+    another format's. Any other failing check, of any kind, is unhealthy.
     """
     failing = [f"{r.name}: {r.observed.splitlines()[0]}" for r in checks if r.kind is not None]
     if state.deploy_lock:
@@ -265,7 +283,8 @@ def status_state(
     early = any(r.kind is not None for r in counted(checks, judging=False))
     age = state.age
     if not early and age is not None:
-        silent = not any(r.name == "samples" and r.kind is None for r in checks)
+        # No status line yet, and no other format reads the lines either (those fail).
+        silent = any(r.name == "samples" and r.kind is Failure.PENDING for r in checks)
         if age < wait:
             return State.STARTING, f"within its warmup ({age:.0f} s of {wait:g} s)"
         if silent and age < wait + window:

@@ -23,6 +23,7 @@ from launcher.verify.checks import (
     history,
     worst_verdict,
 )
+from launcher.verify.detect import detect_status, suggests
 from launcher.verify.parse import Fields, Sample, parse_pane
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -182,7 +183,33 @@ def test_fatal_sign_the_run_survived_is_a_warning() -> None:
 def test_silent_trainer_fails_samples() -> None:
     result = check("samples", [poll(0, "Starting pipeline...", "Loading shards")])
     assert result.verdict is Verdict.FAIL
-    assert result.observed == "no status line in 2 captured lines"
+    assert result.observed == (
+        "no status line in 2 captured lines (e.g. `Starting pipeline...`, `Loading shards`)"
+    )
+    assert result.kind is Failure.PENDING  # it may still be starting: the window decides
+
+
+def test_lines_of_another_shape_fail_at_once_with_the_block_that_reads_them() -> None:
+    """The issue's trainer: a line a second the default (DFlash) reader cannot read."""
+    rows = [
+        f"step {317 + i} | loss 2.0{i} | tok/s 5067{i} | q_pre 13/16 | q_post 3/16"
+        for i in range(4)
+    ]
+    result = check("samples", [poll(0, "starting", *rows)])
+    assert result.verdict is Verdict.FAIL and result.kind is Failure.IMMEDIATE
+    first, *rest = result.observed.splitlines()
+    assert first.startswith("no status line in 5 captured lines: 4 read as keyvalue lines")
+    assert (
+        "`status: {format: keyvalue, fields: {throughput: tok/s, throughput_unit: tok/s}}`" in first
+    )
+    assert f"`{rows[-2]}`, `{rows[-1]}`" in first  # two of the lines, quoted
+    assert rest[1:] == [
+        "status:",
+        "  format: keyvalue",
+        "  fields:",
+        "    throughput: tok/s",
+        "    throughput_unit: tok/s",
+    ]
 
 
 def test_empty_bucket_fails_queues() -> None:
@@ -593,3 +620,12 @@ def test_start_up_lines_are_learnt_only_from_a_capture_that_starts_at_the_start(
         judge = Judge(ChecksSpec(), history_lines=lines)
         judge.add(poll(0, *first))
         assert by_name(judge.add(poll(10, *later)))["restarts"].verdict is verdict, lines
+
+
+def test_lines_of_another_shape_after_status_lines_are_a_phase_not_a_format() -> None:
+    """A run that printed its status lines and then only lines another format reads (an
+    evaluation printing `step N | loss X`) waits for the step checks to judge it."""
+    rows = [f"eval step {i} | loss 2.0{i}" for i in range(4)]
+    assert suggests(detect_status(rows))  # on their own, a format to read them would be named
+    result = check("samples", [poll(0, line(0, step=10)), poll(10, *rows)])
+    assert result.verdict is Verdict.FAIL and result.kind is Failure.PENDING

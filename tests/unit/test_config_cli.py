@@ -381,3 +381,48 @@ def test_debug_sends_paramikos_log_to_stderr() -> None:
             if handler not in before:
                 log.removeHandler(handler)
         log.setLevel(level)
+
+
+def test_a_check_the_status_format_cannot_feed_is_a_warning(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DFlash playbook's queues under the megatron preset: Megatron prints no q_pre."""
+    book = project / "playbooks" / "dflash.yaml"
+    edit(
+        book,
+        "verify: {wait: 180, interval: 10}",
+        "status: {preset: megatron}\nverify: {wait: 180, interval: 10, queues: {q_pre: 6}}",
+    )
+    code, _, err = check(project, capsys)
+    assert code == 0
+    assert err == (
+        f"warning: {book}:13: verify.queues.q_pre: the megatron preset's lines carry no "
+        "'q_pre': this check can never be judged (map it under status.fields.queues, or "
+        "drop it)\n"
+    )
+    edit(book, "status: {preset: megatron}", "status: {preset: nanogpt}")
+    edit(book, "queues: {q_pre: 6}", "loss: {ceiling: 10.8}")
+    assert check(project, capsys)[2] == ""  # nanoGPT prints its loss
+    edit(book, "status: {preset: nanogpt}", "status: {preset: nanogpt, fields: {watch: [gn]}}")
+    _, _, err = check(project, capsys)
+    assert "status.fields.watch.0: the nanogpt preset's lines carry no 'gn'" in err
+    edit(
+        book,
+        "status: {preset: nanogpt, fields: {watch: [gn]}}",
+        "status: {format: regex, pattern: 'it (?P<step>\\d+)'}",
+    )
+    _, _, err = check(project, capsys)
+    assert "verify.loss.ceiling: the status pattern's named groups carry no loss" in err
+
+
+def test_megatrons_loss_dict_keys_are_fields_it_may_print() -> None:
+    """training_log prints every key of its loss dict (` {}: {:.6E} |`): no warning for one."""
+    from launcher.verify.fieldcheck import unproducible
+    from launcher.verify.formats import StatusSpec
+    from launcher.verify.spec import ChecksSpec
+
+    status = StatusSpec.model_validate(
+        {"preset": "megatron", "fields": {"watch": ["mtp_1 loss", "params norm", "q_pre"]}}
+    )
+    found = unproducible(status, ChecksSpec())
+    assert [where for where, _ in found] == [("status", "fields", "watch", 2)]

@@ -216,7 +216,8 @@ def test_inventory_numbers_are_finite_and_in_range(
         (
             "verify: {wait: 180, interval: 10}",
             "verify: {wait: 180, interval: 10, queues: {q_pre: true}}",
-            "dflash.yaml:12: verify.queues.q_pre: Input should be a valid integer (got true)",
+            "dflash.yaml:12: verify.queues.q_pre: Input should be a valid integer or "
+            "{buckets: N, min_fill: F} (got true)",
         ),
     ],
 )

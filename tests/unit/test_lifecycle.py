@@ -235,6 +235,9 @@ def pane(**fields: object) -> PaneState:
     return PaneState(**{**base, **fields})  # type: ignore[arg-type]
 
 
+OTHER_SHAPE = "step 1 | loss 2.5\nstep 2 | loss 2.4\nstep 3 | loss 2.3"
+
+
 def status_of(state: PaneState, wait: float = 40, window: float = 60) -> State:
     samples = tuple(parse_pane(state.capture))
     checks = Judge(ChecksSpec()).add(Poll(0.0, state, samples))
@@ -248,6 +251,11 @@ def status_of(state: PaneState, wait: float = 40, window: float = 60) -> State:
         (pane(capture="Loading model...", age=70.0), State.STARTING),  # no line, window open
         (pane(capture="Loading model...", age=120.0), State.UNHEALTHY),  # window over
         (pane(capture="Loading model..."), State.UNHEALTHY),  # age unknown: judged at once
+        # Lines of another format: past the warmup they will not turn into DFlash lines.
+        (pane(capture=OTHER_SHAPE, age=70.0), State.UNHEALTHY),
+        (pane(capture=OTHER_SHAPE, age=1.0), State.STARTING),
+        # Two such lines may be a start-up evaluation's: the run may still be starting.
+        (pane(capture="step 0 | loss 10.9\nstep 0 | loss 10.8", age=70.0), State.STARTING),
         # A fatal sign already shows: not starting any more.
         (
             pane(capture="Traceback (most recent call last)\n  x\nValueError", age=1),

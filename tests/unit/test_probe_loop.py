@@ -546,3 +546,43 @@ def test_each_poll_is_bounded_by_command_timeout_and_what_is_left() -> None:
     deadlines.clear()
     Prober(hung, ChecksSpec(), settings, clock=clock, sleep=clock.sleep).run()
     assert deadlines == [4.0, 4.0, 4.0]
+
+
+def test_lines_of_another_shape_fail_within_wait_plus_two_intervals_with_a_block() -> None:
+    """The issue's trainer: a line a second, none of them DFlash's. Before, the probe said
+    "no status lines yet" until the window ended (5.5 min); now the warmup notes it, with
+    the block that reads them, and the first judged poll fails."""
+    clock = FakeClock()
+    start = clock.now
+
+    def pane() -> PaneState:
+        t = int(clock.now - start)
+        lines = [
+            "Starting the run",
+            *(
+                f"step {i} | loss {3 - i / 100:.2f} | tok/s 5067{i % 10} | "
+                "q_pre 13/16 | q_post 3/16"
+                for i in range(t + 1)
+            ),
+        ]
+        return PaneState(True, False, None, None, "\n".join(lines[-200:]))
+
+    events: list[Any] = []
+    s = ProbeSettings(wait=30, interval=10, window=300, successes=3)
+    prober = Prober(
+        lambda timeout: pane(), ChecksSpec(), s, clock=clock, sleep=clock.sleep,
+        on_event=events.append,
+    )  # fmt: skip
+    result = prober.run()
+    assert result.exit_code == ExitCode.UNHEALTHY
+    assert clock.now - start <= s.wait + 2 * s.interval
+    assert result.reason.startswith("samples: no status line in 32 captured lines: 31 read as")
+    assert "`status: {format: keyvalue, fields: {throughput: tok/s, throughput_unit: tok/s}}`" in (
+        result.reason
+    )
+    assert "`step 30 | loss 2.70 | tok/s 50670 | q_pre 13/16 | q_post 3/16`" in result.reason
+    # From the second line on, the warmup's polls carry the note (the CLI says it once).
+    noted = [
+        e for e in events if "status:\n  format: keyvalue" in by_name(e.checks)["samples"].observed
+    ]
+    assert noted and noted[0].phase == "warmup" and noted[0].elapsed <= s.interval

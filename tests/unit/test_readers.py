@@ -46,3 +46,15 @@ def test_the_parser_and_the_readers_share_leaves_not_each_other() -> None:
     assert "verify.formats" not in text.replace("`launcher.verify.formats`", "")
     assert parse.Sample is samples.Sample and parse.logical_lines is lines.logical_lines
     assert formats.json_fields is readers.json_fields
+
+
+def test_a_count_of_a_total_is_a_share_in_every_format() -> None:
+    """`12/16` keeps its total: a number as its count (`iteration 100/1000` is step 100), a
+    fill for a queue check (0.75)."""
+    assert readers.kv_value("12/16") == samples.Share(12.0, 16.0)
+    assert readers.kv_value("100/ 1000") == samples.Share(100.0, 1000.0)
+    assert samples.classify("12/16") == samples.Share(12.0, 16.0)  # DFlash's `q_pre=12/16`
+    (line,) = parse.parse_pane("[0m] step=3 loss=2.0 q_pre=12/16\n")
+    assert line.queue("q_pre") == ("fill", [0.75]) and line.number("q_pre") == 12.0
+    assert samples.Share(3.0, 0.0).fill is None  # no capacity: no fill
+    assert samples.classify("2025/11/30") == "2025/11/30"  # a date is not a share

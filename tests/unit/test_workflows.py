@@ -34,6 +34,8 @@ NOT_WORKFLOWS = {
     "job": "a multi-node job: its own phases over every node, one function each in "
     "launcher.jobcommands, which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
+    "status-format": "local: reads a sample of a trainer's lines (detect -t reads a pane "
+    "through the logs workflow)",
     "watch": "long-running: one WatchSession (launcher.watch.session), which the CLI and "
     "api.Launcher.watch both run",
 }

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.verify.rules.base import check
 from launcher.verify.rules.text import fmt, rate, rising, sketch, spaced_rate
+from launcher.verify.spec import QueueSpec, queue_spec
 
 if TYPE_CHECKING:
     from launcher.verify.history import RunHistory
@@ -25,45 +26,74 @@ _FLOOR_RISE = 0.2  # below the floor, "still rising" needs this much over the ea
 
 @check("queues")
 def queues(run: RunHistory) -> list[CheckResult]:
-    """Each queue the playbook names: its length, every bucket filled within the threshold."""
-    return [_queue(run, name, size) for name, size in run.spec.queues.items()]
+    """Each queue the playbook names: every bucket (or the queue) filled within the threshold."""
+    return [_queue(run, name, queue_spec(setting)) for name, setting in run.spec.queues.items()]
 
 
-def _queue(run: RunHistory, name: str, size: int) -> CheckResult:
+def _queue(run: RunHistory, name: str, spec: QueueSpec) -> CheckResult:
     check = f"queues.{name}"
     polls = run.queues[name]
-    expected = (
-        f"{size} {'entry' if size == 1 else 'entries'}, "
-        f"each > 0 at least once in {run.spec.failure_threshold} polls"
-    )
+    threshold = run.spec.failure_threshold
     latest = run.queue_latest[name]
-    if latest is None:
+    kind = run.queue_kind[name]
+    if latest is None or kind is None:
+        expected = _queue_expected(spec, None, threshold)
         skipped = _not_reported(run, check)
         if skipped is not None:
             return skipped
         return CheckResult(check, Verdict.FAIL, f"{name} never reported", expected, Failure.PENDING)
-    shown = f"{name}=[{', '.join(fmt(v) for v in latest)}]"
+    expected = _queue_expected(spec, kind, threshold)
+    if kind == "buckets":
+        shown = f"{name}=[{', '.join(fmt(v) for v in latest)}]"
+    elif kind == "fill":
+        shown = f"{name} {latest[0]:.0%} full"
+    else:
+        shown = f"{name}={fmt(latest[0])}"
+    size = spec.buckets if kind == "buckets" and spec.buckets is not None else len(latest)
     if len(latest) != size:
         observed = f"{shown} ({len(latest)} entries)"
         return CheckResult(check, Verdict.FAIL, observed, expected, Failure.DEFINITE)
+    # A fill must reach min_fill (above empty when 0); a depth or a bucket must be above 0.
+    floor = spec.min_fill if kind == "fill" else 0.0
+
+    def filled(value: float) -> bool:
+        return value >= floor if floor > 0 else value > 0
+
     readings = [r for poll in polls for r in poll if len(r) == size]
-    empty = [i for i in range(size) if not any(r[i] > 0 for r in readings)]
+    empty = [i for i in range(size) if not any(filled(r[i]) for r in readings)]
     if empty:
-        which = ", ".join(str(i + 1) for i in empty)
-        which = f"bucket {which}" if len(empty) == 1 else f"buckets {which}"
+        if kind == "buckets":
+            which = ", ".join(str(i + 1) for i in empty)
+            which = f"bucket {which} empty" if len(empty) == 1 else f"buckets {which} empty"
+        elif floor > 0:
+            which = f"below {floor:.0%} full"
+        else:
+            which = "empty"
         span = f" in {len(polls)} polls" if len(polls) > 1 else ""
         if len(readings) > 1 and not span:
             span = f" in {len(readings)} readings"
-        observed = f"{shown} ({which} empty{span})"
+        observed = f"{shown} ({which}{span})"
         # Judged over failure_threshold polls already: waiting longer adds nothing.
-        full = len(polls) >= run.spec.failure_threshold
-        kind = Failure.IMMEDIATE if full else Failure.DEFINITE
-        return CheckResult(check, Verdict.FAIL, observed, expected, kind)
-    if any(not v > 0 for v in latest):
-        return CheckResult(
-            check, Verdict.PASS, f"{shown} (bursty: every bucket filled recently)", expected
-        )
+        full = len(polls) >= threshold
+        failure = Failure.IMMEDIATE if full else Failure.DEFINITE
+        return CheckResult(check, Verdict.FAIL, observed, expected, failure)
+    if any(not filled(v) for v in latest):
+        recently = "every bucket filled recently" if kind == "buckets" else "filled recently"
+        return CheckResult(check, Verdict.PASS, f"{shown} (bursty: {recently})", expected)
     return CheckResult(check, Verdict.PASS, shown, expected)
+
+
+def _queue_expected(spec: QueueSpec, kind: str | None, threshold: int) -> str:
+    within = f"at least once in {threshold} polls"
+    if kind == "fill" or (kind is None and spec.min_fill > 0):
+        fill = f"at least {spec.min_fill:.0%} full" if spec.min_fill > 0 else "above empty"
+        return f"{fill} {within}"
+    if kind == "depth":
+        return f"> 0 {within}"
+    if spec.buckets is None:
+        return f"each entry > 0 {within}"
+    size = spec.buckets
+    return f"{size} {'entry' if size == 1 else 'entries'}, each > 0 {within}"
 
 
 @check("throughput")
@@ -72,11 +102,19 @@ def throughput(run: RunHistory) -> CheckResult:
     spec = run.spec.throughput
     series = run.throughput
     unit = run.unit
-    expected = f">= {rate(spec.min, unit)}" + (
-        f", reaching {rate(spec.target, unit)} or rising" if spec.target is not None else ""
+    floor = _floor(run)
+    expected = (
+        ", ".join(
+            part
+            for part in (
+                f">= {rate(floor, unit)}" if floor is not None else "",
+                f"reaching {rate(spec.target, unit)} or rising" if spec.target is not None else "",
+                f"not below {spec.drop:.0%} of this run's peak" if spec.drop is not None else "",
+            )
+            if part
+        )
+        or "reported"
     )
-    if spec.drop is not None:
-        expected += f", not below {spec.drop:.0%} of this run's peak"
     current = series.current()
     if current is None:
         skipped = _not_reported(run, "throughput")
@@ -89,9 +127,9 @@ def throughput(run: RunHistory) -> CheckResult:
     trend = " -> ".join(rate(v, unit) for v in sketch(values))
     peak = series.smooth_max
     sagged = spec.drop is not None and peak is not None and current < spec.drop * peak
-    if current < spec.min:
+    if floor is not None and current < floor:
         observed = f"{trend} (below minimum"
-        if sagged and peak is not None and peak >= spec.min:
+        if sagged and peak is not None and peak >= floor:
             observed += f"; {current / peak:.0%} of this run's peak {rate(peak, unit)}"
         if rising(values, _FLOOR_RISE) and not sagged:
             observed += ", rising)"
@@ -114,6 +152,17 @@ def throughput(run: RunHistory) -> CheckResult:
         observed = f"{trend} (steady, below target {rate(spec.target, unit)})"
         return CheckResult("throughput", Verdict.WARN, observed, expected)
     return CheckResult("throughput", Verdict.PASS, f"{trend} (steady)", expected)
+
+
+def _floor(run: RunHistory) -> float | None:
+    """The absolute throughput floor: the playbook's `throughput.min`, or DFlash's own default
+    (its lines count tok/s); another format's unit says nothing of a healthy rate (nanoGPT
+    runs at 1 it/s, Megatron at 0.03), so its run is judged against itself only."""
+    spec = run.spec.throughput
+    if "min" in spec.model_fields_set:
+        return spec.min
+    dflash = "dflash" in run.formats and run.unit == "tok/s"
+    return spec.min if dflash else None
 
 
 def _not_reported(run: RunHistory, name: str) -> CheckResult | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from statistics import median
 from typing import TYPE_CHECKING
 
+from launcher.verify.detect import detect_status, suggests, unread_note
 from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.verify.rules.base import check
 from launcher.verify.rules.text import fmt
@@ -23,9 +24,16 @@ def samples(run: RunHistory) -> CheckResult:
     expected = "at least 1 status line in the latest capture"
     if count:
         return CheckResult("samples", Verdict.PASS, f"{count} status lines", expected)
-    lines = sum(1 for line in latest.state.capture.splitlines() if line.strip())
-    observed = f"no status line in {lines} captured lines"
-    return CheckResult("samples", Verdict.FAIL, observed, expected, Failure.PENDING)
+    captured = [line for line in latest.state.capture.splitlines() if line.strip()]
+    found = detect_status(captured)
+    observed = unread_note(len(captured), found)
+    # Lines that read as status lines of another shape, from a run none of whose lines was
+    # ever read, will not start to read as these: unhealthy at the first judged poll, with
+    # the block that reads them. Anything else may be the trainer starting up, or a phase of
+    # a run that printed status lines before (an evaluation's): only time makes it a verdict.
+    other_shape = suggests(found) and not run.formats
+    failure = Failure.IMMEDIATE if other_shape else Failure.PENDING
+    return CheckResult("samples", Verdict.FAIL, observed, expected, failure)
 
 
 @check("step", reason=5)
