@@ -178,13 +178,16 @@ def deploy(
             emit("upload", "ok", f"{len(script or b'')} bytes sent with the transaction")
         emit(name, status, detail)
 
+    setup_time = 0.0
     if prepared is not None:
         request["release"] = prepared.spec
+        setup = prepared.spec.get("setup")
+        setup_time = float(setup["timeout"]) if setup else 0.0  # the agent's own limit for it
     applied = run_transaction(
         container,
         request,
         emit_sent,
-        timeout=grace + options.wait_lock + conn.endpoint.command_timeout,
+        timeout=grace + options.wait_lock + setup_time + conn.endpoint.command_timeout,
     )
     report.result.update(
         {key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -170,12 +171,13 @@ def max_rss_kib(argv: list[str], timeout: float) -> tuple[int, subprocess.Comple
 
 
 def test_a_large_project_deploys_in_bounded_client_memory(project: Project) -> None:
-    total = 300 * 2**20
+    # LAUNCHER_RSS_PROJECT_MB=1800 measures the issue's 1.8 GB case (a few minutes).
+    total = int(os.environ.get("LAUNCHER_RSS_PROJECT_MB", "300")) * 2**20
     src = make_big_tree(project.root / "big", total, 30)
     playbook: dict[str, Any] = book(project, src)
     playbook["project"]["keep_releases"] = 1
     project.write({NAME: (VMID, playbook)})
-    rss, result = max_rss_kib(project.argv("deploy", "--restart", "--json"), timeout=600)
+    rss, result = max_rss_kib(project.argv("deploy", "--restart", "--json"), timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     data = json.loads(result.stdout)
     info = release_info(data["results"][0] if "results" in data else data)
@@ -187,3 +189,16 @@ def test_a_large_project_deploys_in_bounded_client_memory(project: Project) -> N
     assert ct_sha256(project, f"{WORKDIR}/current/data/shard007.bin") == digest
     leftovers = project.ct_text(VMID, "sh", "-c", f"ls -A {WORKDIR} | grep launcher- || true")
     assert leftovers.strip() == ""  # every pushed piece removed
+
+
+def test_a_setup_may_take_its_own_timeout_beyond_the_command_timeout(project: Project) -> None:
+    """The client waits for the setup's own limit on top of command_timeout, rather than
+    giving up while the transaction goes on in the container."""
+    src = make_package(project.root)
+    setup = {"run": ["sleep 8; echo slow-setup-done"], "inputs": [], "timeout": 60}
+    project.write(
+        {NAME: (VMID, book(project, src, setup=setup))}, host=project.host(command_timeout=5)
+    )
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "slow-setup-done" in result.stdout + result.stderr
