@@ -67,6 +67,7 @@ CONTENT_LIMIT = 1 << 20  # --diff: old file contents answered up to this size
 SETUP_TAIL = 20  # lines of a failed setup quoted in the error
 LINE_LIMIT = 4096  # bytes of one setup output line shown; the rest is cut, and said so
 BLOCK = 1 << 20
+QUERY_FRESH = 10.0  # s: older nvidia-smi queries are started again after the release is built
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), a reflink (btrfs, XFS, ZFS 2.2, bcachefs)
 
 
@@ -362,7 +363,7 @@ class ReleaseDeploy(Deploy):
         names = [name for name, _ in checks]
         at = names.index("checkpoint_guard")
         ours = [("release", self.build_release), ("setup", self.run_setup),
-                ("release_check", self.check_intact)]  # fmt: skip
+                ("integrity", self.check_intact)]  # fmt: skip
         return checks[:at] + ours + checks[at:]
 
     def check_paths(self):
@@ -677,6 +678,7 @@ class ReleaseDeploy(Deploy):
     def check_intact(self):
         """After setup, before the switch and before anything is stopped: the releases, the
         new one's files and `current` as they were before setup ran."""
+        self.refresh_queries()
         if self.rollback or self.plan or self.before_setup is None:
             return "skipped", "nothing ran"
         before, after = self.before_setup, self.snapshot()
@@ -708,6 +710,19 @@ class ReleaseDeploy(Deploy):
         raise AgentError("failed", "setup changed what it must not (it may add files to its "
                          "own release, nothing else): %s; nothing was stopped%s"
                          % ("; ".join(problems), restored))  # fmt: skip
+
+    def refresh_queries(self):
+        """The nvidia-smi and tmux queries started with the transaction, started again when
+        building the release took a while: they answer within their timeout of their start,
+        and saw the container before setup ran."""
+        started = [q for q in self.queries.values() if q is not None]
+        if self.plan or not started:
+            return
+        if time.monotonic() - min(q.deadline - q.timeout for q in started) < QUERY_FRESH:
+            return
+        for query in started:
+            query.cancel()
+        self.start_queries()
 
     def restore_current(self, target):
         """`current` put back when setup removed it and its release is still there."""

@@ -202,3 +202,13 @@ def test_a_setup_may_take_its_own_timeout_beyond_the_command_timeout(project: Pr
     result = project.launcher("deploy", "--restart")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "slow-setup-done" in result.stdout + result.stderr
+
+
+def test_a_setup_longer_than_the_gpu_queries_timeout_still_deploys(project: Project) -> None:
+    """nvidia-smi is asked when the transaction starts, and answers within 30 s of that: a
+    release that takes longer to build asks again rather than failing the GPU check."""
+    src = make_package(project.root)
+    setup = {"run": ["sleep 32"], "inputs": [], "timeout": 120}
+    project.write({NAME: (VMID, book(project, src, setup=setup))})
+    result = project.launcher("deploy", "--restart", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
