@@ -52,9 +52,13 @@ def tail_file(path, count, block=65536):
     complete, _, partial = data.rpartition(b"\n")
     offset = size - len(partial)
     lines = complete.split(b"\n") if b"\n" in data else []
-    if position > 0:
-        lines = lines[1:]  # the first one may be cut in the middle
-    lines = [decoded(cut_line(line)) for line in lines[-count:]] if count > 0 else []
+    first = None
+    if position > 0 and lines:  # the first one began before what was read: its end, marked
+        first = b"[line cut: its start not read] " + lines[0][-LINE_LIMIT:]
+    lines = [cut_line(line) for line in lines]
+    if first is not None:
+        lines[0] = first
+    lines = [decoded(line) for line in lines[-count:]] if count > 0 else []
     if len(partial) > LINE_LIMIT:  # its end is the newest: keep that
         partial = (
             b"[line cut: %d bytes before] " % (len(partial) - LINE_LIMIT) + partial[-LINE_LIMIT:]

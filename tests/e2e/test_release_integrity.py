@@ -212,3 +212,26 @@ def test_a_setup_longer_than_the_gpu_queries_timeout_still_deploys(project: Proj
     project.write({NAME: (VMID, book(project, src, setup=setup))})
     result = project.launcher("deploy", "--restart", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_logs_cut_an_endless_line(project: Project) -> None:
+    """`logs` reads the log's end within what the asked lines can take; a 5 MB line comes
+    back as its end, cut and marked, with the lines after it whole."""
+    command = (
+        "python3 -c \"import time; print('x' * 5000000); print('after-1'); print('after-2', "
+        'flush=True); time.sleep(600)"'
+    )
+    book = project.playbook("longline", command=command)
+    project.write({"longline": (VMID, book)})
+    deployed = project.launcher("deploy", "--restart")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    log = "/root/longline/.launcher/longline.log"
+    project.wait_for(
+        lambda: "after-2" in project.ct_text(VMID, "tail", "-c", "100", log), what="after-2"
+    )
+    result = project.launcher("logs", "--tail", "5")
+    assert result.returncode == 0, result.stderr
+    assert "[line cut: its start not read] xxx" in result.stdout
+    assert "after-1" in result.stdout and "after-2" in result.stdout
+    assert len(result.stdout) < 100_000
+    project.kill_session(VMID, "longline")

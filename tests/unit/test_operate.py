@@ -74,7 +74,7 @@ def test_tail_file_cuts_endless_lines(tmp_path: Path) -> None:
     limit = agent_logs.LINE_LIMIT
     log.write_bytes(b"before\n" + b"x" * 5_000_000 + b"\nstep=1\nstep=2\n" + b"y" * (limit + 9))
     lines, partial, offset = agent_logs.tail_file(str(log), 3)
-    assert lines == ["step=1", "step=2"]  # the long line's end is all that was read of it
+    assert lines == [f"[line cut: its start not read] {'x' * limit}", "step=1", "step=2"]
     assert partial == f"[line cut: 9 bytes before] {'y' * limit}"
     assert offset == log.stat().st_size - limit - 9
     log.write_bytes(b"a\n" + b"z" * (3 * limit) + b"\nb\n")
