@@ -632,6 +632,12 @@ class ReleaseDeploy(Deploy):
             self.setup_line(line, cut, tail)
         out.close()
         code = proc.wait()
+        # What the command left running in its session (a `... &` with its output elsewhere)
+        # would go on changing the release after the check that follows: it ends with it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # nothing left
+            pass
         if code != 0:
             raise AgentError("failed", "setup %r exited %d; nothing was stopped:\n%s"
                              % (command, code, "\n".join(tail)))  # fmt: skip

@@ -19,13 +19,31 @@ from typing import Any
 import pytest
 
 from tests.e2e.project import Project
-from tests.e2e.test_releases import book, deploy_json, make_package, pane, release_info
+from tests.e2e.test_releases import book as pkg_book
+from tests.e2e.test_releases import make_package, release_info
 
 pytestmark = pytest.mark.e2e
 
 VMID = 200
-NAME = "pkg"
+NAME = "integrity"  # a workdir of its own: test_releases expects a CT without its releases
 WORKDIR = f"/root/{NAME}"
+
+
+def book(project: Project, src: Path, **extra: Any) -> dict[str, Any]:
+    playbook = pkg_book(project, src, **extra)
+    playbook.update({"name": NAME, "session": NAME, "workdir": WORKDIR})
+    return playbook
+
+
+def deploy_json(project: Project, *args: str) -> dict[str, Any]:
+    result = project.launcher("deploy", "--restart", "--json", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data["results"][0] if "results" in data else data
+
+
+def pane(project: Project) -> str:
+    return project.ct_text(VMID, "cat", f"{WORKDIR}/.launcher/{NAME}.log")
 
 
 def ct_sha256(project: Project, path: str) -> str:
@@ -235,3 +253,16 @@ def test_logs_cut_an_endless_line(project: Project) -> None:
     assert "after-1" in result.stdout and "after-2" in result.stdout
     assert len(result.stdout) < 100_000
     project.kill_session(VMID, "longline")
+
+
+def test_what_a_setup_leaves_running_ends_with_it(project: Project) -> None:
+    """A process a setup command started in the background (its output elsewhere) could
+    change the releases after they were checked: it is killed when the command ends."""
+    src = make_package(project.root)
+    marker = "launcher-setup-leftover"
+    run = [f"python3 -c 'import time; time.sleep(600)  # {marker}' >/dev/null 2>&1 &"]
+    project.write({NAME: (VMID, book(project, src, setup={"run": run, "inputs": []}))})
+    result = project.launcher("deploy", "--restart")
+    assert result.returncode == 0, result.stdout + result.stderr
+    left = project.ct_text(VMID, "ps", "-eo", "args=")
+    assert marker not in left, left
