@@ -815,7 +815,7 @@ def copy_file(source, dest):
             return
         except OSError:
             pass
-        shutil.copyfileobj(src, out, BLOCK)
+    shutil.copyfile(source, dest)  # in the kernel (sendfile), into the file made above
 
 
 def copy_extras(old, new, manifest_paths, pairs):
