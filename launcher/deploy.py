@@ -179,13 +179,16 @@ def deploy(
             emit("upload", "ok", f"{len(script or b'')} bytes sent with the transaction")
         emit(name, status, detail)
 
+    setup_time = 0.0
     if prepared is not None:
         request["release"] = prepared.spec
+        setup = prepared.spec.get("setup")
+        setup_time = float(setup["timeout"]) if setup else 0.0  # the agent's own limit for it
     applied = run_transaction(
         container,
         request,
         emit_sent,
-        timeout=grace + options.wait_lock + conn.endpoint.command_timeout,
+        timeout=grace + options.wait_lock + setup_time + conn.endpoint.command_timeout,
     )
     report.result.update(
         {key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")}
@@ -203,18 +206,19 @@ def _send_release(
     from launcher import releases
 
     workdir = target.playbook.spec.workdir
-    try:
-        where = releases.attach_stream(prepared, container, workdir, INLINE_LIMIT)
-    except PushFailed:
-        # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
-        preflight(target, container, len(prepared.stream) + DISK_MARGIN, create_workdir=True)
-        where = releases.attach_stream(prepared, container, workdir, INLINE_LIMIT)
+    need = int(prepared.summary.get("missing_bytes") or 0) + DISK_MARGIN
+
+    def make_workdir() -> None:
+        preflight(target, container, need, create_workdir=True)
+
+    where = releases.send_stream(prepared, container, workdir, INLINE_LIMIT, make_workdir)
     how = f"pushed to {where}" if where else "inline with the transaction"
+    sent = prepared.sent
     emit(
         "upload",
         "ok",
-        f"{prepared.sent_files} file(s) sent, {prepared.sent_raw_bytes} bytes "
-        f"({len(prepared.stream)} compressed) {how}; the rest is in the container",
+        f"{sent.files} file(s) sent, {sent.raw_bytes} bytes "
+        f"({sent.bytes} compressed) {how}; the rest is in the container",
     )
 
 

@@ -8,20 +8,20 @@ the link), so a release never holds a link that leads out of it. The agent check
 (launcher/agent/release.py): nothing from the client is trusted as it arrives.
 
 The stream of missing files is gzip over frames `<sha256> <size>\\n<bytes>`: the agent writes
-each blob by its hash, never by a name from the stream.
+each blob by its hash, never by a name from the stream. It is made as it is sent, a block at a
+time (blob_stream, pieces): the client's memory does not grow with the tree.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
-import io
 import json
 import os
 import stat
 import subprocess
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,21 +229,69 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def blob_stream(manifest: Manifest, missing: Iterable[str]) -> tuple[bytes, int, int]:
-    """The gzip stream of the blobs named in `missing` (each once): (bytes, files, raw bytes)."""
+BLOCK = 1 << 20  # bytes read, hashed and compressed at a time
+
+
+@dataclass
+class StreamCounts:
+    """What a blob stream has carried so far."""
+
+    files: int = 0
+    raw_bytes: int = 0  # the files' bytes
+    bytes: int = 0  # the compressed stream's
+
+
+def blob_stream(
+    manifest: Manifest, missing: Iterable[str], counts: StreamCounts | None = None
+) -> Iterator[bytes]:
+    """The gzip stream of the blobs named in `missing` (each once), in pieces as they are
+    compressed: each file is read, hashed and compressed a block at a time, so memory does not
+    grow with the tree or with a file. A file whose size or sha256 is no longer the manifest's
+    raises UsageError (it changed while deploying it)."""
+    counts = counts if counts is not None else StreamCounts()
     wanted = set(missing)
     sources = {e.sha256: e for e in manifest.entries if e.sha256 in wanted}
-    raw = 0
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=6, mtime=0) as out:
-        for digest, entry in sorted(sources.items()):
-            data = entry.local.read_bytes()
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise UsageError(f"project file {entry.path} changed while deploying it")
-            out.write(f"{digest} {len(data)}\n".encode())
-            out.write(data)
-            raw += len(data)
-    return buffer.getvalue(), len(sources), raw
+    # wbits 31: the gzip container (a fixed header, mtime 0), as GzipFile(mtime=0) writes it.
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)
+
+    def out(data: bytes) -> bytes:
+        counts.bytes += len(data)
+        return data
+
+    for digest, entry in sorted(sources.items()):
+        if piece := deflate.compress(f"{digest} {entry.size}\n".encode()):
+            yield out(piece)
+        hasher, left = hashlib.sha256(), entry.size
+        try:
+            with entry.local.open("rb") as handle:
+                while left:
+                    block = handle.read(min(BLOCK, left))
+                    if not block:
+                        break
+                    hasher.update(block)
+                    left -= len(block)
+                    if piece := deflate.compress(block):
+                        yield out(piece)
+                longer = bool(handle.read(1))
+        except OSError as exc:
+            raise UsageError(f"project file {entry.path} cannot be read: {exc.strerror}") from None
+        if left or longer or hasher.hexdigest() != digest:
+            raise UsageError(f"project file {entry.path} changed while deploying it")
+        counts.files += 1
+        counts.raw_bytes += entry.size
+    yield out(deflate.flush())
+
+
+def pieces(stream: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """The stream regrouped into pieces of `size` bytes (the last one shorter)."""
+    buffer = bytearray()
+    for data in stream:
+        buffer += data
+        while len(buffer) >= size:
+            yield bytes(buffer[:size])
+            del buffer[:size]
+    if buffer:
+        yield bytes(buffer)
 
 
 @dataclass(frozen=True)

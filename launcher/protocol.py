@@ -223,7 +223,8 @@ class ReleaseSpec(TypedDict, total=False):
     manifest: list[list[Any]]  # required unless rollback
     manifest_sha256: str | None
     blobs_b64: str | None  # the missing files' stream (gzip frames), inline
-    blobs_tmp: str | None  # or pushed before to this file in the workdir
+    # or pushed before, in pieces: [path in the workdir, size, sha256] each, in stream order
+    blobs_parts: list[list[Any]] | None
     sent_files: int
     keep_releases: int
     setup: SetupRequest | None

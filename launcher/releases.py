@@ -2,18 +2,21 @@
 
 One `releases` round trip asks the agent which of the manifest's files the container already
 holds (by sha256, verified there) and what the current release is; the deploy transaction then
-carries the missing files (inline while small, else pushed first with `pct push`), and the
-agent builds and checks the release before anything is stopped (launcher/agent/release.py).
+carries the missing files (inline while small, else pushed first with `pct push`, a piece at a
+time), and the agent builds and checks the release before anything is stopped
+(launcher/agent/release.py). The stream is made while it is sent (project.blob_stream): what
+the client holds is a piece, whatever the size of the tree.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import posixpath
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,18 +25,32 @@ from launcher.agentclient import AgentClient
 from launcher.config import Target
 from launcher.container import Container
 from launcher.errors import UsageError
-from launcher.project import Limits, Manifest, blob_stream, build_manifest, changes, text_diff
+from launcher.project import (
+    Limits,
+    Manifest,
+    StreamCounts,
+    blob_stream,
+    build_manifest,
+    changes,
+    pieces,
+    text_diff,
+)
 
 Emit = Callable[[str, str, str], None]
+
+
+# A stream larger than the inline limit is pushed in pieces of this size: each one is held in
+# memory once (a persisted connection's frame holds it base64-encoded, 4/3 of it, besides).
+PIECE = 8 * 1024 * 1024
+DIFF_LIMIT = 1 << 20  # --diff: files up to this size are shown (the agent's CONTENT_LIMIT)
 
 
 @dataclass
 class PreparedRelease:
     manifest: Manifest
     spec: p.ReleaseSpec
-    stream: bytes = b""
-    sent_files: int = 0
-    sent_raw_bytes: int = 0
+    missing: list[str] = field(default_factory=list)  # sha256s the container lacks
+    sent: StreamCounts = field(default_factory=StreamCounts)
     current: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -114,26 +131,27 @@ def prepare(
     if diff:
         _show_diffs(client, workdir, manifest, found, emit, timeout)
     missing = sorted(set(wanted) - set(answer.get("have") or []))
-    stream, files, raw = (b"", 0, 0) if plan else blob_stream(manifest, missing)
+    by_digest = {e.sha256: e.size for e in manifest.entries}
     spec: p.ReleaseSpec = {
         "manifest": manifest.as_lists(),
         "manifest_sha256": manifest.digest,
         "blobs_b64": None,
-        "blobs_tmp": None,
-        "sent_files": files,
+        "blobs_parts": None,
+        "sent_files": 0,
         "keep_releases": project.keep_releases,
         "setup": setup_request(target, manifest),
     }
-    prepared = PreparedRelease(manifest, spec, stream, files, raw, answer.get("current"))
+    prepared = PreparedRelease(manifest, spec, missing, current=answer.get("current"))
     prepared.summary = {
         "manifest_sha256": manifest.digest,
         "files": len(manifest.entries),
         "bytes": manifest.total_bytes,
         "changes": counts,
         "missing_files": len(missing),
-        "sent_files": files,
-        "sent_raw_bytes": raw,
-        "sent_bytes": len(stream),
+        "missing_bytes": sum(by_digest[d] for d in missing),
+        "sent_files": 0,
+        "sent_raw_bytes": 0,
+        "sent_bytes": 0,
         "previous": answer.get("current"),
     }
     return prepared
@@ -159,21 +177,65 @@ def _show_diffs(
         before = old.get(change.path)
         old_bytes = base64.b64decode(before) if before else None
         entry = entries.get(change.path)
+        if entry is not None and entry.size > DIFF_LIMIT:
+            emit("diff", "planned", f"{change.path}: over {DIFF_LIMIT} bytes, not shown")
+            continue
         new_bytes = entry.local.read_bytes() if entry is not None else None
         for line in text_diff(change.path, old_bytes, new_bytes):
             emit("diff", "planned", line)
 
 
-def attach_stream(
-    prepared: PreparedRelease, container: Container, workdir: str, inline_limit: int
+def send_stream(
+    prepared: PreparedRelease,
+    container: Container,
+    workdir: str,
+    inline_limit: int,
+    make_workdir: Callable[[], None],
 ) -> str | None:
-    """The stream inline in the spec, or pushed to a temp file in the workdir (returned)."""
-    if not prepared.stream:
+    """The missing files' stream, made while it is sent: inline in the spec while it stays
+    within `inline_limit`, else pushed to temp files in the workdir a PIECE at a time (the
+    workdir made first: `pct push` into a missing directory may exit 0 having written
+    nothing). Each piece's size and sha256 go into the spec; the agent checks them before it
+    reads a byte. Returns where the pieces went (None: inline, or nothing to send)."""
+    if not prepared.missing:
         return None
-    if len(prepared.stream) <= inline_limit:
-        prepared.spec["blobs_b64"] = base64.b64encode(prepared.stream).decode("ascii")
+    counts = prepared.sent
+    stream = iter(pieces(blob_stream(prepared.manifest, prepared.missing, counts), PIECE))
+    head: list[bytes] = []
+    for piece in stream:  # the first pieces say whether the whole stream fits inline
+        head.append(piece)
+        if sum(map(len, head)) > inline_limit:
+            break
+    else:
+        prepared.spec["blobs_b64"] = base64.b64encode(b"".join(head)).decode("ascii")
+        _sent(prepared)
         return None
-    tmp = posixpath.join(workdir, f".release.launcher-{secrets.token_hex(6)}.tmp")
-    container.push(prepared.stream, tmp, perms="0600")
-    prepared.spec["blobs_tmp"] = tmp
-    return tmp
+    make_workdir()
+    stem = posixpath.join(workdir, f".release.launcher-{secrets.token_hex(6)}")
+    parts: list[list[Any]] = []
+    try:
+        for piece in _chain(head, stream):
+            path = f"{stem}-{len(parts):05d}.tmp"
+            parts.append([path, len(piece), hashlib.sha256(piece).hexdigest()])
+            container.push(piece, path, perms="0600")
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: the next deploy removes them too
+            container.exec(["rm", "-f", "--", *(row[0] for row in parts)], timeout=30)
+        raise
+    prepared.spec["blobs_parts"] = parts
+    _sent(prepared)
+    return f"{stem}-*.tmp ({len(parts)} piece(s))"
+
+
+def _chain(first: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+    while first:  # handed over, not kept: a piece is freed once it is pushed
+        yield first.pop(0)
+    yield from rest
+
+
+def _sent(prepared: PreparedRelease) -> None:
+    counts = prepared.sent
+    prepared.spec["sent_files"] = counts.files
+    prepared.summary.update(
+        {"sent_files": counts.files, "sent_raw_bytes": counts.raw_bytes, "sent_bytes": counts.bytes}
+    )

@@ -22,26 +22,52 @@ def clean_line(line):
     return line.rpartition("\r")[2] if "\r" in line else line
 
 
+LINE_LIMIT = 16384  # bytes of one log line answered; the rest is cut, and said so
+
+
+def cut_line(line):
+    if len(line) <= LINE_LIMIT:
+        return line
+    return line[:LINE_LIMIT] + b" [line cut: %d more bytes]" % (len(line) - LINE_LIMIT)
+
+
 def tail_file(path, count, block=65536):
     """(complete lines, partial last line, offset after the last newline) of the file's end.
 
-    Reads backwards from the end, so a multi-gigabyte log costs only the blocks it needs.
+    Reads backwards from the end, a block at a time and at most what `count` lines of
+    LINE_LIMIT bytes take, so a multi-gigabyte log, or one endless line, costs only that;
+    a longer line is cut and marked.
     """
+    budget = (max(count, 0) + 1) * LINE_LIMIT + block
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        position, data = size, b""
-        while position > 0 and data.count(b"\n") <= count:
+        position, blocks, newlines = size, [], 0
+        while position > 0 and newlines <= count and size - position < budget:
             step = min(block, position)
             position -= step
             f.seek(position)
-            data = f.read(step) + data
+            blocks.append(f.read(step))
+            newlines += blocks[-1].count(b"\n")
+    data = b"".join(reversed(blocks))
     complete, _, partial = data.rpartition(b"\n")
     offset = size - len(partial)
-    lines = complete.decode("utf-8", "replace").split("\n") if b"\n" in data else []
-    if position > 0:
-        lines = lines[1:]  # the first one may be cut in the middle
-    lines = [clean_line(line) for line in lines[-count:]] if count > 0 else []
-    return lines, clean_line(partial.decode("utf-8", "replace")), offset
+    lines = complete.split(b"\n") if b"\n" in data else []
+    first = None
+    if position > 0 and lines:  # the first one began before what was read: its end, marked
+        first = b"[line cut: its start not read] " + lines[0][-LINE_LIMIT:]
+    lines = [cut_line(line) for line in lines]
+    if first is not None:
+        lines[0] = first
+    lines = [decoded(line) for line in lines[-count:]] if count > 0 else []
+    if len(partial) > LINE_LIMIT:  # its end is the newest: keep that
+        partial = (
+            b"[line cut: %d bytes before] " % (len(partial) - LINE_LIMIT) + partial[-LINE_LIMIT:]
+        )
+    return lines, decoded(partial), offset
+
+
+def decoded(line):
+    return clean_line(line.decode("utf-8", "replace"))
 
 
 def op_logs(request, warnings):

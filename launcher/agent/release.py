@@ -7,9 +7,15 @@ Layout in the workdir:
     .launcher/releases/<id>.json  its manifest, setup hash and the release it replaced
 
 ReleaseDeploy is the deploy transaction (deploy.Deploy) with the release built and checked among
-the checks: files received or hard-linked from an earlier release, every sha256 verified, every
-.py compiled, the setup run, all before the old run is stopped. `current` switches only in the
-destructive part, after every check has passed; a failed check removes the half-built release.
+the checks: files received or copied from an earlier release, every sha256 verified, every .py
+compiled, the setup run, then the release and the ones before it checked again, all before the
+old run is stopped. `current` switches only in the destructive part, after every check has
+passed; a failed check removes the half-built release.
+
+Releases share no inode: a release's files are its own (cloned copy-on-write where the
+filesystem can, copied where not), so a write into one release, by its setup, its run or a
+person, never changes another, and a setup's output reused by a later release is copied there
+with the old release's path rewritten to the new one's (relocate).
 """
 
 from __future__ import annotations
@@ -45,7 +51,6 @@ from launcher.agent.paths import (
     protected_paths,
     remove_tree,
     state_dir,
-    tmp_path,
 )
 from launcher.protocol import CURRENT_LINK, RELEASES_DIR
 
@@ -60,6 +65,10 @@ SHA256 = r"^[0-9a-f]{64}$"
 MANIFEST_LIMIT = 1000000  # rows; the client's own limits are lower
 CONTENT_LIMIT = 1 << 20  # --diff: old file contents answered up to this size
 SETUP_TAIL = 20  # lines of a failed setup quoted in the error
+LINE_LIMIT = 4096  # bytes of one setup output line shown; the rest is cut, and said so
+BLOCK = 1 << 20
+QUERY_FRESH = 10.0  # s: older nvidia-smi queries are started again after the release is built
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), a reflink (btrfs, XFS, ZFS 2.2, bcachefs)
 
 
 def releases_dir(workdir):
@@ -238,6 +247,88 @@ def read_frames(stream, manifest, blobs):
             count += 1
 
 
+class PartsReader(io.RawIOBase):
+    """The pushed pieces of the stream read as one file, each piece's sha256 checked as it is
+    read: `pct push` may exit 0 having written nothing, or part of a piece."""
+
+    def __init__(self, parts):
+        io.RawIOBase.__init__(self)
+        self.parts = parts
+        self.index = -1
+        self.handle: Any = None
+        self.hasher: Any = None
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        while True:
+            if self.handle is None:
+                if self.index + 1 >= len(self.parts):
+                    return 0
+                self.index += 1
+                self.handle = open(self.parts[self.index][0], "rb")
+                self.hasher = hashlib.sha256()
+            count = self.handle.readinto(buffer)
+            if count:
+                self.hasher.update(memoryview(buffer)[:count])
+                return count
+            self.end_part()
+
+    def end_part(self):
+        path, _size, digest = self.parts[self.index]
+        self.handle.close()
+        self.handle = None
+        got = self.hasher.hexdigest()
+        if got != digest:
+            raise AgentError("corrupt", "transfer corrupted: piece %d of %d (%s) has sha256 %s, "
+                             "not %s; deploy again" % (self.index + 1, len(self.parts), path,
+                                                       got, digest))  # fmt: skip
+
+    def read_to_the_end(self):
+        """What is left read and checked (gzip may stop before a piece's end)."""
+        while self.read(BLOCK):
+            pass
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        io.RawIOBase.close(self)
+
+
+def parts_param(workdir, rows):
+    """The pushed pieces: [path inside the workdir, size, sha256] each, every one in place
+    with its size before a byte is read."""
+    import stat  # loaded with os already; imported here, the agent's preload list stays
+
+    if rows is None:
+        return None
+    if not isinstance(rows, list) or not rows or len(rows) > 100000:
+        raise AgentError("invalid", "blobs_parts must list 1 to 100000 pieces")
+    real_workdir = os.path.realpath(workdir)
+    for n, row in enumerate(rows, 1):
+        ok = isinstance(row, list) and len(row) == 3
+        path, size, digest = row if ok else (None, None, None)
+        if not (isinstance(path, str) and os.path.isabs(path) and isinstance(size, int)
+                and isinstance(digest, str) and re.match(SHA256, digest)):  # fmt: skip
+            raise AgentError("invalid", "blobs_parts row %d is malformed" % n)
+        if not (os.path.basename(path).startswith(".release.launcher-")
+                and is_strict_child(os.path.realpath(path), real_workdir)):  # fmt: skip
+            raise AgentError("unsafe_path", "pushed piece %r is not launcher's, in the workdir"
+                             % path)  # fmt: skip
+        try:
+            info = os.lstat(path)
+        except OSError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            found = "missing" if info is None else "%d bytes" % info.st_size
+            raise AgentError("corrupt", "transfer corrupted: piece %d of %d (%s) is %s, not %d "
+                             "bytes: the push did not write it whole; deploy again"
+                             % (n, len(rows), path, found, size))  # fmt: skip
+    return rows
+
+
 class ReleaseDeploy(Deploy):
     """The deploy transaction of a project release (and of its rollback)."""
 
@@ -248,7 +339,7 @@ class ReleaseDeploy(Deploy):
         self.keep_releases = param(spec, "keep_releases", int, default=3)
         self.setup = param(spec, "setup", dict)
         self.blobs_b64 = param(spec, "blobs_b64", str)
-        self.blobs_tmp = param(spec, "blobs_tmp", str)
+        self.blobs_parts: Any = param(spec, "blobs_parts", list)
         self.sent_files = param(spec, "sent_files", int, default=0)
         self.rows: Any = None if self.rollback else manifest_param(spec.get("manifest"))
         self.manifest_sha = param(spec, "manifest_sha256", str)
@@ -258,6 +349,7 @@ class ReleaseDeploy(Deploy):
         self.built: Any = None  # the new release's directory, removed on failure until switched
         self.switched = False
         self.release_info = {}
+        self.before_setup: Any = None  # what setup must leave as it was (snapshot)
         self.start_dir = current_link(self.workdir)
         if self.keep_releases < 1:
             raise AgentError("invalid", "keep_releases must be at least 1")
@@ -270,8 +362,9 @@ class ReleaseDeploy(Deploy):
             checks = [c for c in checks if c[0] not in ("receive", "verify", "compile")]
         names = [name for name, _ in checks]
         at = names.index("checkpoint_guard")
-        return checks[:at] + [("release", self.build_release), ("setup", self.run_setup)] + \
-            checks[at:]  # fmt: skip
+        ours = [("release", self.build_release), ("setup", self.run_setup),
+                ("integrity", self.check_intact)]  # fmt: skip
+        return checks[:at] + ours + checks[at:]
 
     def check_paths(self):
         if self.dest_rel is not None:
@@ -280,20 +373,20 @@ class ReleaseDeploy(Deploy):
         rdir = releases_dir(self.workdir)
         if os.path.islink(rdir) or (os.path.lexists(rdir) and not os.path.isdir(rdir)):
             raise AgentError("unsafe_path", "%s is not a directory of launcher's" % rdir)
-        if self.blobs_tmp is not None:
-            self.blobs_tmp = tmp_path(self.workdir, self.blobs_tmp)
+        self.blobs_parts = parts_param(self.workdir, self.blobs_parts)
         return "ok", "%s (current: %s)" % (rdir, self.previous or "none")
 
     def remove_stale_temps(self):
         if self.dest_rel is not None:
             Deploy.remove_stale_temps(self)
+        pushed = set(row[0] for row in self.blobs_parts or ())
         for name in list_dir(self.workdir):  # a pushed stream, a `current` about to be renamed
             full = os.path.join(self.workdir, name)
             ours = name.startswith((".release.launcher-", ".current.launcher-"))
             if (
                 ours
                 and name.endswith(".tmp")
-                and full != self.blobs_tmp
+                and full not in pushed
                 and (os.path.islink(full) or os.path.isfile(full))
             ):
                 remove_quietly(full)
@@ -321,8 +414,8 @@ class ReleaseDeploy(Deploy):
         if self.built and not self.switched:
             remove_tree_quietly(self.built)
             remove_quietly(manifest_path(self.workdir, os.path.basename(self.built)))
-        if self.blobs_tmp:
-            remove_quietly(self.blobs_tmp)
+        for row in self.blobs_parts or ():
+            remove_quietly(row[0])
 
     # -- checks
 
@@ -353,7 +446,7 @@ class ReleaseDeploy(Deploy):
                     "%d file(s) neither sent nor in an earlier release "
                     "(e.g. %s); deploy again" % (len(lacking), sorted(lacking)[0]),
                 )
-            linked = self.place_files(rows, blobs, have)
+            reused = self.place_files(rows, blobs, have)
         finally:
             remove_tree_quietly(blobs)
         self.verify_tree(self.staging, rows)
@@ -361,11 +454,11 @@ class ReleaseDeploy(Deploy):
         os.rename(self.staging, final)
         self.built, self.staging = final, None
         self.release_info = {"id": self.release_id, "files": len(rows),
-                             "sent_files": len(received), "linked_files": linked}  # fmt: skip
+                             "sent_files": len(received), "linked_files": reused}  # fmt: skip
         return (
             "ok",
-            "releases/%s: %d file(s), %d received, %d hard-linked; every sha256 "
-            "verified, .py compiled" % (self.release_id, len(rows), len(received), linked),
+            "releases/%s: %d file(s), %d received, %d copied from earlier releases; every "
+            "sha256 verified, .py compiled" % (self.release_id, len(rows), len(received), reused),
         )
 
     def receive_blobs(self, rows, blobs):
@@ -375,12 +468,14 @@ class ReleaseDeploy(Deploy):
             except (ValueError, TypeError) as exc:
                 raise AgentError("corrupt", "transfer corrupted: not base64: %s" % exc) from None
             stream: Any = io.BytesIO(data)
-        elif self.blobs_tmp is not None:
-            stream = open(self.blobs_tmp, "rb")
+        elif self.blobs_parts is not None:
+            stream = io.BufferedReader(PartsReader(self.blobs_parts), BLOCK)
         else:
             return set()
         try:
             read_frames(stream, rows, blobs)
+            if self.blobs_parts is not None:
+                stream.raw.read_to_the_end()
         except (OSError, EOFError, ValueError) as exc:  # gzip's own complaints
             raise AgentError("corrupt", "transfer corrupted: %s" % exc) from None
         finally:
@@ -388,30 +483,28 @@ class ReleaseDeploy(Deploy):
         return set(os.listdir(blobs))
 
     def place_files(self, rows, blobs, have):
-        """Each file hard-linked from a received blob or an earlier release (copied when the
-        mode differs, so an old release never changes); returns how many came from releases."""
-        linked = 0
+        """Each file the release's own: a received blob moved into place, any other copy of the
+        same content and every file from an earlier release copied (cloned where the
+        filesystem can). Returns how many came from earlier releases."""
+        reused = 0
         staging = str(self.staging)
+        placed: dict[str, str] = {}  # sha256 -> its first path in this release
         for path, _size, mode, digest in rows:
             dest = os.path.join(staging, path)
             parent = os.path.dirname(dest)
             if not os.path.isdir(parent):
                 os.makedirs(parent, 0o755)
-            source = os.path.join(blobs, digest)
-            if not os.path.exists(source):
-                source = have[digest]
-                linked += 1
-            same_mode = (os.stat(source).st_mode & 0o777) == mode
-            try:
-                if not same_mode:
-                    raise OSError("mode differs")
-                os.link(source, dest)
-            except OSError:
-                shutil.copyfile(source, dest)
-                os.chmod(dest, mode)
-            if source.startswith(blobs + "/") and not same_mode:
-                os.chmod(source, mode)
-        return linked
+            blob = os.path.join(blobs, digest)
+            if digest in placed:
+                copy_file(placed[digest], dest)
+            elif os.path.exists(blob):
+                os.rename(blob, dest)
+            else:
+                copy_file(have[digest], dest)
+                reused += 1
+            os.chmod(dest, mode)
+            placed.setdefault(digest, dest)
+        return reused
 
     def verify_tree(self, root, rows):
         """Every file hashed where it lies, and every .py compiled, as the run will read them."""
@@ -469,13 +562,16 @@ class ReleaseDeploy(Deploy):
             reuse = old.get("setup_hash") == digest
             return "ok", "setup %s" % ("reused (inputs unchanged)" if reuse else "would run")
         old = read_release(self.workdir, self.previous) or {}
+        self.before_setup = self.snapshot()
         if self.previous and old.get("setup_hash") == digest:
-            count = link_extras(os.path.join(releases_dir(self.workdir), self.previous),
-                                self.built, set(row[0] for row in self.rows))  # fmt: skip
+            source = os.path.join(releases_dir(self.workdir), self.previous)
+            pairs = self.relocations(self.previous)
+            files, relocated = copy_extras(source, self.built, set(row[0] for row in self.rows),
+                                           pairs)  # fmt: skip
             self.write_manifest(digest)
-            return "ok", "reused from releases/%s (inputs unchanged; %d file(s) linked)" % (
-                self.previous,
-                count,
+            return "ok", (
+                "reused from releases/%s (inputs unchanged; %d file(s) copied, %d of them "
+                "relocated to this release's path)" % (self.previous, files, relocated)
             )
         deadline = time.monotonic() + float(self.setup.get("timeout") or 1800.0)
         for command in self.setup.get("run") or []:
@@ -483,9 +579,21 @@ class ReleaseDeploy(Deploy):
         self.write_manifest(digest)
         return "ok", "%d command(s) ran in releases/%s" % (len(self.setup["run"]), self.release_id)
 
+    def relocations(self, old_id):
+        """(old, new) byte strings: the old release's path, as the workdir was given and as it
+        resolves, and the new release's. Ids have one width, so the two are of one length."""
+        pairs = []
+        for base in (self.workdir, os.path.realpath(self.workdir)):
+            old = os.fsencode(os.path.join(base, RELEASES_DIR, old_id))
+            new = os.fsencode(os.path.join(base, RELEASES_DIR, str(self.release_id)))
+            if len(old) == len(new) and (old, new) not in pairs:
+                pairs.append((old, new))
+        return pairs
+
     def run_setup_command(self, command, deadline):
-        """One setup command in the new release, its output streamed as progress lines; it and
-        its children are killed at the deadline (a session of their own)."""
+        """One setup command in the new release, its output streamed as progress lines (each
+        cut at LINE_LIMIT bytes, so an endless line costs neither memory nor time); it and its
+        children are killed at the deadline (a session of their own)."""
         env = dict(os.environ)
         env.update(self.env)
         env["PATH"] = env.get("PATH", "") + ":/usr/local/bin:/usr/bin:/bin"
@@ -494,7 +602,7 @@ class ReleaseDeploy(Deploy):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         tail: list[str] = []
-        pending = b""
+        line, cut = bytearray(), 0
         out: Any = proc.stdout
         fd = out.fileno()
         while True:
@@ -509,19 +617,35 @@ class ReleaseDeploy(Deploy):
             data = os.read(fd, 65536)
             if not data:
                 break
-            *lines, pending = (pending + data).split(b"\n")
-            for line in lines:
-                self.setup_line(line, tail)
-        if pending:
-            self.setup_line(pending, tail)
+            start = 0
+            while True:
+                end = data.find(b"\n", start)
+                stop = len(data) if end < 0 else end
+                room = max(LINE_LIMIT - len(line), 0)
+                line += data[start : min(stop, start + room)]
+                cut += max(stop - start - room, 0)
+                if end < 0:
+                    break
+                self.setup_line(line, cut, tail)
+                line, cut, start = bytearray(), 0, end + 1
+        if line or cut:
+            self.setup_line(line, cut, tail)
         out.close()
         code = proc.wait()
+        # What the command left running in its session (a `... &` with its output elsewhere)
+        # would go on changing the release after the check that follows: it ends with it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # nothing left
+            pass
         if code != 0:
             raise AgentError("failed", "setup %r exited %d; nothing was stopped:\n%s"
                              % (command, code, "\n".join(tail)))  # fmt: skip
 
-    def setup_line(self, line, tail):
-        text = line.decode("utf-8", "replace").rstrip("\r")
+    def setup_line(self, line, cut, tail):
+        text = bytes(line).decode("utf-8", "replace").rstrip("\r")
+        if cut:
+            text += " [line cut: %d more bytes]" % cut
         tail.append(text)
         del tail[:-SETUP_TAIL]
         if self.events:
@@ -537,6 +661,87 @@ class ReleaseDeploy(Deploy):
             "manifest_sha256": self.manifest_sha, "setup_hash": setup_hash,
             "previous": self.previous,
         }) + "\n")  # fmt: skip
+
+    def snapshot(self):
+        """What setup must leave as it was: `current`, `releases/`, and every release's
+        directory and manifest files (inode, size, mode, mtime, ctime: a write changes ctime,
+        whatever it does to mtime)."""
+        link = current_link(self.workdir)
+        rdir = releases_dir(self.workdir)
+        files: dict[str, Any] = {}
+        dirs: dict[str, Any] = {}
+        rows_of = dict((rid, (read_release(self.workdir, rid) or {}).get("manifest") or [])
+                       for rid in release_ids(self.workdir))  # fmt: skip
+        rows_of[str(self.release_id)] = self.rows
+        for rid, rows in rows_of.items():
+            base = os.path.join(rdir, rid)
+            dirs[rid] = node_key(base)
+            for row in rows:
+                files[os.path.join(base, str(row[0]))] = node_key(os.path.join(base, str(row[0])))
+        current = os.readlink(link) if os.path.islink(link) else None
+        return {"current": current, "releases": node_key(rdir), "dirs": dirs, "files": files}
+
+    def check_intact(self):
+        """After setup, before the switch and before anything is stopped: the releases, the
+        new one's files and `current` as they were before setup ran."""
+        self.refresh_queries()
+        if self.rollback or self.plan or self.before_setup is None:
+            return "skipped", "nothing ran"
+        before, after = self.before_setup, self.snapshot()
+        problems = []
+        rdir = releases_dir(self.workdir)
+        if after["current"] != before["current"]:
+            problems.append("%s %s" % (current_link(self.workdir), "was removed"
+                            if after["current"] is None else "was changed"))  # fmt: skip
+        if after["releases"] != before["releases"]:
+            problems.append("%s was removed or replaced" % rdir)
+        gone = sorted(rid for rid, key in before["dirs"].items() if after["dirs"].get(rid) != key)
+        if gone:
+            problems.append("releases/%s %s removed or replaced" % (
+                ", releases/".join(gone), "was" if len(gone) == 1 else "were"))  # fmt: skip
+        changed = sorted(p for p, key in before["files"].items() if after["files"].get(p) != key)
+        changed = [p for p in changed if not any(is_strict_child(p, os.path.join(rdir, g))
+                                                 for g in gone)]  # fmt: skip
+        if changed:
+            shown = ", ".join(os.path.relpath(p, rdir) for p in changed[:3])
+            more = " and %d more" % (len(changed) - 3) if len(changed) > 3 else ""
+            problems.append("release files changed: %s%s" % (shown, more))
+        if not problems:
+            return "ok", "%d release(s), %d file(s) and %s as they were before setup" % (
+                len(before["dirs"]),
+                len(before["files"]),
+                CURRENT_LINK,
+            )
+        restored = self.restore_current(before["current"])
+        raise AgentError("failed", "setup changed what it must not (it may add files to its "
+                         "own release, nothing else): %s; nothing was stopped%s"
+                         % ("; ".join(problems), restored))  # fmt: skip
+
+    def refresh_queries(self):
+        """The nvidia-smi and tmux queries started with the transaction, started again when
+        building the release took a while: they answer within their timeout of their start,
+        and saw the container before setup ran."""
+        started = [q for q in self.queries.values() if q is not None]
+        if self.plan or not started:
+            return
+        if time.monotonic() - min(q.deadline - q.timeout for q in started) < QUERY_FRESH:
+            return
+        for query in started:
+            query.cancel()
+        self.start_queries()
+
+    def restore_current(self, target):
+        """`current` put back when setup removed it and its release is still there."""
+        link = current_link(self.workdir)
+        if target is None or os.path.lexists(link):
+            return ""
+        if not os.path.isdir(os.path.join(self.workdir, target)):
+            return "; %s is gone and so is %s: roll back or deploy again" % (link, target)
+        tmp = os.path.join(self.workdir, ".%s.launcher-%s.tmp" % (CURRENT_LINK, self.run_id))
+        remove_quietly(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        return "; %s restored (-> %s)" % (link, target)
 
     def safe_checkpoints(self):
         protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))
@@ -571,6 +776,7 @@ class ReleaseDeploy(Deploy):
         outcome = Deploy.write_record(self)
         pruned = prune_releases(self.workdir, self.keep_releases, self.release_id, self.warnings)
         self.release_info["pruned"] = pruned
+        self.result["release"]["pruned"] = pruned  # the record, written before, has not
         return outcome
 
     def build_record(self, outcome):
@@ -584,10 +790,44 @@ class ReleaseDeploy(Deploy):
         return record
 
 
-def link_extras(old, new, manifest_paths):
-    """What the old release's setup made (files not in its manifest) hard-linked into the new
-    one; symlinks are recreated as they are (a venv's python link points at the system's)."""
-    count = 0
+def node_key(path):
+    """What changes when a file or directory is written, replaced or removed (None: gone)."""
+    import stat  # loaded with os already; imported here, the agent's preload list stays
+
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(info.st_mode):  # entries come and go in a directory: its identity only
+        return ("dir", info.st_dev, info.st_ino)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mode, info.st_mtime_ns,
+            info.st_ctime_ns)  # fmt: skip
+
+
+def copy_file(source, dest):
+    """`source` to a new file `dest`: a clone sharing blocks copy-on-write where the filesystem
+    can (a write to either then changes only that one), else a copy."""
+    import fcntl  # only a release's copies need it
+
+    with open(source, "rb") as src, open(dest, "xb") as out:
+        try:
+            fcntl.ioctl(out.fileno(), FICLONE, src.fileno())
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, dest)  # in the kernel (sendfile), into the file made above
+
+
+def copy_extras(old, new, manifest_paths, pairs):
+    """What the old release's setup made (what is not in its manifest) copied into the new
+    one and relocated: each old path of `pairs` in a file or a link's target replaced by the
+    new one, byte for byte (one length, so offsets in a .pyc or an ELF file stay right; conda
+    relocates its packages' binary files the same way, padding to keep the length). A venv's
+    scripts then name the new release's python, and pruning the old release breaks nothing.
+    Returns (files copied, files relocated)."""
+    import stat
+
+    files = relocated = 0
     for dirpath, dirnames, filenames in os.walk(old):
         rel_dir = os.path.relpath(dirpath, old)
         for name in dirnames + filenames:
@@ -595,13 +835,47 @@ def link_extras(old, new, manifest_paths):
             source, dest = os.path.join(old, rel), os.path.join(new, rel)
             if rel in manifest_paths or os.path.lexists(dest):
                 continue
-            if os.path.islink(source):
-                os.symlink(os.readlink(source), dest)
-            elif os.path.isdir(source):
-                os.mkdir(dest, os.stat(source).st_mode & 0o7777)
-            else:
-                os.link(source, dest)
-                count += 1
+            info = os.lstat(source)
+            if stat.S_ISLNK(info.st_mode):
+                target = os.fsencode(os.readlink(source))
+                for before, after in pairs:
+                    target = target.replace(before, after)
+                os.symlink(os.fsdecode(target), dest)
+            elif stat.S_ISDIR(info.st_mode):
+                os.mkdir(dest, 0o700)
+                os.chmod(dest, stat.S_IMODE(info.st_mode))
+            elif stat.S_ISREG(info.st_mode):
+                copy_file(source, dest)
+                relocated += 1 if relocate(dest, pairs) else 0
+                os.chmod(dest, stat.S_IMODE(info.st_mode))
+                os.utime(dest, ns=(info.st_atime_ns, info.st_mtime_ns))
+                files += 1
+    return files, relocated
+
+
+def relocate(path, pairs):
+    """Each `old` of `pairs` in the file replaced in place by its `new` (of the same length),
+    a block at a time; returns how many were replaced."""
+    count = 0
+    with open(path, "r+b") as handle:
+        for old, new in pairs:
+            handle.seek(0)
+            offset, carry = 0, b""
+            while True:
+                block = handle.read(BLOCK)
+                if not block:
+                    break
+                data = carry + block
+                base = offset - len(carry)
+                at = data.find(old)
+                while at >= 0:
+                    handle.seek(base + at)
+                    handle.write(new)
+                    count += 1
+                    at = data.find(old, at + len(old))
+                offset += len(block)
+                carry = data[-(len(old) - 1) :] if len(old) > 1 else b""
+                handle.seek(offset)
     return count
 
 

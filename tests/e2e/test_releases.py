@@ -89,7 +89,8 @@ def test_project_deploy_redeploy_rollback(project: Project) -> None:
     project.wait_for(lambda: "TRAINER VERSION v2" in pane(project), what="v2 running")
     link = project.ct_text(VMID, "readlink", f"/root/{NAME}/current").strip()
     assert link == f"releases/{second['id']}"
-    # Hard links: the unchanged files share their inode with the first release.
+    # Copies, not hard links: no release shares a file with another (a write to one, a
+    # setup's or the run's, cannot change the other).
     inodes = project.ct_text(
         VMID,
         "stat",
@@ -98,7 +99,7 @@ def test_project_deploy_redeploy_rollback(project: Project) -> None:
         f"/root/{NAME}/releases/{first['id']}/trainer/part3.py",
         f"/root/{NAME}/releases/{second['id']}/trainer/part3.py",
     ).split()
-    assert inodes[0] == inodes[1]
+    assert inodes[0] != inodes[1]
 
     rolled = ok(project.launcher("rollback", "--restart"))
     assert f"release {first['id']}" in rolled

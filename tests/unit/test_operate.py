@@ -67,6 +67,21 @@ def test_tail_file_reads_only_the_end(tmp_path: Path) -> None:
     assert offset == log.stat().st_size - len("partial")
 
 
+def test_tail_file_cuts_endless_lines(tmp_path: Path) -> None:
+    """A 5 MB line costs what the asked lines can take (read backwards, a block at a time),
+    and comes back cut and marked; the lines after it are whole."""
+    log = tmp_path / "run.log"
+    limit = agent_logs.LINE_LIMIT
+    log.write_bytes(b"before\n" + b"x" * 5_000_000 + b"\nstep=1\nstep=2\n" + b"y" * (limit + 9))
+    lines, partial, offset = agent_logs.tail_file(str(log), 3)
+    assert lines == [f"[line cut: its start not read] {'x' * limit}", "step=1", "step=2"]
+    assert partial == f"[line cut: 9 bytes before] {'y' * limit}"
+    assert offset == log.stat().st_size - limit - 9
+    log.write_bytes(b"a\n" + b"z" * (3 * limit) + b"\nb\n")
+    lines, _, _ = agent_logs.tail_file(str(log), 5)
+    assert lines == ["a", "z" * limit + f" [line cut: {2 * limit} more bytes]", "b"]
+
+
 def test_tail_file_short_and_empty_files(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     data = b"\n=== launcher run x ===\nbar 10%\rbar 100%\n"

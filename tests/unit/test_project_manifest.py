@@ -12,10 +12,12 @@ import pytest
 from launcher.errors import UsageError
 from launcher.project import (
     Limits,
+    StreamCounts,
     blob_stream,
     build_manifest,
     changes,
     path_problem,
+    pieces,
     text_diff,
 )
 
@@ -91,9 +93,35 @@ def test_changes_and_the_stream(tmp_path: Path) -> None:
     assert kinds == [("removed", "gone.txt"), ("added", "pkg/__init__.py"),
                      ("changed", "pkg/model.py")]  # fmt: skip
     model = manifest.by_path()["pkg/model.py"]
-    stream, files, raw = blob_stream(manifest, [model.sha256])
-    assert (files, raw) == (1, 6)
+    counts = StreamCounts()
+    stream = b"".join(blob_stream(manifest, [model.sha256], counts))
+    assert (counts.files, counts.raw_bytes, counts.bytes) == (1, 6, len(stream))
     assert gzip.decompress(stream) == f"{model.sha256} 6\n".encode() + b"X = 1\n"
+
+
+def test_the_stream_is_made_a_block_at_a_time(tmp_path: Path) -> None:
+    """A file larger than a block comes out in several pieces, the same bytes as gzip's."""
+    (tmp_path / "big.bin").write_bytes(os.urandom(3 << 20))
+    limits = Limits(max_files=10, max_bytes=10 << 20, max_file_bytes=10 << 20)
+    manifest = build_manifest(tmp_path, gitignore=False, limits=limits)
+    entry = manifest.entries[0]
+    chunks = list(blob_stream(manifest, [entry.sha256]))
+    assert len(chunks) > 2
+    data = gzip.decompress(b"".join(chunks))
+    assert data == f"{entry.sha256} {3 << 20}\n".encode() + (tmp_path / "big.bin").read_bytes()
+    regrouped = list(pieces(chunks, 1 << 20))
+    assert [len(p) for p in regrouped[:-1]] == [1 << 20] * (len(regrouped) - 1)
+    assert b"".join(regrouped) == b"".join(chunks)
+
+
+@pytest.mark.parametrize("change", ["content", "longer", "shorter"])
+def test_a_file_changed_while_streaming_is_refused(tmp_path: Path, change: str) -> None:
+    (tmp_path / "a.txt").write_text("12345")
+    manifest = build_manifest(tmp_path, gitignore=False, limits=LIMITS)
+    new = {"content": "54321", "longer": "123456", "shorter": "1234"}[change]
+    (tmp_path / "a.txt").write_text(new)
+    with pytest.raises(UsageError, match=r"a\.txt changed while deploying it"):
+        list(blob_stream(manifest, [manifest.entries[0].sha256]))
 
 
 def test_text_diff() -> None:
@@ -148,3 +176,60 @@ def test_the_agent_reads_only_frames_the_manifest_names(tmp_path: Path) -> None:
             leftover.unlink()
         with pytest.raises(AgentError):
             read_frames(io.BytesIO(bad), rows, str(target))
+
+
+def test_pushed_pieces_are_read_as_one_stream_and_each_checked(tmp_path: Path) -> None:
+    from launcher.agent.base import AgentError
+    from launcher.agent.release import PartsReader, parts_param
+
+    data = os.urandom(10_000)
+    parts = []
+    for n, start in enumerate(range(0, len(data), 3000)):
+        piece = data[start : start + 3000]
+        path = tmp_path / f".release.launcher-x-{n:05d}.tmp"
+        path.write_bytes(piece)
+        parts.append([str(path), len(piece), hashlib.sha256(piece).hexdigest()])
+    assert parts_param(str(tmp_path), parts) == parts
+    reader = PartsReader(parts)
+    assert reader.read() == data
+    reader.read_to_the_end()
+    Path(parts[1][0]).write_bytes(b"x" * parts[1][1])  # same size, other bytes
+    with pytest.raises(AgentError, match="piece 2 of 4"):
+        PartsReader(parts).read()
+    Path(parts[2][0]).unlink()  # a push that wrote nothing
+    with pytest.raises(AgentError, match=r"piece 3 of 4 .* is missing"):
+        parts_param(str(tmp_path), parts)
+    with pytest.raises(AgentError, match="not launcher's"):
+        parts_param(str(tmp_path), [["/etc/passwd", 1, "a" * 64]])
+
+
+def test_reused_setup_output_is_relocated(tmp_path: Path) -> None:
+    """Copied, not linked, with the old release's path replaced in text, binary and links."""
+    from launcher.agent.release import copy_extras
+
+    old = tmp_path / "releases" / "20261203T081012Z-1a2b3c4d"
+    new = tmp_path / "releases" / "20261203T091544Z-5e6f7a8b"
+    (old / ".venv" / "bin").mkdir(parents=True)
+    new.mkdir()
+    (old / "main.py").write_text("print(1)\n")  # in the manifest: not copied
+    script = old / ".venv" / "bin" / "tool"
+    script.write_text(f"#!{old}/.venv/bin/python\nprint(1)\n")
+    script.chmod(0o755)
+    blob = b"\0" * ((1 << 20) - 5) + f"{old}/lib".encode() + b"\0" * 10  # across a block
+    (old / ".venv" / "lib.so").write_bytes(blob)
+    os.symlink(f"{old}/.venv/bin/tool", old / ".venv" / "bin" / "link")
+    os.symlink("/usr/bin/python3", old / ".venv" / "bin" / "python")
+    pairs = [(os.fsencode(old), os.fsencode(new))]
+    files, relocated = copy_extras(str(old), str(new), {"main.py"}, pairs)
+    assert (files, relocated) == (2, 2)
+    assert not (new / "main.py").exists()
+    copied = new / ".venv" / "bin" / "tool"
+    assert copied.read_text() == f"#!{new}/.venv/bin/python\nprint(1)\n"
+    assert copied.stat().st_mode & 0o777 == 0o755
+    assert copied.stat().st_ino != script.stat().st_ino
+    assert (new / ".venv" / "lib.so").read_bytes() == blob.replace(
+        os.fsencode(old), os.fsencode(new)
+    )
+    assert os.readlink(new / ".venv" / "bin" / "link") == f"{new}/.venv/bin/tool"
+    assert os.readlink(new / ".venv" / "bin" / "python") == "/usr/bin/python3"
+    assert script.read_text().startswith(f"#!{old}/")  # the old release is as it was

@@ -185,7 +185,7 @@ def test_each_handler_reads_only_the_keys_its_request_type_declares(
         frames = gzip.compress(f"{digest} {len(data)}\n".encode() + data)
         return {
             "manifest": [["main.py", len(data), 0o644, digest]], "manifest_sha256": "0" * 64,
-            "blobs_b64": base64.b64encode(frames).decode(), "blobs_tmp": None, "sent_files": 1,
+            "blobs_b64": base64.b64encode(frames).decode(), "blobs_parts": None, "sent_files": 1,
             "keep_releases": 2, "setup": {"run": ["true"], "hash": setup_hash, "timeout": 30.0},
         }  # fmt: skip
 
