@@ -323,17 +323,20 @@ def header_fields(run: Run, generated: str) -> list[tuple[str, str]]:
     record = _record_of(run)
     sha = record.get("sha256") if record else None
     deployed = record.get("time") if record else None
-    return [
+    source = describe_source(record.get("source") if record else None)
+    rows = [
         ("target", run.target),
         ("host", run.host or "?"),
         ("CT", str(run.vmid) if run.vmid is not None else "?"),
         ("run", (probe.run if probe else None) or "unknown (not started by launcher)"),
         ("script sha256", sha if isinstance(sha, str) else "unknown (no deploy record)"),
-        ("source", describe_source(record.get("source") if record else None) or "unknown"),
         ("deployed", deployed if isinstance(deployed, str) else "unknown"),
         ("launcher", __version__),
         ("report written", generated),
     ]
+    if source is not None:  # the code's git commit, when the deploy was made from a work tree
+        rows.insert(5, ("source", source))
+    return rows
 
 
 def _record_of(run: Run) -> dict[str, Any] | None:

@@ -44,6 +44,8 @@ def _git(where: Path, *args: str) -> str | None:
 def source_of(path: Path) -> dict[str, Any] | None:
     """The git provenance of `path` (a file or a directory), or None outside a work tree."""
     where = path if path.is_dir() else path.parent
+    if not _in_work_tree(where):  # no git process for a source outside any repository
+        return None
     status = _git(where, "status", "--porcelain=v2", "--branch", "-z", "--", ".")
     if status is None:
         return None
@@ -59,6 +61,18 @@ def source_of(path: Path) -> dict[str, Any] | None:
         "changed_count": len(changed),
         "diffstat": stat,
     }
+
+
+def _in_work_tree(where: Path) -> bool:
+    """Whether `where` or a parent holds `.git` (a directory, or a file in a linked work tree
+    or submodule); with GIT_DIR set, git decides."""
+    if os.environ.get("GIT_DIR"):
+        return True
+    try:
+        here = where.resolve()
+    except OSError:
+        return False
+    return any((folder / ".git").exists() for folder in (here, *here.parents))
 
 
 def _read_status(text: str) -> tuple[str | None, str | None, list[str]]:

@@ -187,6 +187,16 @@ def test_header_names_what_was_judged_and_the_failing_check_comes_first() -> Non
     assert header_of(render_html([run]))["script sha256"] == "unknown (no deploy record)"
 
 
+def test_the_header_names_the_code_s_git_commit_when_the_deploy_recorded_one() -> None:
+    result = probe(crash_at=9)
+    result.run = "dflash:abc123"
+    source = {"commit": "a1b2c3d4e5f6a7b8", "branch": "main", "dirty": True, "changed_count": 2}
+    result.record = {"run": "dflash:abc123", "sha256": "f" * 64, "source": source}
+    header = header_of(render_html([Run("prod", result, None, [])]))
+    assert header["source"] == "a1b2c3d4e5f6 (main) + 2 uncommitted files"
+    assert list(header).index("source") == list(header).index("script sha256") + 1
+
+
 def test_a_crash_during_the_warmup_fills_the_chart() -> None:
     result = probe(crash_at=3)
     assert result.verdict == "unhealthy"
