@@ -134,12 +134,13 @@ def step_rate(probe: ProbeResult) -> list[tuple[float, float]]:
 def chart_series(probe: ProbeResult, queue_names: Sequence[str]) -> list[tuple[str, list[Series]]]:
     """(title, series) for each chart: throughput, loss, step rate, one per queue."""
     placed = timeline(probe)
-    throughput = Series("Ktok/s")
+    unit, scale = throughput_unit(placed)
+    throughput = Series(unit)
     loss = Series("loss")
     queues: dict[str, list[Series]] = {name: [] for name in queue_names}
     for x, sample in placed:
         if sample.throughput is not None:
-            throughput.points.append((x, sample.throughput / 1000))
+            throughput.points.append((x, sample.throughput / scale))
         if sample.loss is not None:
             loss.points.append((x, sample.loss))  # NaN kept: drawn as a marker
         for name in queue_names:
@@ -153,7 +154,7 @@ def chart_series(probe: ProbeResult, queue_names: Sequence[str]) -> list[tuple[s
             for line, value in zip(lines, values, strict=False):
                 line.points.append((x, value))
     charts = [
-        ("throughput (Ktok/s)", [throughput]),
+        (f"throughput ({unit})", [throughput]),
         ("loss", [loss]),
         ("step rate (steps/s)", [Series("steps/s", step_rate(probe))]),
     ]
@@ -162,6 +163,13 @@ def chart_series(probe: ProbeResult, queue_names: Sequence[str]) -> list[tuple[s
     if gpus:
         charts.append(("GPU utilization (%)", gpus))
     return charts
+
+
+def throughput_unit(placed: Sequence[tuple[float, Sample]]) -> tuple[str, float]:
+    """The throughput chart's unit and the divisor into it: tokens in thousands (Ktok/s),
+    every other unit as the trainer reports it (it/s, samples/s)."""
+    unit = next((s.throughput_unit for _, s in placed if s.throughput is not None), "tok/s")
+    return ("Ktok/s", 1000.0) if unit == "tok/s" else (unit, 1.0)
 
 
 def gpu_util_series(probe: ProbeResult) -> list[Series]:

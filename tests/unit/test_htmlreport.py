@@ -15,10 +15,11 @@ from html.parser import HTMLParser
 import pytest
 
 from launcher import __version__
-from launcher.htmlreport import Run, render_html, step_rate, timeline
+from launcher.htmlreport import Run, render_html, step_rate, throughput_unit, timeline
 from launcher.verify.checks import ChecksSpec, PaneState
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
 from launcher.verify.report import SPARKS, sparkline, to_junit
+from launcher.verify.samples import Reading, ReadSample, Sample
 
 HOSTILE = (
     "evil <script>alert(1)</script> </pre><img src=http://x.invalid/a.png> \x1b]0;pwned\x07&amp;"
@@ -255,3 +256,14 @@ def test_junit_failure_keeps_the_whole_traceback() -> None:
         assert tail.endswith("RuntimeError: NCCL error: unhandled cuda error (demo crash)")
         assert tail.count('  File "/root/t/train.py"') == 12
         assert "\x1b" not in body
+
+
+def test_the_throughput_chart_keeps_the_trainer_s_own_unit() -> None:
+    def line(unit: str, rate: float) -> tuple[float, Sample]:
+        reading = Reading(format="kv", unit=unit)
+        return (0.0, ReadSample(0, None, {"throughput": rate}, f"it {rate}", reading))
+
+    assert throughput_unit([line("it/s", 1.1)]) == ("it/s", 1.0)  # not 0.0011 Ktok/s
+    assert throughput_unit([line("samples/s", 80.0)]) == ("samples/s", 1.0)
+    assert throughput_unit([line("tok/s", 50_000.0)]) == ("Ktok/s", 1000.0)
+    assert throughput_unit([]) == ("Ktok/s", 1000.0)
