@@ -47,7 +47,8 @@ class Observation:
     step: int | None = None
     throughput: float | None = None
     loss: float | None = None
-    queues: dict[str, list[float]] = field(default_factory=dict)
+    queues: dict[str, list[float]] = field(default_factory=dict)  # depths (per bucket)
+    fills: dict[str, float] = field(default_factory=dict)  # queues printed as `n/total`
     since_step: float | None = None
     last_lines: list[str] = field(default_factory=list)
     state: State | None = None  # failed for an unhealthy run that exited non-zero
@@ -83,6 +84,7 @@ class RunJudge:
         self._step_at = 0.0
         self._numbers: tuple[float | None, float | None] = (None, None)
         self._queues: dict[str, list[float]] = {}
+        self._fills: dict[str, float] = {}
 
     def _begin(self, run: str | None, now: float) -> None:
         self.run = run
@@ -175,13 +177,18 @@ class RunJudge:
                     self._step, self._step_at = sample.step, now
                 self._numbers = (sample.throughput, sample.loss)
                 for name in self.queue_names:
-                    depths = sample.numbers(name)
-                    if depths is not None:
-                        self._queues[name] = depths
+                    read = sample.queue(name)  # a list, a depth, or a fill (`12/16`)
+                    if read is None:
+                        continue
+                    if read[0] == "fill":
+                        self._fills[name] = read[1][0]
+                    else:
+                        self._queues[name] = read[1]
                 break
         obs.step = self._step
         obs.throughput, obs.loss = self._numbers
         obs.queues = dict(self._queues)
+        obs.fills = dict(self._fills)
         obs.since_step = now - self._step_at if self._step is not None else None
         if obs.loss is not None and math.isinf(obs.loss):
             obs.loss = None

@@ -55,6 +55,12 @@ class Metrics:
             [*LABELS, "queue", "bucket"],
             registry=r,
         )
+        self.fill = Gauge(
+            "launcher_train_queue_fill",
+            "Each queue's fill (0 to 1) when the trainer prints it as `n/total`",
+            [*LABELS, "queue"],
+            registry=r,
+        )
         self.since_step = Gauge(
             "launcher_train_seconds_since_step",
             "Seconds since the step last advanced (as of the last poll)",
@@ -124,6 +130,7 @@ class Metrics:
         loss: float | None,
         queues: Mapping[str, Sequence[float]],
         since_step: float | None,
+        fills: Mapping[str, float] | None = None,
     ) -> None:
         _set(self.step, labels, None if step is None else float(step))
         _set(self.throughput, labels, throughput)
@@ -132,6 +139,8 @@ class Metrics:
         for name, depths in queues.items():
             for bucket, depth in enumerate(depths):
                 self.queue.labels(**labels, queue=name, bucket=str(bucket)).set(depth)
+        for name, fill in (fills or {}).items():
+            self.fill.labels(**labels, queue=name).set(fill)
 
     def set_gpus(self, labels: dict[str, str], sample: GpuSample) -> None:
         """Per-GPU gauges (label `gpu`: the index) from one poll."""

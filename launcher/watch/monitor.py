@@ -157,6 +157,7 @@ class TargetWatch:
                 throughput=obs.throughput,
                 loss=obs.loss,
                 queues=obs.queues,
+                fills=obs.fills,
                 since_step=obs.since_step,
             )
         if obs.run != self.record.run and obs.verdict != "replacing":

@@ -16,6 +16,7 @@ import pytest
 from launcher.config import VerifySpec
 from launcher.errors import RefusedError, UsageError
 from launcher.verify.checks import PaneState
+from launcher.verify.formats import StatusSpec
 from launcher.verify.parse import parse_pane
 from launcher.watch.events import SCHEMA, Event
 from launcher.watch.judging import JudgeSettings, RunJudge
@@ -79,6 +80,21 @@ def test_a_hung_run_is_unhealthy_after_stall_after_and_recovers_when_it_moves() 
     verdicts = [runs.observe(pane([*shown, *map(line, range(4, 5 + i))]), 9.0 + i).verdict
                 for i in range(3)]  # fmt: skip
     assert verdicts[-1] == "healthy"
+
+
+def test_queues_printed_as_a_fill_are_watched_as_fills() -> None:
+    status = StatusSpec(
+        format="keyvalue", fields={"queues": {"q_pre": "q_pre", "q_post": "q_post"}}
+    )
+    spec = VerifySpec(queues={"q_pre": {}, "q_post": {}})
+    settings = JudgeSettings(wait=0, window=30, successes=1, failure_threshold=2, lines=500)
+    runs = RunJudge(
+        spec, settings, lambda text, width: parse_pane(text, status), ["q_pre", "q_post"]
+    )
+    shown = [f"step={n} loss=2.0 tok/s=50000 q_pre=12/16 q_post={n}" for n in (1, 2)]
+    seen = runs.observe(pane(shown), 1.0)
+    assert seen.fills == {"q_pre": 0.75}
+    assert seen.queues == {"q_post": [2.0]}
 
 
 def test_event_schema_text_and_environment() -> None:
