@@ -92,9 +92,16 @@ def test_disable_tqdm_run_is_judged_by_its_epoch(hf: Project) -> None:
     assert verdicts["throughput"] == "skip", summary(report)
 
 
+# The loss goes nan at step 60: on a loaded machine the trainer can take over 10 s to get there
+# (model built, first steps slow), and a warmup shorter than that lets the probe pass first. A
+# non-finite loss counts from the end of the warmup (a single nan early on can be an fp16
+# overflow the scaler skips), so a longer warmup costs these tests its difference.
+NAN_VERIFY = {"wait": 20}
+
+
 @pytest.mark.parametrize("tqdm", ["1", "0"], ids=["progress-bar", "disable-tqdm"])
 def test_nan_loss_is_unhealthy(hf: Project, tqdm: str) -> None:
-    deploy(hf, f"hfnan{tqdm}", HF_TQDM=tqdm, HF_NAN_AFTER="60", HF_NAN_FILTER="0")
+    deploy(hf, f"hfnan{tqdm}", NAN_VERIFY, HF_TQDM=tqdm, HF_NAN_AFTER="60", HF_NAN_FILTER="0")
     code, report, _ = verify_json(hf)
     assert code == 1, summary(report)
     losses = [s["loss"] for s in report["samples"] if s["loss"] is not None]
@@ -105,7 +112,7 @@ def test_nan_loss_is_unhealthy(hf: Project, tqdm: str) -> None:
 def test_nan_hidden_by_the_trainer_s_filter_is_unhealthy(hf: Project) -> None:
     """transformers 4.30 with its default `logging_nan_inf_filter=True` and no grad_norm in its
     logs: the NaN steps are dropped from the logged sum, which then reads 'loss': 0.0."""
-    deploy(hf, "hfnanfilter", HF_TQDM="0", HF_NAN_AFTER="60")
+    deploy(hf, "hfnanfilter", NAN_VERIFY, HF_TQDM="0", HF_NAN_AFTER="60")
     code, report, _ = verify_json(hf)
     assert code == 1, summary(report)
     assert "loss exactly 0" in report["reason"], summary(report)
