@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 RELEASE_ID = r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$"
+# What build_release stages a release in (and its blobs): only such names are removed as a
+# killed deploy's leftovers, never another dot-file of releases/.
+STAGING_NAME = r"^\.[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}(\.blobs)?\.tmp$"
 SHA256 = r"^[0-9a-f]{64}$"
 MANIFEST_LIMIT = 1000000  # rows; the client's own limits are lower
 CONTENT_LIMIT = 1 << 20  # --diff: old file contents answered up to this size
@@ -397,7 +400,7 @@ class ReleaseDeploy(Deploy):
             return
         for name in names:  # staging and blob directories of deploys that were killed
             full = os.path.join(rdir, name)
-            if name.startswith(".") and name.endswith(".tmp") and not os.path.islink(full):
+            if re.match(STAGING_NAME, name) and not os.path.islink(full):
                 remove_tree(full)
 
     def plan_actions(self):
