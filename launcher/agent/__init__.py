@@ -19,6 +19,7 @@ The package, one job a module (each imports only the ones before it in MODULES):
     paths      paths in the workdir, the checks on them, the run's records
     tmux       tmux and a session's state
     preflight  the `preflight` op
+    archives   checkpoint archives: made, measured, pruned only with the user's word
     stop       stopping a run for real, the `stop` op
     deploy     the deploy transaction (`Deploy`), the `apply` and `rollback` ops
     release    project releases: the `releases` op, the release transaction
@@ -53,6 +54,7 @@ MODULES = (
     "paths",
     "tmux",
     "preflight",
+    "archives",
     "stop",
     "deploy",
     "release",

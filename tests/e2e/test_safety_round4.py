@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launcher.sandbox import Sandbox
 from tests.e2e.conftest import missing_requirements
+from tests.e2e.project import Project, json_out
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +90,114 @@ def test_sandbox_down_keeps_a_users_files_in_its_state_dir(tmp_path: Path) -> No
     )
     assert b"RUNNING" not in states.stdout
     assert not sb.status().sshd_alive
+
+
+# -- 2. no checkpoint archive pruned without the user's word
+
+VMID = 203
+
+
+# Writes $CKPTS checkpoint files of $CKPT_KB KiB each, then runs on; what a trainer leaves.
+CHECKPOINTER = """
+import os, sys, time
+os.makedirs("checkpoints", exist_ok=True)
+for i in range(int(os.environ["CKPTS"])):
+    with open("checkpoints/step_%d.pt" % i, "wb") as f:
+        f.write(b"w" * 1024 * int(os.environ.get("CKPT_KB", "1")))
+print("step=1 loss=1.0", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def clean_ct(project: Project) -> Iterator[Project]:
+    yield project
+    project.ct(VMID, "tmux", "kill-server")
+    project.ct(VMID, "pkill", "-KILL", "-f", "[r]un.py|[t]rain_demo")
+    for workdir in WORKDIRS:
+        project.ct(VMID, "umount", "-l", workdir)
+        project.ct(VMID, "rm", "-rf", workdir)
+
+
+ARCHIVES_WORKDIR = "/root/safety4-archives"
+DISK_WORKDIR = "/root/safety4-disk"
+WORKDIRS = (ARCHIVES_WORKDIR, DISK_WORKDIR)
+
+
+def checkpointer(project: Project, name: str, workdir: str, **overrides: Any) -> dict[str, Any]:
+    script = project.root / "run.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(CHECKPOINTER)
+    book = project.playbook(name, workdir=workdir, gpus=0, **overrides)
+    book["script"] = {"source": str(script), "dest": "run.py"}
+    book["command"] = "python3 run.py"
+    return book
+
+
+def archives_in(project: Project, workdir: str) -> list[str]:
+    out = project.ct_text(VMID, "ls", "-1", workdir)
+    return sorted(n for n in out.split() if n.startswith("checkpoints.archived-"))
+
+
+def checkpoint_files(project: Project, folder: str) -> int:
+    return len(project.ct_text(VMID, "ls", "-1", folder).split())
+
+
+def test_a_long_runs_archive_outlives_quick_redeploys_unless_pruning_is_asked(
+    clean_ct: Project,
+) -> None:
+    """keep_archives: 2, a run with 20 checkpoints, then three quick fix-a-typo redeploys."""
+    project = clean_ct
+    project.write({"arch": (VMID, checkpointer(project, "arch", ARCHIVES_WORKDIR,
+                                               keep_archives=2))})  # fmt: skip
+    first = project.launcher("deploy", "--restart", "--env", "CKPTS=20")
+    assert first.returncode == 0, first.stderr
+    time.sleep(6)  # the long run: it lives longer than the quick ones after it
+    for _ in range(3):
+        quick = project.launcher("deploy", "--restart", "--env", "CKPTS=1")
+        assert quick.returncode == 0, quick.stderr
+    archives = archives_in(project, ARCHIVES_WORKDIR)
+    assert len(archives) == 3, archives
+    long_run = f"{ARCHIVES_WORKDIR}/{archives[0]}"
+    assert checkpoint_files(project, long_run) == 20  # kept beyond the limit
+    assert f"kept {long_run} beyond keep_archives 2: its run lived longer" in quick.stderr
+    assert "holds more checkpoints (20) than theirs (at most 1)" in quick.stderr
+    assert "deploy with --prune-archives to prune it" in quick.stderr
+
+    pruning = project.launcher("deploy", "--restart", "--env", "CKPTS=1", "--prune-archives",
+                               "--json")  # fmt: skip
+    assert pruning.returncode == 0, pruning.stderr
+    pruned = json_out(pruning)["result"]["checkpoints"]["pruned"]
+    assert pruned == [f"{ARCHIVES_WORKDIR}/{archives[1]}", long_run]
+    assert f"pruned (keep_archives 2): {', '.join(pruned)}" in pruning.stderr
+    left = archives_in(project, ARCHIVES_WORKDIR)
+    assert len(left) == 2 and left[0] == archives[2], left
+    history = project.launcher("history", "--limit", "1")
+    assert f"pruned       {long_run}" in history.stdout, history.stdout
+    records = json_out(project.launcher("history", "--limit", "1", "--json"))
+    assert records["records"][0]["checkpoints"]["pruned"] == pruned
+
+
+def test_a_disk_that_will_not_hold_the_new_run_is_said_before_the_stop(
+    clean_ct: Project,
+) -> None:
+    """Archiving frees nothing and the new run writes as much again: refused, not pruned."""
+    project = clean_ct
+    assert project.ct(VMID, "mkdir", "-p", DISK_WORKDIR).returncode == 0
+    mount = project.ct(VMID, "mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", DISK_WORKDIR)
+    assert mount.returncode == 0, mount.stderr
+    project.write({"disk": (VMID, checkpointer(project, "disk", DISK_WORKDIR,
+                                               keep_archives=1))})  # fmt: skip
+    first = project.launcher("deploy", "--restart", "--env", "CKPTS=15", "--env", "CKPT_KB=1024")
+    assert first.returncode == 0, first.stderr
+    project.wait_for(lambda: checkpoint_files(project, f"{DISK_WORKDIR}/checkpoints") == 15)
+    pane = project.ct_text(VMID, "tmux", "display-message", "-p", "-t", "=disk:", "#{pane_pid}")
+    again = project.launcher("deploy", "--restart", "--env", "CKPTS=1")
+    assert again.returncode == 3, again.stderr
+    assert "the disk will not hold the new run: " in again.stderr
+    assert "the run it replaces wrote 15.0 MiB of checkpoints" in again.stderr
+    assert "Nothing was stopped" in again.stderr
+    after = project.ct_text(VMID, "tmux", "display-message", "-p", "-t", "=disk:", "#{pane_pid}")
+    assert after == pane  # the old run untouched
+    assert archives_in(project, DISK_WORKDIR) == []
+    assert checkpoint_files(project, f"{DISK_WORKDIR}/checkpoints") == 15
