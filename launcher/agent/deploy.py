@@ -43,6 +43,7 @@ from launcher.agent.base import (
     sha256_or_none,
     utc_iso,
 )
+from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.gpus import (
     describe_holders,
     describe_outside,
@@ -720,6 +721,7 @@ class Deploy:
             if not os.access(existing, os.W_OK | os.X_OK):
                 raise AgentError("missing", "%s is not writable: the run file cannot be written"
                                  % existing)  # fmt: skip
+            self.check_command()
             return "ok", "%s writable; %d env value(s) go in a 0600 run file" % (
                 existing,
                 len(self.env),
@@ -729,9 +731,24 @@ class Deploy:
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
         write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
         self.dry_launch()
+        self.check_command()
         with open(log_path(self.workdir, self.session), "a"):
             pass
         return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
+
+    def command_check(self):
+        """What the command is judged against: the run starts in the workdir, where the new
+        script is installed after the checks."""
+        dest = getattr(self, "dest", None)
+        return CommandCheck(self.start_dir, {}, [dest] if dest else [], self.env)
+
+    def check_command(self):
+        """The command's program and script exist where the run starts (a typo in `command`
+        refused here, not found by the new run after the old one is stopped)."""
+        check = self.command_check()
+        problem = check.problem(self.command) if check is not None else None
+        if problem:
+            raise AgentError("invalid", problem)
 
     def dry_launch(self):
         argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]

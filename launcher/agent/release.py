@@ -43,6 +43,7 @@ from launcher.agent.base import (
     utc_iso,
     write_atomic,
 )
+from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.deploy import Deploy, run_to_the_end
 from launcher.agent.params import param, workdir_param
 from launcher.agent.paths import (
@@ -745,6 +746,19 @@ class ReleaseDeploy(Deploy):
         os.symlink(target, tmp)
         os.replace(tmp, link)
         return "; %s restored (-> %s)" % (link, target)
+
+    def command_check(self):
+        """The command is judged in the new release (the run starts in `current`, switched to
+        it only after the stop); in plan mode nothing is built: left to the deploy itself."""
+        root = self.built
+        if root is None and self.rollback and self.release_id:
+            root = os.path.join(releases_dir(self.workdir), self.release_id)
+        if root is None:
+            return None
+        link = current_link(self.workdir)
+        moved = {link: root, os.path.join(os.path.realpath(self.workdir), CURRENT_LINK): root}
+        coming = [getattr(self, "dest", None)] if self.dest_rel is not None else []
+        return CommandCheck(link, moved, [c for c in coming if c], self.env)
 
     def safe_checkpoints(self):
         protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))

@@ -121,7 +121,8 @@ def clean_ct(project: Project) -> Iterator[Project]:
 
 ARCHIVES_WORKDIR = "/root/safety4-archives"
 DISK_WORKDIR = "/root/safety4-disk"
-WORKDIRS = (ARCHIVES_WORKDIR, DISK_WORKDIR)
+COMMAND_WORKDIR = "/root/safety4-command"
+WORKDIRS = (ARCHIVES_WORKDIR, DISK_WORKDIR, COMMAND_WORKDIR)
 
 
 def checkpointer(project: Project, name: str, workdir: str, **overrides: Any) -> dict[str, Any]:
@@ -201,3 +202,67 @@ def test_a_disk_that_will_not_hold_the_new_run_is_said_before_the_stop(
     assert after == pane  # the old run untouched
     assert archives_in(project, DISK_WORKDIR) == []
     assert checkpoint_files(project, f"{DISK_WORKDIR}/checkpoints") == 15
+
+
+# -- 3. the command checked before the stop
+
+
+def pane_pid(project: Project, session: str) -> str:
+    out = project.ct_text(
+        VMID, "tmux", "display-message", "-p", "-t", f"={session}:", "#{pane_pid}"
+    )
+    assert out.strip(), f"no session {session}"
+    return out
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        ("python3 trian.py", "the command's script trian.py does not exist"),
+        ("pyhton3 run.py", "the command's program pyhton3 is not found on the run's PATH"),
+        ("python3 -m trainr", "the command's module trainr is not found by "),
+        ("torchrun --nproc_per_node 1 trian.py", "the command's script trian.py does not exist"),
+    ],
+    ids=["script", "program", "module", "torchrun"],
+)
+def test_a_typo_in_the_command_is_refused_before_the_stop(
+    clean_ct: Project, command: str, named: str
+) -> None:
+    project = clean_ct
+    book = checkpointer(project, "cmd", COMMAND_WORKDIR)
+    project.write({"cmd": (VMID, book)})
+    first = project.launcher("deploy", "--restart", "--env", "CKPTS=1")
+    assert first.returncode == 0, first.stderr
+    before = pane_pid(project, "cmd")
+    typo = project.launcher("deploy", "--restart", "--command", command)
+    assert typo.returncode == 2, typo.stderr
+    assert named in typo.stderr and f"command: {command}" in typo.stderr, typo.stderr
+    assert "✓ stop" not in typo.stderr and "deployed" not in typo.stdout
+    assert pane_pid(project, "cmd") == before  # the old run untouched
+    assert project.ct(VMID, "test", "-d", f"{COMMAND_WORKDIR}/checkpoints").returncode == 0
+    assert archives_in(project, COMMAND_WORKDIR) == []
+
+
+def test_a_project_commands_script_is_looked_for_in_the_new_release(clean_ct: Project) -> None:
+    """The old release has main.py; the new one renamed it: refused before the stop, though
+    `current` (the old release, until the switch) still has it."""
+    project = clean_ct
+    src = project.root / "proj"
+    src.mkdir(parents=True)
+    (src / "main.py").write_text(CHECKPOINTER)
+    book = project.playbook("proj", workdir=COMMAND_WORKDIR, gpus=0, env={"CKPTS": "1"})
+    del book["script"]
+    book["project"] = {"source": str(src)}
+    book["command"] = "python3 main.py"
+    project.write({"proj": (VMID, book)})
+    first = project.launcher("deploy", "--restart")
+    assert first.returncode == 0, first.stderr
+    before = pane_pid(project, "proj")
+    (src / "main.py").rename(src / "train.py")
+    renamed = project.launcher("deploy", "--restart")
+    assert renamed.returncode == 2, renamed.stderr
+    assert "the command's script main.py does not exist" in renamed.stderr
+    assert "/releases/" in renamed.stderr and "command: python3 main.py" in renamed.stderr
+    assert pane_pid(project, "proj") == before
+    fixed = project.launcher("deploy", "--restart", "--command", "python3 train.py")
+    assert fixed.returncode == 0, fixed.stderr
