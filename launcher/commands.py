@@ -165,6 +165,7 @@ def _deploy(v: dict[str, Any]) -> DeployOptions:
         checkpoint_mode=v["checkpoints"],
         grace=v["grace"],
         kill_gpu_holders=v["kill_gpu_holders"],
+        prune_archives=v["prune_archives"],
         wait_lock=v["wait_lock"] or 0.0,
         env=env,
         sets=v["sets"],
@@ -208,6 +209,10 @@ WAIT_LOCK = Param(
     "Wait up to this long for another deploy's lock: 90s, 10m (default 0: refuse, exit 4).",
     type=params.WAIT_LOCK,
 )
+PRUNE_HELP = (
+    "Beyond keep_archives, prune also archives of runs that lived longer or hold more "
+    "checkpoints than the runs kept."
+)
 JSON = _flag("json", "Print the report as JSON.", cli=("as_json",), request=False)
 PROBE = (
     Param("wait", "duration", "Warmup: only fatal signs are judged: 90, 3m.", type=params.WAIT),
@@ -249,6 +254,7 @@ COMMANDS: dict[str, Command] = {
                 ),
                 Param("grace", "duration", GRACE_HELP, type=params.GRACE),
                 _flag("kill_gpu_holders", "Kill processes outside the run that hold the GPUs."),
+                _flag("prune_archives", PRUNE_HELP),
                 WAIT_LOCK,
                 Param("env", "pairs", "KEY=VALUE for this deploy's environment (repeatable)."),
                 Param(

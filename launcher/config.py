@@ -314,7 +314,9 @@ class PlaybookSpec(_Model):
     gpus: Annotated[StrictInt, Field(ge=0, le=256)] = 0
     # Bounded: the deploy lock is held while the old run gets its grace.
     stop_grace: Annotated[float, Field(strict=True, ge=0, le=HOUR)] = 30.0
-    keep_archives: Annotated[StrictInt, Field(ge=0, le=1000)] = 3
+    # Checkpoint archives kept (None: all). Beyond it, an archive of a run worth more than the
+    # runs kept in its place is pruned only with `deploy --prune-archives`.
+    keep_archives: Annotated[StrictInt, Field(ge=0, le=1000)] | None = None
     # Length-bucket boundaries of the trainer's bucketed shuffle (`launcher buckets plan`).
     buckets: (
         Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**40)]], Field(max_length=1000)] | None

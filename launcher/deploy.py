@@ -55,6 +55,8 @@ class DeployOptions:
     grace: float | None = None
     # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
     kill_gpu_holders: bool = False
+    # Beyond keep_archives, prune also archives worth more than the runs kept in their place.
+    prune_archives: bool = False
     # Wait this long (seconds) for another deploy's lock instead of refusing at once.
     wait_lock: float = 0.0
     # For this deploy only (recorded in history): env values, playbook keys, the command, why.
@@ -337,6 +339,7 @@ def deploy_request(
         grace=grace,
         mode=options.checkpoint_mode,
         kill_gpu_holders=options.kill_gpu_holders,
+        prune_archives=options.prune_archives,
     )
     request["record"].update(override_record(options))
     source = target.playbook.project_source or target.playbook.script_source
@@ -399,6 +402,7 @@ def transaction_request(
     grace: float,
     mode: CheckpointMode,
     kill_gpu_holders: bool = False,
+    prune_archives: bool = False,
 ) -> p.TransactionRequest:
     """The agent request shared by `apply` (deploy) and `rollback`: one locked transaction."""
     playbook = target.playbook
@@ -414,6 +418,7 @@ def transaction_request(
         "checkpoints": spec.checkpoints,
         "checkpoint_mode": mode,
         "keep_archives": spec.keep_archives,
+        "prune_archives": prune_archives,
         "command": spec.command,
         "env": spec.env,
         "width": p.PANE_WIDTH,

@@ -51,7 +51,13 @@ def _type_name(annotation: Any) -> str:
 
 def _bounds(info: FieldInfo) -> str:
     words = []
-    for item in info.metadata:
+    metadata = list(info.metadata)
+    optional = typing.get_origin(info.annotation) in (typing.Union, types.UnionType)
+    for arg in typing.get_args(info.annotation) if optional else ():  # `Annotated[...] | None`
+        if typing.get_origin(arg) is typing.Annotated:
+            for item in typing.get_args(arg)[1:]:
+                metadata += item.metadata if isinstance(item, FieldInfo) else [item]
+    for item in metadata:
         for kind, sign in ((Ge, ">="), (Gt, ">"), (Le, "<="), (Lt, "<")):
             if isinstance(item, kind):
                 words.append(f"{sign} {_number(getattr(item, kind.__name__.lower()))}")

@@ -496,6 +496,8 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     action = ckpt.get("action")
     if action == "archive" and ckpt.get("to"):
         lines.append(f"  checkpoints  moved to {ckpt['to']}")
+        for pruned in ckpt.get("pruned") or []:
+            lines.append(f"  pruned       {pruned}")
     elif action == "purge":
         lines.append(f"  checkpoints  deleted {ckpt.get('from')}")
     elif action == "none":

@@ -252,7 +252,10 @@ class TransactionRequest(TypedDict, total=False):
     grace: float
     checkpoints: str | None
     checkpoint_mode: Literal["archive", "purge", "keep"]
-    keep_archives: int
+    keep_archives: int | None  # None: every archive kept
+    # The user's --prune-archives: beyond keep_archives, also archives of runs that lived
+    # longer or hold more checkpoints than the runs kept in their place.
+    prune_archives: bool
     env: dict[str, str]
     width: int
     height: int

@@ -19,6 +19,8 @@ The package, one job a module (each imports only the ones before it in MODULES):
     paths      paths in the workdir, the checks on them, the run's records
     tmux       tmux and a session's state
     preflight  the `preflight` op
+    archives   checkpoint archives: made, measured, pruned only with the user's word
+    commandcheck  the run's command: its program and script exist, before the stop
     stop       stopping a run for real, the `stop` op
     deploy     the deploy transaction (`Deploy`), the `apply` and `rollback` ops
     release    project releases: the `releases` op, the release transaction
@@ -53,6 +55,8 @@ MODULES = (
     "paths",
     "tmux",
     "preflight",
+    "archives",
+    "commandcheck",
     "stop",
     "deploy",
     "release",

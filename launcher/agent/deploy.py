@@ -15,6 +15,18 @@ import signal
 import sys
 import time
 
+from launcher.agent.archives import (
+    archive_name,
+    archives_of,
+    choose_prunes,
+    describe_archive,
+    measure_tree,
+    measured_archives,
+    prune_archives,
+    record_archive,
+    run_seconds,
+    size_text,
+)
 from launcher.agent.base import (
     PYTHON_VERSION,
     AgentError,
@@ -30,8 +42,8 @@ from launcher.agent.base import (
     sha256_file,
     sha256_or_none,
     utc_iso,
-    utc_now,
 )
+from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.gpus import (
     describe_holders,
     describe_outside,
@@ -53,7 +65,6 @@ from launcher.agent.paths import (
     dest_path,
     dest_problem,
     exit_path,
-    is_strict_child,
     log_path,
     protected_paths,
     remove_tree,
@@ -158,7 +169,10 @@ class Deploy:
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
         self.mode = param(request, "checkpoint_mode", str, default="keep")
-        self.keep_archives = param(request, "keep_archives", int, default=3)
+        # None: every archive kept. With a limit, one worth more than the runs kept in its
+        # place is pruned only with prune_archives (the user's --prune-archives).
+        self.keep_archives = param(request, "keep_archives", int)
+        self.prune_archives = param(request, "prune_archives", bool, default=False)
         self.command = param(request, "command", str, required=True)
         self.env = env_param(request)
         self.width = param(request, "width", int, default=PANE_WIDTH)
@@ -203,7 +217,8 @@ class Deploy:
             raise AgentError("invalid", "checkpoint_mode must be archive, purge or keep")
         if self.mode != "keep" and self.checkpoints_rel is None:
             raise AgentError("invalid", "checkpoint_mode %s needs checkpoints" % self.mode)
-        if self.width < 20 or self.height < 5 or self.history_limit < 0 or self.keep_archives < 0:
+        keep = self.keep_archives if self.keep_archives is not None else 0
+        if self.width < 20 or self.height < 5 or self.history_limit < 0 or keep < 0:
             raise AgentError(
                 "invalid", "width, height, history_limit or keep_archives out of range"
             )
@@ -316,8 +331,8 @@ class Deploy:
         elif self.mode == "purge":
             planned.append(("checkpoints", "DELETE %s" % where))
         else:
-            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, keep %d"
-                            % (where, where, self.keep_archives)))  # fmt: skip
+            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, %s"
+                            % (where, where, self.archive_policy())))  # fmt: skip
         planned.append(("launch", "tmux session '%s' in %s: %s"
                         % (self.session, self.workdir, self.command)))  # fmt: skip
         planned.append(("record", os.path.join(state_dir(self.workdir), "deploys.jsonl")))
@@ -477,6 +492,7 @@ class Deploy:
         }
         if free is not None and free < self.need_bytes:
             raise AgentError("missing", "only %d bytes free under %s" % (free, self.workdir))
+        room = self.check_room_for_the_new_run(free)
         if self.gpus > 0 and gpus["visible"] < self.gpus:
             reason = gpus["error"] or "%d visible" % gpus["visible"]
             raise AgentError("missing", "playbook wants %d GPUs, %s" % (self.gpus, reason))
@@ -486,7 +502,47 @@ class Deploy:
         )
         if self.gpus > 0:
             detail += ", %d GPUs" % gpus["visible"]
-        return "ok", detail
+        return "ok", detail + room
+
+    def archive_policy(self):
+        if self.keep_archives is None:
+            return "every archive kept (keep_archives unset)"
+        return "keep %d archive(s)%s" % (
+            self.keep_archives,
+            " (--prune-archives: also older runs worth more)" if self.prune_archives else "",
+        )
+
+    def check_room_for_the_new_run(self, free):
+        """Archiving the checkpoints frees no space, and the new run writes as many again:
+        when the disk will not hold that, say so before the stop (what the archives hold, what
+        pruning may free) instead of pruning to make room."""
+        if free is None or self.mode != "archive" or self.checkpoints is None:
+            return ""
+        if not os.path.isdir(self.checkpoints) or os.path.islink(self.checkpoints):
+            return ""
+        now = measure_tree(self.checkpoints)
+        need = self.need_bytes + now["bytes"]
+        if free >= need:
+            return ""
+        old = measured_archives(self.workdir, archives_of(self.checkpoints))
+        held = sum(a.get("bytes") or 0 for a in old)
+        to_prune, _ = choose_prunes([now] + old, self.keep_archives, self.prune_archives)
+        freed = sum(a.get("bytes") or 0 for a in to_prune)
+        if free + freed >= need:
+            return "; pruning %d archive(s) frees %s for the new run" % (
+                len(to_prune), size_text(freed))  # fmt: skip
+        raise AgentError(
+            "missing",
+            "the disk will not hold the new run: %s free under %s, and the run it replaces "
+            "wrote %s of checkpoints (%s), which the new run will write again; %d archive(s) of "
+            "older checkpoints hold %s%s. Nothing was stopped: free space, deploy with "
+            "--purge-checkpoints or --keep-checkpoints, or set keep_archives and deploy with "
+            "--prune-archives" % (
+                size_text(free), self.workdir, size_text(now["bytes"]), self.checkpoints,
+                len(old), size_text(held),
+                " (%s)" % ", ".join(os.path.basename(a["path"]) for a in old[:5]) if old else "",
+            ),
+        )  # fmt: skip
 
     def check_gpu_holders(self):
         """Refuse to launch onto GPUs held by processes that are not the old run's (a child
@@ -665,6 +721,7 @@ class Deploy:
             if not os.access(existing, os.W_OK | os.X_OK):
                 raise AgentError("missing", "%s is not writable: the run file cannot be written"
                                  % existing)  # fmt: skip
+            self.check_command()
             return "ok", "%s writable; %d env value(s) go in a 0600 run file" % (
                 existing,
                 len(self.env),
@@ -674,9 +731,24 @@ class Deploy:
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
         write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
         self.dry_launch()
+        self.check_command()
         with open(log_path(self.workdir, self.session), "a"):
             pass
         return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
+
+    def command_check(self):
+        """What the command is judged against: the run starts in the workdir, where the new
+        script is installed after the checks."""
+        dest = getattr(self, "dest", None)
+        return CommandCheck(self.start_dir, {}, [dest] if dest else [], self.env)
+
+    def check_command(self):
+        """The command's program and script exist where the run starts (a typo in `command`
+        refused here, not found by the new run after the old one is stopped)."""
+        check = self.command_check()
+        problem = check.problem(self.command) if check is not None else None
+        if problem:
+            raise AgentError("invalid", problem)
 
     def dry_launch(self):
         argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]
@@ -790,12 +862,27 @@ class Deploy:
         if self.mode == "purge":
             remove_tree(self.checkpoints)
             return "ok", "purged %s" % self.checkpoints
+        run = self.old_state.get("run")
+        seconds = run_seconds(self.workdir, self.session, run)
         action["to"] = archive_name(self.checkpoints)
         os.rename(self.checkpoints, action["to"])
-        action["pruned"] = prune_archives(
-            self.checkpoints, self.keep_archives, self.warnings, self.workdir
-        )
-        return "ok", "archived to %s" % action["to"]
+        made = record_archive(self.workdir, action["to"], run, seconds, self.warnings)
+        detail = "archived to %s (%s)" % (action["to"], describe_archive(made))
+        others = [a for a in archives_of(self.checkpoints) if a != action["to"]]
+        older = measured_archives(self.workdir, others)
+        to_prune, spared = choose_prunes([made] + older, self.keep_archives,
+                                           self.prune_archives)  # fmt: skip
+        action["pruned"] = prune_archives(to_prune, self.workdir, self.warnings)
+        action["kept"] = [{"path": a["path"], "reason": a["reason"]} for a in spared]
+        if action["pruned"]:
+            detail += "; pruned (keep_archives %d): %s" % (
+                self.keep_archives, ", ".join(action["pruned"]))  # fmt: skip
+        for archive in spared:
+            self.warnings.append(
+                "kept %s beyond keep_archives %d: %s; deploy with --prune-archives to prune it"
+                % (archive["path"], self.keep_archives, archive["reason"])
+            )
+        return "ok", detail
 
     def launch(self):
         os.makedirs(state_dir(self.workdir), exist_ok=True)
@@ -937,30 +1024,6 @@ def syntax_message(dest, source, line, column, message):
         indent = len(quoted) - len(quoted.lstrip())
         text += "\n    " + " " * max(column - 1 - indent, 0) + "^"
     return text + "\nSyntaxError: %s" % message
-
-
-def archive_name(path):
-    base = "%s.archived-%s" % (path, utc_now().strftime("%Y%m%dT%H%M%SZ"))
-    candidate, n = base, 1
-    while os.path.lexists(candidate):  # two deploys within one second
-        candidate, n = "%s-%d" % (base, n), n + 1
-    return candidate
-
-
-def prune_archives(path, keep, warnings, workdir):
-    parent, name = os.path.split(path)
-    prefix = name + ".archived-"
-    archives = sorted((n for n in os.listdir(parent) if n.startswith(prefix)), reverse=True)
-    pruned = []
-    real_workdir = os.path.realpath(workdir)
-    for old in archives[keep:]:
-        full = os.path.join(parent, old)
-        if os.path.islink(full) or not is_strict_child(os.path.realpath(full), real_workdir):
-            warnings.append("left %s alone: it is a symlink or outside the workdir" % full)
-            continue
-        remove_tree(full)
-        pruned.append(full)
-    return pruned
 
 
 def op_apply(request, warnings):

@@ -43,6 +43,7 @@ from launcher.agent.base import (
     utc_iso,
     write_atomic,
 )
+from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.deploy import Deploy, run_to_the_end
 from launcher.agent.params import param, workdir_param
 from launcher.agent.paths import (
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 RELEASE_ID = r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$"
+# What build_release stages a release in (and its blobs): only such names are removed as a
+# killed deploy's leftovers, never another dot-file of releases/.
+STAGING_NAME = r"^\.[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}(\.blobs)?\.tmp$"
 SHA256 = r"^[0-9a-f]{64}$"
 MANIFEST_LIMIT = 1000000  # rows; the client's own limits are lower
 CONTENT_LIMIT = 1 << 20  # --diff: old file contents answered up to this size
@@ -397,7 +401,7 @@ class ReleaseDeploy(Deploy):
             return
         for name in names:  # staging and blob directories of deploys that were killed
             full = os.path.join(rdir, name)
-            if name.startswith(".") and name.endswith(".tmp") and not os.path.islink(full):
+            if re.match(STAGING_NAME, name) and not os.path.islink(full):
                 remove_tree(full)
 
     def plan_actions(self):
@@ -742,6 +746,19 @@ class ReleaseDeploy(Deploy):
         os.symlink(target, tmp)
         os.replace(tmp, link)
         return "; %s restored (-> %s)" % (link, target)
+
+    def command_check(self):
+        """The command is judged in the new release (the run starts in `current`, switched to
+        it only after the stop); in plan mode nothing is built: left to the deploy itself."""
+        root = self.built
+        if root is None and self.rollback and self.release_id:
+            root = os.path.join(releases_dir(self.workdir), self.release_id)
+        if root is None:
+            return None
+        link = current_link(self.workdir)
+        moved = {link: root, os.path.join(os.path.realpath(self.workdir), CURRENT_LINK): root}
+        coming = [getattr(self, "dest", None)] if self.dest_rel is not None else []
+        return CommandCheck(link, moved, [c for c in coming if c], self.env)
 
     def safe_checkpoints(self):
         protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))

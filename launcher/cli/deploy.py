@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Kill processes outside the old run that hold the GPUs (default: refuse, exit 4).",
 )
+@click.option(
+    "--prune-archives",
+    is_flag=True,
+    help="Beyond the playbook's keep_archives, prune also archives of runs that lived longer "
+    "or hold more checkpoints than the runs kept (default: those are kept).",
+)
 @wait_lock_option
 @click.option(
     "--env",
@@ -64,6 +70,7 @@ def deploy_command(
     purge: bool,
     keep: bool,
     kill_gpu_holders: bool,
+    prune_archives: bool,
     wait_lock: float,
     env: tuple[str, ...],
     sets: tuple[str, ...],
@@ -96,6 +103,7 @@ def deploy_command(
         "checkpoints": "purge" if purge else "keep" if keep else "archive",
         "grace": grace,
         "kill_gpu_holders": kill_gpu_holders,
+        "prune_archives": prune_archives,
         "wait_lock": wait_lock,
         "env": env,
         "sets": sets,

@@ -196,15 +196,21 @@ def down(state_dir: Path | None) -> None:
     \b
     Example:
       sudo launcher sandbox down
-    Exit codes: 0 removed (or nothing to remove), 2 not root.
+    Only what `launcher sandbox up` made is removed: a directory without its marker
+    (.launcher-sandbox) is refused, and files put next to the sandbox's stay.
+    \b
+    Exit codes: 0 removed (or nothing to remove), 2 not root or not a sandbox's directory.
     """
     sb = _sandbox(state_dir)
     existed = sb.state_dir.exists()
-    sb.down()
-    if existed:
-        click.echo(f"sandbox removed: {sb.state_dir}")
-    else:
+    left = sb.down()
+    if not existed:
         click.echo(f"no sandbox in {sb.state_dir}; nothing to do")
+    elif left:
+        names = ", ".join(str(p.relative_to(sb.state_dir)) for p in left)
+        click.echo(f"sandbox removed from {sb.state_dir}; kept what it did not make: {names}")
+    else:
+        click.echo(f"sandbox removed: {sb.state_dir}")
 
 
 @sandbox.command("status")

@@ -96,7 +96,7 @@ def migrate(sandbox: Sandbox, vmid: int, node: str) -> None:
 
 
 def stop_nodes(state_dir: Path) -> None:
-    """Stop the second node's sshd (Sandbox.down() removes its files with the state dir)."""
+    """Stop the second node's sshd (Sandbox.down() then removes its files, nodes/)."""
     sshd.stop_all(state_dir / "nodes" / SECOND / "sshd_config")
 
 

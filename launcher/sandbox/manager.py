@@ -4,7 +4,7 @@ sb = Sandbox(Path("/tmp/sb"))
 info = sb.up([200, 201], gpus=8)   # idempotent
 sb.up([202], distro="bullseye")    # a container from Debian 11's root filesystem
 # ssh -i info.identity_file -p info.port root@127.0.0.1 pct exec 200 -- ...
-sb.down()                          # removes everything it made
+sb.down()                          # removes everything it made, nothing else
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UsageError
-from launcher.sandbox import containers, network, rootfs, sshd
+from launcher.sandbox import containers, network, ownership, rootfs, sshd
 from launcher.sandbox import gpus as sandbox_gpus
 
 DEFAULT_STATE_DIR = Path("/var/lib/launcher-sandbox")
@@ -100,7 +100,8 @@ class Sandbox:
         kinds = {v: self._made_from(v) or distro or rootfs.HOST for v in vmids}
         if distro is not None:
             self._check_distro(vmids, distro)
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Claimed before anything is made: down removes only what a marked sandbox made.
+        ownership.claim(self.state_dir, list(vmids))
         self.lxcpath.mkdir(exist_ok=True)
         self._install_pct()
 
@@ -130,18 +131,21 @@ class Sandbox:
         self._write_inventory(port, all_vmids, gpus)
         return self._info(port, all_vmids)
 
-    def down(self) -> None:
-        """Remove every container, process and file the sandbox made (the whole state dir)."""
+    def down(self) -> list[Path]:
+        """Remove every container, process and file the sandbox made, and nothing else: a
+        directory without the sandbox's marker is refused (UsageError) before anything is
+        touched. Returns what is left in the state dir (files a user put there)."""
         if not self.state_dir.exists():
-            return
+            return []
         _require_root()
+        marker = ownership.required(self.state_dir)
         from launcher.sandbox.cluster import stop_nodes  # the second node of a sandbox cluster
 
         stop_nodes(self.state_dir)
         for jump_config in self.state_dir.glob("jumps/*/sshd_config"):
             sshd.stop_all(jump_config)
         sshd.stop_all(self.sshd_config)
-        vmids = containers.defined(self.lxcpath)
+        vmids = [v for v in containers.defined(self.lxcpath) if v in marker.vmids]
         if vmids:
             containers.stop(self.lxcpath, vmids)
         network.remove(self.state_dir)
@@ -150,7 +154,7 @@ class Sandbox:
             raise containers.ContainerError(
                 "refusing to delete the sandbox: still mounted: " + ", ".join(mounted)
             )
-        shutil.rmtree(self.state_dir)
+        return ownership.remove_made(self.state_dir, marker)
 
     def status(self) -> SandboxStatus:
         """sshd pid/port (answering or not) and the state of each container."""

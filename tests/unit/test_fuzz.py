@@ -159,6 +159,8 @@ NUMBER_KEYS: dict[tuple[str, tuple[str, ...]], tuple[float, float, bool, bool]] 
     ("playbook", ("verify", "lines")): (10, 100_000, True, False),
     ("playbook", ("verify", "step", "stall_after")): (0, WEEK, False, True),
 }
+# Numbers that may also be null (unset: keep_archives keeps every archive).
+NULLABLE = {("playbook", ("keep_archives",))}
 
 
 def put(document: dict[str, Any], keys: tuple[str, ...], value: object) -> None:
@@ -217,7 +219,7 @@ def test_config_numbers_are_refused_exactly_outside_their_range(
     inventory = write_files(root, [(key, value)])
     code, _, err = run_cli("-i", str(inventory), "inventory", "check")
     low, high, whole, low_open = NUMBER_KEYS[key]
-    valid = (
+    valid = (value is None and key in NULLABLE) or (
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and (isinstance(value, int) or not whole)
