@@ -246,3 +246,39 @@ def test_a_host_that_cannot_tell_is_said_so() -> None:
         "CT 200 is locked (migrate): Proxmox is working on it"
     )
     assert ctstate.CtState(200, frozen=True).paused
+
+
+# --------------------------------------------------------------------------- watch
+
+
+def test_watch_reports_a_frozen_ct_as_paused_and_never_restarts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from launcher.watch import monitor
+    from launcher.watch.monitor import Hub, TargetWatch, WatchSettings
+    from launcher.watch.state import WatchState
+    from tests.unit.projectfiles import load_target
+
+    paused = PausedError("sandbox: CT 200 is locked (backup) — the run is paused, not down")
+
+    def frozen(*args: Any, **kwargs: Any) -> Any:
+        raise paused
+
+    monkeypatch.setattr(monitor, "poll_once", frozen)
+    monkeypatch.setattr(monitor, "deploy", lambda *a, **k: pytest.fail("restarted"))
+    events: list[Any] = []
+    state = WatchState(tmp_path / "watch.json").open()
+    hub = Hub(state, None, None, events.append)
+    target = load_target(tmp_path)
+    host = StrictFakeHost()  # nothing may reach it: the polls are the fake above
+    watch = TargetWatch(target, host, WatchSettings(restart=True), hub, threading.Event())  # type: ignore[arg-type]
+    watch.record.status, watch.restart_due = "unhealthy", True  # a restart was due
+    for _ in range(5):
+        watch.poll_and_judge()
+        watch.recover()
+    state.close()
+    kinds = [e.kind for e in events]
+    assert kinds == ["paused"]  # once, however long it lasts; not "unreachable"
+    assert events[0].reason == paused.message and watch.record.reachable
