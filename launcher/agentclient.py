@@ -33,13 +33,15 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from launcher import agent
+from launcher import agent, ctstate
 from launcher import protocol as p
 from launcher.agent import boot
-from launcher.container import Container, HostShell, exec_command
+from launcher.container import Container, HostShell, stamped_command
 from launcher.errors import (
+    CommandTimeout,
     ContainerError,
     LauncherError,
+    PausedError,
     ProtocolError,
     RefusedError,
     RemoteError,
@@ -98,6 +100,7 @@ ERROR_KINDS: dict[str, type[LauncherError]] = {
     "invalid": UsageError,
     "failed": RemoteError,
     "down": UnhealthyError,  # reached, acted on, and the run is not running: not "unreachable"
+    "expired": CommandTimeout,  # reached after its client's deadline: nothing was changed
 }
 assert set(ERROR_KINDS) == set(p.ERROR_KINDS), "every agent error kind has an exit code"
 
@@ -127,6 +130,43 @@ ANSWERS: dict[str, type] = {
     "releases": p.ReleasesAnswer,
 }
 assert set(REQUESTS) == set(ANSWERS) == set(p.OPS), "every op has a request and an answer type"
+
+# Ops that change something: their requests carry a deadline (protocol.py, `deadline`), and a
+# client that stops waiting for one says what may still happen.
+CHANGING_OPS = {"apply": "the deploy", "rollback": "the rollback", "stop": "the stop"}
+assert set(CHANGING_OPS) <= set(p.OPS)
+# Of a call's time, the share kept back to ask the host why the container did not answer
+# (launcher.ctstate), at most DIAGNOSIS_LIMIT s: a call and that question end within the
+# caller's timeout.
+DIAGNOSIS_SHARE = 0.2
+DIAGNOSIS_LIMIT = 8.0
+# The agent's deadline ends this long (at most a tenth of the wait) before the client stops
+# waiting: the time between the client's start and the host's shell starting the command (a
+# channel opened, a free SSH session waited for), which the host's clock does not see.
+SEND_MARGIN = 2.0
+
+
+def split_timeout(timeout: float | None) -> tuple[float | None, float]:
+    """(how long to wait for the agent, how long to ask the host why it did not answer)."""
+    if timeout is None:
+        return None, 0.0
+    reserve = min(DIAGNOSIS_LIMIT, timeout * DIAGNOSIS_SHARE)
+    if reserve < ctstate.MIN_SECONDS:
+        return timeout, 0.0
+    return timeout - reserve, reserve
+
+
+def agent_deadline(wait: float) -> float:
+    """The request's `deadline` for a client that waits `wait` seconds for the answer."""
+    return max(0.0, wait - min(SEND_MARGIN, wait * 0.1))
+
+
+def with_deadline(request: dict[str, Any], wait: float | None) -> dict[str, Any]:
+    """`request` with its deadline when it changes something (a plan changes nothing)."""
+    if wait is None or request.get("op") not in CHANGING_OPS or request.get("plan"):
+        return request
+    return {**request, "deadline": round(agent_deadline(wait), 3)}
+
 
 ByteSink = Callable[[bytes], None]
 EventSink = Callable[[dict[str, Any]], None]
@@ -300,17 +340,51 @@ class AgentClient:
         """Run one op and return its answer; failures become errors (AgentFailure carries the
         answer, e.g. the deploy steps done so far)."""
         op = cast(dict[str, Any], request).get("op")
+        wait, reserve = split_timeout(timeout)
+        sent = with_deadline(cast(dict[str, Any], request), wait)
         results: list[CommandResult] = []
 
         def attempt(mode: Mode) -> tuple[int, str]:
             result = self.container.exec(
-                list(AGENT_ARGV), stdin=payload(request, mode=mode), timeout=timeout
+                list(AGENT_ARGV), stdin=payload(sent, mode=mode), timeout=wait, stamped=True
             )
             results.append(result)
             return result.exit_code, result.err
 
-        self._with_agent(attempt)
+        self._answering(op, timeout, reserve, lambda: self._with_agent(attempt))
         return self._answer(op, results[-1])
+
+    def _answering(
+        self, op: object, timeout: float | None, reserve: float, send: Callable[[], None]
+    ) -> None:
+        """Run `send`; a call that does not answer in time becomes an error saying why, as far
+        as the host can tell in `reserve` seconds (a CT frozen or locked by a backup: paused),
+        and, for a request that changes something, what may still happen."""
+        try:
+            send()
+        except CommandTimeout:
+            raise self._no_answer(str(op), timeout, reserve) from None
+
+    def _no_answer(self, op: str, timeout: float | None, reserve: float) -> LauncherError:
+        vmid = self.container.vmid
+        state = ctstate.ct_state(self.container.host, vmid, reserve) if reserve else None
+        found = state.sentence() if state else None
+        paused = state is not None and state.paused
+        what = CHANGING_OPS.get(op)
+        within = f" within {timeout:g} s" if timeout is not None else ""
+        head = f"{self.label}: {what or f'agent op {op!r}'} did not finish{within}"
+        parts = [head] + ([found] if found else [])
+        hint = None
+        if what is not None:
+            parts.append(
+                f"{what} may still complete in the container (once begun it runs to its end; "
+                "it never begins after its deadline, which has passed)"
+            )
+            hint = "run `launcher status` to see what runs now"
+        elif paused:
+            hint = f"try again once the backup is over (`pct config {vmid}` shows its lock)"
+        kind = PausedError if paused else CommandTimeout
+        return kind("; ".join(parts), hint=hint)
 
     def _answer(self, op: object, result: CommandResult) -> dict[str, Any]:
         """The answer in `result` (the last line on stdout); failures become errors."""
@@ -351,7 +425,8 @@ class AgentClient:
         as JSON lines on stderr, and they are handed over as they arrive."""
         if on_event is None or not hasattr(self.container.host, "stream"):
             return cast(p.TransactionAnswer, self.call(request, timeout=timeout))
-        streamed = {**request, "events": True}
+        wait, reserve = split_timeout(timeout)
+        streamed = with_deadline({**request, "events": True}, wait)
         results: list[CommandResult] = []
 
         def attempt(mode: Mode) -> tuple[int, str]:
@@ -363,7 +438,8 @@ class AgentClient:
                 stdout.extend,
                 on_stderr=events.feed,
                 stdin=payload(streamed, mode=mode),
-                timeout=timeout,
+                timeout=wait,
+                stamped=True,
             )
             events.close()
             results.append(
@@ -373,8 +449,9 @@ class AgentClient:
             )
             return code, results[-1].err
 
-        self._with_agent(attempt)
-        return cast(p.TransactionAnswer, self._answer(request.get("op"), results[-1]))
+        op = request.get("op")
+        self._answering(op, timeout, reserve, lambda: self._with_agent(attempt))
+        return cast(p.TransactionAnswer, self._answer(op, results[-1]))
 
     def releases(
         self, request: p.ReleasesRequest, *, timeout: float | None = None
@@ -414,7 +491,7 @@ class AgentClient:
         def attempt(mode: Mode) -> tuple[int, str]:
             stderr = bytearray()
             code: int = stream(
-                exec_command(self.container.vmid, list(AGENT_ARGV)),
+                stamped_command(self.container.vmid, list(AGENT_ARGV)),
                 on_data,
                 on_stderr=stderr.extend,
                 stdin=payload(request, mode=mode),

@@ -53,12 +53,40 @@ class HostConnection(HostShell, Protocol):
 
 def exec_command(vmid: int, argv: Sequence[str]) -> str:
     """The host command line that runs `argv` inside container `vmid`, quoted once."""
+    _check_argv(argv)
+    return shlex.join(["pct", "exec", str(vmid), "--", *argv])
+
+
+# Runs on the host: `pct exec VMID -- ARGV STAMP`, STAMP being the host's clock (GNU date:
+# seconds.nanoseconds) read by this shell before `pct` starts. A `pct` that stalls or a CT that
+# is frozen (lxc-attach joins its frozen cgroup) delays what follows, not the stamp: the agent
+# measures a request's deadline from it (protocol.py, `deadline`) on the same clock, since a
+# container shares the host's kernel. Values arrive as positional parameters, never glued in.
+STAMPED_EXEC = 'v=$1; shift; exec pct exec "$v" -- "$@" "$(date +%s.%N)"'
+STAMPED_NAME = "launcher-agent"
+
+
+def stamped_command(vmid: int, argv: Sequence[str]) -> str:
+    """The host command line that runs `argv` (the agent) inside container `vmid` with the
+    host's clock as its last argument, quoted once."""
+    _check_argv(argv)
+    return shlex.join(["sh", "-c", STAMPED_EXEC, STAMPED_NAME, str(vmid), *argv])
+
+
+def split_stamped(command: str) -> tuple[int, list[str]] | None:
+    """(vmid, argv) of a stamped_command line (the stamp not included), or None."""
+    words = shlex.split(command)
+    if words[:4] != ["sh", "-c", STAMPED_EXEC, STAMPED_NAME] or len(words) < 6:
+        return None
+    return int(words[4]), words[5:]
+
+
+def _check_argv(argv: Sequence[str]) -> None:
     if not argv:
         raise ValueError("argv must not be empty")
     for arg in argv:
         if "\x00" in arg:
             raise ValueError("arguments cannot contain NUL bytes")
-    return shlex.join(["pct", "exec", str(vmid), "--", *argv])
 
 
 # Runs on the host: stdin -> a private temp file -> `pct push` -> the temp file removed, whatever
@@ -84,10 +112,17 @@ class Container:
         self.label = label
 
     def exec(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        stamped: bool = False,
     ) -> CommandResult:
-        """Run argv inside the container; a missing or stopped container raises ContainerError."""
-        result = self.host.run(exec_command(self.vmid, argv), stdin=stdin, timeout=timeout)
+        """Run argv inside the container (`stamped`: with the host's clock as its last
+        argument, see STAMPED_EXEC); a missing or stopped container raises ContainerError."""
+        line = stamped_command if stamped else exec_command
+        result = self.host.run(line(self.vmid, argv), stdin=stdin, timeout=timeout)
         self._raise_for_container(result)
         return result
 
@@ -101,9 +136,11 @@ class Container:
         close_stdin: bool = True,
         timeout: float | None = None,
         idle_timeout: float | None = None,
+        stamped: bool = False,
     ) -> int:
         """Run argv inside the container, handing its output over as it arrives (see
-        transport/connection.py); a missing or stopped container raises ContainerError."""
+        transport/connection.py; `stamped` as for exec); a missing or stopped container raises
+        ContainerError."""
         host = cast(HostConnection, self.host)
         if not hasattr(host, "stream"):
             raise ContainerError(f"{self.label}: this connection cannot stream")
@@ -114,8 +151,9 @@ class Container:
             del tail[:-4096]  # enough to recognise pct's own errors
             on_stderr(data)
 
+        line = stamped_command if stamped else exec_command
         code = host.stream(
-            exec_command(self.vmid, argv),
+            line(self.vmid, argv),
             on_stdout,
             on_stderr=stderr,
             stdin=stdin,
@@ -158,8 +196,5 @@ class Container:
 
 def host_command(argv: Sequence[str]) -> str:
     """A plain command line for the host's shell (not in a container), quoted once."""
-    if not argv:
-        raise ValueError("argv must not be empty")
-    if any("\x00" in arg for arg in argv):
-        raise ValueError("arguments cannot contain NUL bytes")
+    _check_argv(argv)
     return shlex.join(argv)

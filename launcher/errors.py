@@ -73,6 +73,11 @@ class ContainerError(RemoteError):
     """The container is missing, stopped, or lacks what the run needs."""
 
 
+class PausedError(RemoteError):
+    """The container did not answer because it is frozen or locked (a backup, a snapshot): the
+    run is paused, not down (launcher.ctstate)."""
+
+
 class TransferError(RemoteError):
     """An upload did not arrive intact."""
 

@@ -295,6 +295,7 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
     the run's processes, confirm they (and their GPUs) are gone. Checkpoints are not touched."""
     spec = target.playbook.spec
     wait = spec.stop_grace if grace is None else grace
+    agent = AgentClient(container_for(target, conn))
     request: p.StopRequest = {
         "op": "stop",
         "workdir": spec.workdir,
@@ -304,10 +305,11 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
         "cuda_visible_devices": spec.env.get("CUDA_VISIBLE_DEVICES", ""),
         "lock_path": p.LOCK_PATH,
         "operator": operator_info(),
+        # The run live now is the one this stop is for: one that replaced it meanwhile (a
+        # deploy while this request was held up on the way) is not touched.
+        "expect_run": live_run(agent, target, conn.endpoint.command_timeout),
     }
-    answer = AgentClient(container_for(target, conn)).stop(
-        request, timeout=wait + 30 + conn.endpoint.command_timeout
-    )
+    answer = agent.stop(request, timeout=wait + 30 + conn.endpoint.command_timeout)
     report: dict[str, Any] = dict(answer["stopped"])
     result = StopResult(ExitCode.OK, "", spec.session, report)
     result.warnings = [str(w) for w in answer.get("warnings") or []]
@@ -357,6 +359,19 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
     else:
         result.summary = f"stopped session '{spec.session}' on {target.label} (pids {pids})"
     return result
+
+
+def live_run(agent: AgentClient, target: Target, timeout: float) -> str | None:
+    """The run the target's session runs now (its marker; None: a session launcher did not
+    start, or none), as one poll sees it."""
+    spec = target.playbook.spec
+    request: p.PollRequest = {
+        "op": "poll",
+        "workdir": spec.workdir,
+        "session": spec.session,
+        "lines": 1,
+    }
+    return agent.poll(request, timeout=timeout)["session"]["run"]
 
 
 # --------------------------------------------------------------------------- attach

@@ -87,9 +87,16 @@ RUN_REPLACED = "no longer runs"
 
 # Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
 # stopped the old run and then could not launch the new one (nothing runs; the message says what
-# was stopped and where the checkpoints are).
+# was stopped and where the checkpoints are). "expired": the request reached the point where it
+# would change something after its deadline (its client had given up): nothing was changed.
 ERROR_KINDS = ("refused", "locked", "unsafe_path", "corrupt", "compile", "missing", "invalid",
-               "failed", "down")  # fmt: skip
+               "failed", "down", "expired")  # fmt: skip
+
+# Requests that change something carry `deadline`: seconds, counted from when the host's shell
+# received the call (by the host's clock, read before `pct` ran; the container shares it), after
+# which the agent refuses to start changing anything. A relative budget on the host's clock, not
+# an absolute time on the client's: the client's clock may be off by any amount, the host's and
+# the container's are one.
 
 
 class AgentErrorInfo(TypedDict, total=False):
@@ -280,6 +287,9 @@ class TransactionRequest(TypedDict, total=False):
     # Replace only this run (its marker): refused when the session runs another one by now.
     # Two watchers that saw the same crash both ask; under the deploy lock only one acts.
     expect_run: str | None
+    # Seconds from the host's receipt within which the transaction may begin to change anything
+    # (checked at its start and again before its first change); see `deadline` above.
+    deadline: float
     events: bool  # each step as a JSON line on stderr as it happens (AgentClient.transaction)
     # The shell that runs the command and the Python that compiles the script; launcher sends
     # neither (the agent's defaults: /bin/sh, its own interpreter).
@@ -296,6 +306,11 @@ class StopRequest(TypedDict):
     cuda_visible_devices: NotRequired[str]  # the playbook's env: which GPUs its run uses
     lock_path: NotRequired[str]
     operator: NotRequired[Operator]
+    # The run the client means to stop (its marker, as the poll it made first saw it; None: a
+    # session launcher did not start, or none): a session running another one is not touched.
+    # Absent: whatever runs.
+    expect_run: NotRequired[str | None]
+    deadline: NotRequired[float]  # see `deadline` above
 
 
 class PollRequest(TypedDict):

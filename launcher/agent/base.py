@@ -38,6 +38,32 @@ class AgentError(Exception):
         return error
 
 
+# --------------------------------------------------------------------------- the call's clock
+
+# When the host's shell received this call, by the host's clock, read before `pct` ran (the
+# agent's last argument: launcher.container.STAMPED_EXEC), so a stalled `pct` or a frozen CT
+# delays everything after it but not it. The container shares the host's kernel and so its
+# CLOCK_REALTIME: this and time.time() here are one clock, whatever the client's says. main()
+# sets it; None (BOOT run by hand, unit tests): the agent's own start stands in for it.
+RECEIVED: list[float | None] = [None]
+AGENT_STARTED = time.time()
+
+
+def request_received():
+    """When the host received this call (time.time()): never later than now."""
+    at = RECEIVED[0]
+    return AGENT_STARTED if at is None else min(at, time.time())
+
+
+def host_stamp(argv):
+    """The host's stamp from the agent's argv (`-c`, STAMP), or None when it carries none."""
+    try:
+        value = float(argv[-1]) if len(argv) > 1 else None
+    except ValueError:
+        return None
+    return value if value is not None and value == value and value > 0 else None
+
+
 # --------------------------------------------------------------------------- small helpers
 
 
@@ -45,8 +71,10 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def utc_iso():
-    return utc_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_iso(at=None):
+    """`at` (time.time(); default now) as 2026-12-07T12:34:56Z."""
+    when = utc_now() if at is None else datetime.datetime.fromtimestamp(at, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def random_hex(digits):

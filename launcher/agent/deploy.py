@@ -58,7 +58,15 @@ from launcher.agent.gpus import (
     wanted_gpus,
 )
 from launcher.agent.lock import DeployLock, describe_holder, lock_state
-from launcher.agent.params import env_param, grace_param, param, session_param, workdir_param
+from launcher.agent.params import (
+    check_deadline,
+    deadline_param,
+    env_param,
+    grace_param,
+    param,
+    session_param,
+    workdir_param,
+)
 from launcher.agent.paths import (
     append_record,
     checkpoint_problem,
@@ -194,6 +202,9 @@ class Deploy:
         # events: each step (and the stop's countdown) as a JSON line on stderr as it happens.
         self.events = param(request, "events", bool, default=False)
         self.keep_going = self.plan and param(request, "keep_going", bool, default=False)
+        # The last moment its first change may begin (its client gives up then); a plan
+        # changes nothing and has none.
+        self.deadline = None if self.plan else deadline_param(request)
         self.content = None
         self.failures: list[AgentError] = []
         lock_path = param(request, "lock_path", str, default=LOCK_PATH)
@@ -274,6 +285,7 @@ class Deploy:
 
     def run(self):
         try:
+            check_deadline(self.deadline, "the %s" % self.what)
             checks = self.checks()
             names = [name for name, _ in checks]
             # nvidia-smi and tmux -V answer while the checks before their own run (they read).
@@ -293,6 +305,9 @@ class Deploy:
             if self.plan:
                 self.plan_actions()
                 return None, self.result
+            # The point of no return: a transaction held up in its checks (a lock waited for,
+            # a CT frozen by a backup) must not begin to change things once its client gave up.
+            check_deadline(self.deadline, "the %s's first change" % self.what)
             self.step("install", self.install)
             self.step("stop", self.stop_old)
             try:
@@ -309,6 +324,11 @@ class Deploy:
         finally:
             self.cleanup()
         return error, self.result
+
+    @property
+    def what(self):
+        rollback = getattr(self, "rollback", False) or self.record_base.get("rollback")
+        return "rollback" if rollback else "deploy"
 
     def plan_actions(self):
         """What the deploy would change, as `planned` steps (from the checks' view of the CT)."""

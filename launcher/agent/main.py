@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 
-from launcher.agent.base import AgentError, ignore_hangup
+from launcher.agent.base import RECEIVED, AgentError, host_stamp, ignore_hangup
 from launcher.agent.deploy import op_apply, op_rollback
 from launcher.agent.logs import op_follow, op_history, op_logs
 from launcher.agent.poll import op_poll
@@ -57,6 +57,7 @@ def run_local(request):
 
 
 def main(request):
+    RECEIVED[0] = host_stamp(sys.argv)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         # Ignored by whoever started the agent: it stays ignored here, but as a caught signal,
         # so that what the agent starts gets the default (see ignore_hangup).

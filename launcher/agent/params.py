@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
-from launcher.agent.base import COMMAND_VAR, MARKER_VAR, AgentError
+from launcher.agent.base import COMMAND_VAR, MARKER_VAR, AgentError, request_received, utc_iso
 from launcher.protocol import system_path_problem
 
 # Patterns are compiled on first use (re keeps them): each call starts a new interpreter.
@@ -15,6 +16,8 @@ SESSION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Stop grace is bounded: a trainer that ignores C-c must not hold the deploy lock forever.
 GRACE_LIMIT = 3600.0
+# A deadline further out than any client waits is a mistake, not a wish.
+DEADLINE_LIMIT = 8 * 86400.0
 
 
 # --------------------------------------------------------------------------- request parsing
@@ -80,3 +83,35 @@ def grace_param(request):
     if not (0.0 <= grace <= GRACE_LIMIT):  # also false for nan
         raise AgentError("invalid", "grace must be 0 to %g seconds (got %r)" % (GRACE_LIMIT, grace))
     return grace
+
+
+def deadline_param(request):
+    """When (time.time()) this request may no longer start to change anything: `deadline`
+    seconds after the host received it (base.request_received). None: no deadline was sent (a
+    client that waits for as long as it takes)."""
+    budget = param(request, "deadline", float)
+    if budget is None:
+        return None
+    if not (0.0 <= budget <= DEADLINE_LIMIT):  # also false for nan
+        raise AgentError(
+            "invalid", "deadline must be 0 to %g seconds (got %r)" % (DEADLINE_LIMIT, budget)
+        )
+    return request_received() + budget
+
+
+def check_deadline(deadline, what):
+    """Refuse (`expired`) to start `what` once its client has given up: a request held up on
+    the way (a stalled `pct`, a CT frozen by a backup) must not act minutes later, for a client
+    that has reported a failure and moved on."""
+    if deadline is None:
+        return
+    now = time.time()
+    if now <= deadline:
+        return
+    received = request_received()
+    raise AgentError(
+        "expired",
+        "refused: the client gave up at %s (%.0f s after the request reached the host at %s); "
+        "it is %s: %s was not started, nothing was changed"
+        % (utc_iso(deadline), deadline - received, utc_iso(received), utc_iso(now), what),
+    )

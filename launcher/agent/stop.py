@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from launcher.agent.base import Started, as_int, utc_iso, write_atomic
+from launcher.agent.base import AgentError, Started, as_int, utc_iso, write_atomic
 from launcher.agent.gpus import (
     GPU_RELEASE_WAIT,
     gpu_device_holders,
@@ -20,7 +20,14 @@ from launcher.agent.gpus import (
     wanted_gpus,
 )
 from launcher.agent.lock import DeployLock
-from launcher.agent.params import grace_param, param, session_param, workdir_param
+from launcher.agent.params import (
+    check_deadline,
+    deadline_param,
+    grace_param,
+    param,
+    session_param,
+    workdir_param,
+)
 from launcher.agent.paths import state_dir, stopped_path
 from launcher.agent.processes import (
     alive,
@@ -33,7 +40,7 @@ from launcher.agent.processes import (
     wait_for,
 )
 from launcher.agent.tmux import pane_active, session_state, tmux
-from launcher.protocol import LOCK_PATH
+from launcher.protocol import LOCK_PATH, RUN_REPLACED
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.
@@ -251,9 +258,12 @@ def op_stop(request, warnings):
     visible = param(request, "cuda_visible_devices", str, default="")
     wanted = wanted_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if gpus > 0 else ()
     lock = DeployLock(param(request, "lock_path", str, default=LOCK_PATH), request.get("operator"))
+    deadline = deadline_param(request)
+    check_deadline(deadline, "the stop")
     # A stop racing a deploy's launch would leave either run half-dead: serialise on the lock.
     lock.acquire(warnings)
     try:
+        check_expected_run(request, session)
         report = stop_run(session, grace, gpus, warnings, wanted=wanted)
         workdir = request.get("workdir")
         if workdir and (report["session_existed"] or report["pids"]):
@@ -261,6 +271,23 @@ def op_stop(request, warnings):
         return {"stopped": report}
     finally:
         lock.release()
+
+
+def check_expected_run(request, session):
+    """Refuse to stop a run other than the one the client named (checked under the deploy
+    lock, so no deploy replaces it between this look and the stop). A session that runs no
+    launcher run by now (ended, or started by hand) is left to the stop: nothing of another
+    launcher run is in it."""
+    if "expect_run" not in request:
+        return
+    expected = param(request, "expect_run", str)
+    current = session_state(session).get("run")
+    if current is not None and current != expected:
+        raise AgentError(
+            "refused",
+            "session '%s' %s %s (now %s): not stopped"
+            % (session, RUN_REPLACED, expected or "what the client saw", current),
+        )
 
 
 def mark_stopped(workdir, session, operator, warnings):

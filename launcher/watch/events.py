@@ -7,7 +7,9 @@ Schema `launcher.watch.event/1` (fields are only ever added within a version):
     time        ISO 8601 UTC time the watcher noticed the transition
     kind        new_run | healthy | unhealthy | recovered | unreachable | reachable |
                 restart | gave_up | finished (the run exited 0: never restarted) |
-                stopped (`launcher stop` ended it: not restarted)
+                stopped (`launcher stop` ended it: not restarted) | paused (the CT is
+                frozen or locked by a backup: the run is paused, not down; never restarted) |
+                resumed (answering again after a pause)
     target, host, vmid
     run         the run marker of the run concerned (null for a session launcher did not start)
     status      the target's status after the event: starting | healthy | unhealthy |
@@ -40,6 +42,8 @@ KINDS = (
     "gave_up",
     "finished",
     "stopped",
+    "paused",
+    "resumed",
 )
 # Noticed and recorded, but not worth waking anyone: a run that became healthy as expected.
 QUIET_KINDS = frozenset({"healthy"})
@@ -68,6 +72,8 @@ _ICONS = {
     "gave_up": "⛔",
     "finished": "🏁",
     "stopped": "⏹️",
+    "paused": "⏸️",
+    "resumed": "▶️",
 }
 
 

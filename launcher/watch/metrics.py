@@ -24,6 +24,7 @@ STATUSES = (
     "stopped",
     "finished",
     "failed",
+    "paused",
 )
 
 

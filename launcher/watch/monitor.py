@@ -4,7 +4,8 @@ Each poll is judged (`launcher.watch.judging`); only transitions become events: 
 the state's events log and, unless quiet, to every notification destination. With a restart
 policy an unhealthy run is redeployed (same script, checkpoints kept) after a backoff, at most
 `max_restarts` times in the window; then it is left stopped with a final event. Unreachable is
-reported, never a reason to restart.
+reported, never a reason to restart; nor is a CT frozen or locked by a backup (paused, not
+down), nor what the judge makes of the first polls after it thawed (the run stood still too).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from launcher.agentclient import container_for
 from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
-from launcher.errors import LauncherError, RefusedError, RemoteError
+from launcher.errors import LauncherError, PausedError, RefusedError, RemoteError
 from launcher.operate import stop
 from launcher.protocol import RUN_REPLACED
 from launcher.verify.lifecycle import State
@@ -38,6 +39,10 @@ RESTART_OPTIONS = DeployOptions(restart=True, checkpoint_mode="keep")
 JUDGED = ("starting", "healthy", "restarting")
 # The statuses of a run that needs recovering (a restarted watcher picks it up where it was).
 DOWN = ("unhealthy", "failed")
+# After a pause (a frozen CT), unhealthy verdicts are not acted on for this many intervals (at
+# least SETTLE_MIN s): the run's log and steps stood still while it was frozen.
+SETTLE_INTERVALS = 3
+SETTLE_MIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class TargetWatch:
             hub.metrics.labels(target.name, target.host_name, target.vmid) if hub.metrics else {}
         )
         self.unreachable = 0
+        self.paused = False
+        self.settle_until = 0.0
         # A watcher restarted while a run was down picks the recovery up where it was.
         self.restart_due = self.record.status in DOWN and (
             self.record.gave_up_run != self.record.run
@@ -126,6 +133,10 @@ class TargetWatch:
         started = time.monotonic()
         try:
             state, _ = poll_once(self.container, self.target, self.spec.lines)
+        except PausedError as error:
+            self._metrics_poll(time.monotonic() - started, ok=False)
+            self.on_paused(error.message)
+            return
         except RemoteError as error:
             self._metrics_poll(time.monotonic() - started, ok=False)
             self.on_unreachable(error.message)
@@ -136,6 +147,11 @@ class TargetWatch:
             self.record.reachable = True
             self.transition("reachable", self.record.status, "answering polls again")
         self.unreachable = 0
+        if self.paused:
+            self.paused = False
+            settle = max(SETTLE_INTERVALS * self.interval, SETTLE_MIN)
+            self.settle_until = time.monotonic() + settle
+            self.transition("resumed", self.record.status, "the CT answers again")
         obs = self.runs.observe(state, time.monotonic())
         if self.hub.metrics is not None and state.gpus is not None:
             self.hub.metrics.set_gpus(self.labels, state.gpus)
@@ -147,6 +163,13 @@ class TargetWatch:
             self.record.reachable = False
             reason = f"{self.unreachable} polls in a row failed: {message}"
             self.transition("unreachable", self.record.status, reason, metrics="unreachable")
+
+    def on_paused(self, message: str) -> None:
+        """A frozen or backup-locked CT: reported once, never a failure, never restarted."""
+        self.unreachable = 0
+        if not self.paused:
+            self.paused = True
+            self.transition("paused", self.record.status, message, metrics="paused")
 
     def on_observation(self, obs: Observation) -> None:
         self.last_obs = obs
@@ -166,6 +189,8 @@ class TargetWatch:
             kind = "recovered" if self.record.bad else "healthy"
             self.restart_due = self.record.bad = False
             self.transition(kind, "healthy", obs.reason, obs)
+        elif obs.verdict == "unhealthy" and time.monotonic() < self.settle_until:
+            pass  # just thawed: its log and steps stood still with it
         elif obs.verdict == "unhealthy" and self.record.status in JUDGED:
             self.last_reason = obs.reason
             self.record.bad = True
@@ -200,8 +225,8 @@ class TargetWatch:
         """Redeploy with checkpoints kept, within the policy; or leave the run stopped."""
         policy = self.settings.policy
         now = time.time()
-        if not self.record.reachable:
-            return  # unreachable is never a reason to restart
+        if not self.record.reachable or self.paused:
+            return  # unreachable or paused (a backup) is never a reason to restart
         if not policy.allowed(self.record.restarts, now):
             self.give_up()
             return

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.agentclient import AGENT_ARGV
+from launcher.container import split_stamped
 from launcher.transport.endpoint import CommandResult
+
+
+def is_agent_call(command: str) -> bool:
+    """The agent run in a container, with the host's clock as its last argument."""
+    stamped = split_stamped(command)
+    return stamped is not None and stamped[1] == AGENT_ARGV
 
 
 @dataclass
@@ -66,7 +73,7 @@ class StrictFakeHost:
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
         argv = shlex.split(command)
-        if argv[:2] == ["pct", "exec"] and argv[4:] == AGENT_ARGV:
+        if is_agent_call(command):
             assert stdin is not None, "agent call without stdin"
             request = json.loads(stdin.decode().splitlines()[0])["request"]
             answer = self._next(f"agent:{request['op']}").respond(request)
@@ -99,8 +106,7 @@ class StrictFakeHost:
         timeout: float | None = None,
         idle_timeout: float | None = None,
     ) -> int:
-        argv = shlex.split(command)
-        if argv[:2] != ["pct", "exec"] or argv[4:] != AGENT_ARGV or stdin is None:
+        if not is_agent_call(command) or stdin is None:
             raise AssertionError(f"unexpected streamed command {command!r}")
         request = json.loads(stdin.decode().splitlines()[0])["request"]
         if self.expected and self.expected[0].kind == f"agent:{request['op']}":

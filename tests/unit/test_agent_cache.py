@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import resource
-import shlex
 import shutil
 import subprocess
 import time
@@ -33,7 +32,7 @@ from launcher.agentclient import (
     bundle,
     payload,
 )
-from launcher.container import Container
+from launcher.container import Container, split_stamped
 from launcher.protocol import FollowRequest
 from launcher.transport.endpoint import CommandResult
 
@@ -400,13 +399,14 @@ class LocalHost:
         self.sent: list[tuple[str, int, bool]] = []  # (mode, stdin bytes, carried the bundle)
 
     def _argv(self, command: str, stdin: bytes | None) -> tuple[list[str], bytes]:
-        argv = shlex.split(command)
-        assert argv[:2] == ["pct", "exec"] and argv[3] == "--" and stdin is not None
+        stamped = split_stamped(command)
+        assert stamped is not None and stdin is not None
         line = json.loads(stdin)
         mode = "cached" if "bundle" not in line else "store" if "sha256" in line else "source"
         self.sent.append((mode, len(stdin), "bundle" in line))
         line["cache_dir"] = str(self.cache_dir)
-        return argv[4:], (json.dumps(line) + "\n").encode()
+        # The host's stamp, as STAMPED_EXEC appends it.
+        return [*stamped[1], f"{time.time():.9f}"], (json.dumps(line) + "\n").encode()
 
     def run(
         self, command: str, *, stdin: bytes | None = None, timeout: float | None = None

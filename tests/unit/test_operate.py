@@ -444,14 +444,21 @@ def stop_report(**overrides: Any) -> dict[str, Any]:
     return {"stopped": report}
 
 
+LIVE = {**NO_SESSION, "exists": True, "pane_dead": False, "pane_pid": 41, "run": "dflash:r1"}
+
+
 def test_stop_reports_pids_and_gpus(target: Any) -> None:
     host = StrictFakeHost()
     seen: dict[str, Any] = {}
+    host.expect_agent("poll", poll_answer(LIVE))
     host.expect_agent("stop", lambda req: seen.update(req) or stop_report())
     result = stop(target, host, grace=7)  # type: ignore[arg-type]
     host.assert_done()
     assert result.exit_code == ExitCode.OK
     assert seen["grace"] == 7 and seen["gpus"] == 8 and seen["lock_path"]
+    # The run the poll saw is the one the stop is for; it gives up with its client.
+    assert seen["expect_run"] == "dflash:r1"
+    assert 0 < seen["deadline"] < 7 + 30 + host.endpoint.command_timeout
     assert [(s.name, s.status) for s in result.steps] == [
         ("stop", "ok"),
         ("processes", "ok"),
@@ -462,10 +469,12 @@ def test_stop_reports_pids_and_gpus(target: Any) -> None:
 
 def test_stop_without_session_and_with_leftovers(target: Any) -> None:
     host = StrictFakeHost()
+    host.expect_agent("poll", poll_answer(NO_SESSION))
     host.expect_agent("stop", stop_report(was_running=False, session_existed=False, pids=[]))
     result = stop(target, host)  # type: ignore[arg-type]
     assert result.exit_code == ExitCode.OK and "nothing to stop" in result.summary
     assert result.steps == []
+    host.expect_agent("poll", poll_answer(NO_SESSION))
     host.expect_agent(
         "stop",
         stop_report(forced=True, leftover=[43], gpu_holders=[{"pid": 43, "name": "python3"}]),
