@@ -6,6 +6,13 @@ node runs the VMID and how to reach it; the target then goes there. A container 
 another node is followed without editing the inventory. Entry nodes are tried in order: one
 that cannot be reached (or has no pvesh) is skipped, and only when none answers is the target
 unreachable (exit 3).
+
+The cluster's answer is read as Proxmox writes it (pve-manager `PVE/API2/Cluster.pm`, the
+resources call, and `PVE/API2Tools.pm: extract_vm_stats`): `--type vm` lists QEMU guests too
+(`type: qemu`), which launcher never targets; a guest whose node sends no stats (an offline
+node) has `status: unknown`, and then `/cluster/status` says whether its node is `online`, so
+an offline node is named at once rather than found by an SSH timeout. `lock` and `hastate`
+appear when set and are kept on the placement.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ class PveshError(RemoteError):
     """An entry node could not tell where the VMID runs (pvesh missing, failed or odd output)."""
 
 
+class NodeOffline(ContainerError):
+    """The cluster says the node that holds the VMID is offline: nothing to connect to."""
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a VMID runs now: the node's name, its address from the cluster, and its status."""
@@ -49,6 +60,20 @@ class Placement:
     status: str
     ip: str | None
     entry: str  # the entry node that answered
+    lock: str | None = None  # the guest's config lock (backup, snapshot, migrate, ...)
+    hastate: str | None = None  # the HA manager's state for it (started, stopped, fence, ...)
+
+
+@dataclass(frozen=True)
+class Guest:
+    """One `vm` row of /cluster/resources: what launcher reads of it."""
+
+    vmid: int
+    node: str
+    type: str  # lxc or qemu
+    status: str  # running, stopped, ... or unknown (its node sends no stats: offline)
+    lock: str | None = None
+    hastate: str | None = None
 
 
 def connection_name(cluster: str, node: str) -> str:
@@ -60,29 +85,64 @@ def entry_nodes(cluster: Cluster) -> list[str]:
     return list(cluster.spec.entry or cluster.spec.nodes)
 
 
-def parse_resources(text: str, vmid: int) -> tuple[str, str]:
-    """(node, status) of `vmid` in `pvesh get /cluster/resources --type vm` JSON output."""
+def parse_resources(text: str, vmid: int) -> Guest:
+    """`vmid`'s row in `pvesh get /cluster/resources --type vm` JSON output; a QEMU guest is
+    refused (launcher runs in LXC containers)."""
     rows = _json_list(text, "/cluster/resources")
     for row in rows:
         if isinstance(row, dict) and row.get("vmid") == vmid:
-            node, status = row.get("node"), row.get("status")
-            if not isinstance(node, str) or not node:
-                raise PveshError(f"/cluster/resources: VMID {vmid} has no node")
-            return node, status if isinstance(status, str) else "unknown"
+            return _guest(row, vmid)
     raise ContainerError(
         f"VMID {vmid} is on no node of the cluster (pvesh get /cluster/resources)",
         hint="check the VMID in the inventory, or whether the container was deleted",
     )
 
 
+def _guest(row: dict[str, Any], vmid: int) -> Guest:
+    node, status, kind = row.get("node"), row.get("status"), row.get("type", "lxc")
+    if not isinstance(node, str) or not node:
+        raise PveshError(f"/cluster/resources: VMID {vmid} has no node")
+    if kind != "lxc":
+        raise ContainerError(
+            f"VMID {vmid} on node {node} is a {'QEMU virtual machine' if kind == 'qemu' else kind}"
+            ", not a container: launcher runs in LXC containers (pct)",
+            hint="check the VMID in the inventory",
+        )
+    return Guest(
+        vmid,
+        node,
+        str(kind),
+        status if isinstance(status, str) else "unknown",
+        _text(row.get("lock")),
+        _text(row.get("hastate")),
+    )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def parse_nodes(text: str) -> dict[str, dict[str, Any]]:
+    """Node name -> its row in `pvesh get /cluster/status` JSON output (entries of type node)."""
+    return {
+        row["name"]: row
+        for row in _json_list(text, "/cluster/status")
+        if isinstance(row, dict)
+        and row.get("type", "node") == "node"
+        and isinstance(row.get("name"), str)
+    }
+
+
 def parse_node_ips(text: str) -> dict[str, str]:
     """Node name -> ip from `pvesh get /cluster/status` JSON output (entries of type node)."""
+    return parse_node_ips_of(parse_nodes(text))
+
+
+def parse_node_ips_of(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
     ips: dict[str, str] = {}
-    for row in _json_list(text, "/cluster/status"):
-        if not isinstance(row, dict) or row.get("type", "node") != "node":
-            continue
-        name, ip = row.get("name"), row.get("ip")
-        if isinstance(name, str) and isinstance(ip, str) and ip:
+    for name, row in nodes.items():
+        ip = row.get("ip")
+        if isinstance(ip, str) and ip:
             problem = address_problem(ip)
             if problem:  # it becomes the address launcher connects to
                 raise PveshError(f"/cluster/status: node {name}'s ip: {problem}"[:300])
@@ -109,16 +169,18 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
         # The node's own deadline, as for every other command on it (at most PVESH_TIMEOUT).
         timeout = min(PVESH_TIMEOUT, spec.command_timeout)
         try:
-            node, status = parse_resources(_pvesh(conn, RESOURCES, timeout), vmid)
+            guest = parse_resources(_pvesh(conn, RESOURCES, timeout), vmid)
             ip = None
-            if node not in cluster.spec.nodes:  # only a node the inventory does not list
-                ip = parse_node_ips(_pvesh(conn, STATUS, timeout)).get(node)
-            return Placement(vmid, node, status, ip, name)
+            # Asked only when needed: a node the inventory does not list (its address), or a
+            # guest without stats (its node may be offline).
+            if guest.node not in cluster.spec.nodes or guest.status == "unknown":
+                nodes = parse_nodes(_pvesh(conn, STATUS, timeout))
+                check_online(guest, nodes)
+                ip = parse_node_ips_of(nodes).get(guest.node)
+            return Placement(vmid, guest.node, guest.status, ip, name, guest.lock, guest.hastate)
         except ContainerError as error:
             # The cluster answered: the VMID is not there, and asking another node won't help.
-            raise ContainerError(
-                f"cluster {cluster.name}: {error.message}", hint=error.hint
-            ) from None
+            raise type(error)(f"cluster {cluster.name}: {error.message}", hint=error.hint) from None
         except RemoteError as error:
             errors.append(f"{name}: {error.message}")
     raise RemoteError(
@@ -126,6 +188,23 @@ def locate(cluster: Cluster, vmid: int, pool: Pool) -> Placement:
         + "; ".join(errors),
         hint="check that the entry nodes are reachable and that pvesh works there",
     )
+
+
+def check_online(guest: Guest, nodes: dict[str, dict[str, Any]]) -> None:
+    """A guest whose node the cluster counts offline: said now, not after an SSH timeout."""
+    row = nodes.get(guest.node)
+    if row is not None and row.get("online") in (0, False):
+        states = [
+            f"lock {guest.lock}" if guest.lock else "",
+            f"HA {guest.hastate}" if guest.hastate else "",
+        ]
+        extra = ", ".join(x for x in states if x)
+        raise NodeOffline(
+            f"node {guest.node} is offline (VMID {guest.vmid} is there"
+            + (f"; {extra}" if extra else "")
+            + ")",
+            hint="the run cannot be reached until the node is back (or the guest is moved)",
+        )
 
 
 def pvesh_command(argv: Sequence[str]) -> str:

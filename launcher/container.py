@@ -6,15 +6,20 @@ parses the SSH command string once: so one `shlex.join` for the host, and plain 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 from launcher.errors import ContainerError
 from launcher.transport.endpoint import CommandResult, Endpoint
 
-NOT_RUNNING = re.compile(r"container '?(\d+)'? not running", re.IGNORECASE)
+NOT_RUNNING = re.compile(
+    r"container '?(\d+)'? not running|can only push files to a running CT", re.IGNORECASE
+)
 NO_CONFIG = re.compile(r"Configuration file '[^']*' does not exist")
 
 
@@ -98,6 +103,53 @@ PUSH_SCRIPT = (
 )
 
 
+# What a successful `pct push` may print on stderr (pve-common src/PVE/RESTEnvironment.pm, the
+# task's `TASK WARNINGS: N` control message); any other line there is the task's error.
+TASK_WARNINGS = re.compile(r"^Task finished with \d+ warning\(s\)!$")
+
+# Runs in the container (argv: path size sha256 ...): one JSON line per file, what is there.
+# A path that is a symlink or not a regular file has no size: pushes write regular files only.
+VERIFY_SCRIPT = r"""
+import hashlib, json, os, stat, sys
+args = sys.argv[1:]
+for path in args[0::3]:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        print(json.dumps([path, None, exc.strerror]))
+        continue
+    if not stat.S_ISREG(st.st_mode):
+        print(json.dumps([path, None, "not a regular file"]))
+        continue
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    print(json.dumps([path, st.st_size, digest.hexdigest()]))
+"""
+VERIFY_TIMEOUT = 120.0  # hashing is ~500 MB/s; a push's pieces are a few hundred MB at most
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """A file pushed into the container and what it must hold."""
+
+    path: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: str, data: bytes) -> Pushed:
+        return cls(path, len(data), hashlib.sha256(data).hexdigest())
+
+
+def task_error(stderr: str) -> str | None:
+    """The error a `pct push` task printed on stderr, or None (pct exits 0 either way)."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    errors = [line for line in lines if line and not TASK_WARNINGS.match(line)]
+    return "; ".join(errors) if errors else None
+
+
 def push_command(vmid: int, ct_path: str, *, perms: str) -> str:
     """The host command that pushes its stdin to `ct_path` in container `vmid`."""
     return shlex.join(["sh", "-c", PUSH_SCRIPT, "launcher-push", str(vmid), ct_path, perms])
@@ -164,10 +216,16 @@ class Container:
         self._raise_for_container(CommandResult("pct exec", code, b"", bytes(tail), 0.0))
         return code
 
-    def push(self, data: bytes, ct_path: str, *, perms: str = "0644") -> CommandResult:
-        """`data` to `ct_path` through a host temp file and `pct push`, in one host command.
+    def push(
+        self, data: bytes, ct_path: str, *, perms: str = "0644", verify: bool = True
+    ) -> CommandResult:
+        """`data` to `ct_path` through a host temp file and `pct push`, in one host command;
+        then (with `verify`) its size and sha256 checked inside the container.
 
-        Callers verify the content: pct may exit 0 after a failed write."""
+        pct's exit status alone proves nothing: a push whose write fails prints the task's
+        error on stderr and exits 0 (see task_error). The destination's directory must exist:
+        pct creates no directory. Callers that push several files verify them in one call
+        (verify=False here, then verify_pushed)."""
         result = self.host.run(push_command(self.vmid, ct_path, perms=perms), stdin=data)
         self._raise_for_container(result)
         if not result.ok:
@@ -175,7 +233,43 @@ class Container:
                 f"{self.label}: pct push to {ct_path} failed (exit {result.exit_code}): "
                 f"{result.tail(3)}"
             )
+        error = task_error(result.err)
+        if error is not None:
+            raise PushFailed(f"{self.label}: pct push to {ct_path} failed: {error[:300]}")
+        if verify:
+            self.verify_pushed([Pushed.of(ct_path, data)])
         return result
+
+    def verify_pushed(self, files: Sequence[Pushed]) -> None:
+        """Each pushed file's size and sha256 as seen inside the container, in one call."""
+        if not files:
+            return
+        argv = ["python3", "-I", "-S", "-c", VERIFY_SCRIPT]
+        for f in files:
+            argv += [f.path, str(f.size), f.sha256]
+        result = self.exec(argv, timeout=VERIFY_TIMEOUT)
+        if not result.ok:
+            raise PushFailed(
+                f"{self.label}: could not check the pushed files (exit {result.exit_code}): "
+                f"{result.tail(3)}"
+            )
+        seen = {}
+        for line in result.out.splitlines():
+            try:
+                path, size, detail = json.loads(line)
+            except ValueError:
+                continue
+            seen[path] = (size, detail)
+        for f in files:
+            size, detail = seen.get(f.path, (None, "not checked"))
+            if size is None:
+                raise PushFailed(f"{self.label}: pushed file {f.path} is not there: {detail}")
+            if size != f.size or detail != f.sha256:
+                raise PushFailed(
+                    f"{self.label}: pushed file {f.path} holds {size} bytes (sha256 "
+                    f"{str(detail)[:12]}…), not the {f.size} bytes sent (sha256 "
+                    f"{f.sha256[:12]}…): transfer corrupted"
+                )
 
     def _raise_for_container(self, result: CommandResult) -> None:
         if result.ok:

@@ -158,13 +158,11 @@ def deploy(
     ct_tmp: str | None = None
     if script is not None and not inline:
         ct_tmp = _temp_name(spec.workdir, str(playbook.dest_path))
-        try:
-            container.push(script, ct_tmp)
-        except PushFailed:
-            # First deploy: the workdir does not exist yet. Preflight creates it, then push again.
-            preflight(target, container, need_bytes(script), create_workdir=True)
-            _upload_again(container, script, ct_tmp)
-        emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp} (sha256 checked next)")
+        # pct push creates no directory, and on a real node a push into a missing one exits 0
+        # having written nothing: the workdir is made (preflight) before the first push.
+        preflight(target, container, need_bytes(script), create_workdir=True)
+        _upload(container, script, ct_tmp)
+        emit("upload", "ok", f"{len(script)} bytes pushed to {ct_tmp}, size and sha256 checked")
     if prepared is not None:
         _send_release(target, container, prepared, emit)
 
@@ -308,8 +306,9 @@ def _temp_name(workdir: str, dest_path: str) -> str:
     return posixpath.join(workdir, f".{name}.launcher-{secrets.token_hex(6)}.tmp")
 
 
-def _upload_again(container: Container, script: bytes, ct_tmp: str) -> None:
-    """The second and last try; a failed push may leave part of the file in the container."""
+def _upload(container: Container, script: bytes, ct_tmp: str) -> None:
+    """The script pushed and checked in the container; a failed push may leave part of the
+    file there, removed before the error goes up."""
     try:
         container.push(script, ct_tmp)
     except PushFailed:

@@ -23,7 +23,7 @@ from typing import Any
 from launcher import protocol as p
 from launcher.agentclient import AgentClient
 from launcher.config import Target
-from launcher.container import Container
+from launcher.container import Container, Pushed
 from launcher.errors import UsageError
 from launcher.project import (
     Limits,
@@ -195,8 +195,9 @@ def send_stream(
     """The missing files' stream, made while it is sent: inline in the spec while it stays
     within `inline_limit`, else pushed to temp files in the workdir a PIECE at a time (the
     workdir made first: `pct push` into a missing directory may exit 0 having written
-    nothing). Each piece's size and sha256 go into the spec; the agent checks them before it
-    reads a byte. Returns where the pieces went (None: inline, or nothing to send)."""
+    nothing). The pieces' sizes and sha256s are checked in the container once all are pushed
+    (one call), and go into the spec: the agent checks them again before it reads a byte.
+    Returns where the pieces went (None: inline, or nothing to send)."""
     if not prepared.missing:
         return None
     counts = prepared.sent
@@ -217,7 +218,9 @@ def send_stream(
         for piece in _chain(head, stream):
             path = f"{stem}-{len(parts):05d}.tmp"
             parts.append([path, len(piece), hashlib.sha256(piece).hexdigest()])
-            container.push(piece, path, perms="0600")
+            container.push(piece, path, perms="0600", verify=False)
+        # pct may exit 0 having written nothing: every piece checked in the container, at once.
+        container.verify_pushed([Pushed(*row) for row in parts])
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: the next deploy removes them too
             container.exec(["rm", "-f", "--", *(row[0] for row in parts)], timeout=30)

@@ -65,7 +65,7 @@ def up(sandbox: Sandbox) -> ClusterInfo:
     _install(sandbox.state_dir / "bin" / "pvesh", (HERE / "pvesh.py").read_bytes())
     second = _ensure_second_node(sandbox)
     state = _load(sandbox)
-    state["nodes"] = {name: {"ip": sshd.ADDRESS} for name in NODES}
+    state["nodes"] = {name: {"ip": sshd.ADDRESS, "online": True} for name in NODES}
     for vmid in info.vmids:
         state["vms"].setdefault(str(vmid), FIRST)
     _save(sandbox, state)
@@ -92,6 +92,31 @@ def migrate(sandbox: Sandbox, vmid: int, node: str) -> None:
     if str(vmid) not in state["vms"]:
         raise UsageError(f"VMID {vmid} is not in the sandbox cluster")
     state["vms"][str(vmid)] = node
+    _save(sandbox, state)
+
+
+def set_online(sandbox: Sandbox, node: str, online: bool) -> None:
+    """Take `node` offline in the cluster's eyes (or back): pvesh reports its guests' status
+    as unknown and the node as `online: 0`, as Proxmox does for a node that is down."""
+    state = _load(sandbox)
+    if node not in state["nodes"]:
+        raise UsageError(f"unknown node {node!r} (nodes: {', '.join(sorted(state['nodes']))})")
+    row = state["nodes"][node]
+    state["nodes"][node] = {**(row if isinstance(row, dict) else {}), "online": online}
+    _save(sandbox, state)
+
+
+def add_qemu(sandbox: Sandbox, vmid: int, node: str) -> None:
+    """A QEMU guest on `node` (a row in /cluster/resources, no container behind it)."""
+    state = _load(sandbox)
+    state["qemu"][str(vmid)] = node
+    _save(sandbox, state)
+
+
+def set_guest(sandbox: Sandbox, vmid: int, *, lock: str = "", hastate: str = "") -> None:
+    """The `lock` and `hastate` /cluster/resources shows for `vmid` ("": none)."""
+    state = _load(sandbox)
+    state["props"][str(vmid)] = {"lock": lock, "hastate": hastate}
     _save(sandbox, state)
 
 
@@ -129,7 +154,8 @@ def _load(sandbox: Sandbox) -> dict[str, dict[str, object]]:
         state = json.loads((sandbox.state_dir / "cluster.json").read_text())
     except (OSError, ValueError):
         state = {}
-    return {"nodes": dict(state.get("nodes") or {}), "vms": dict(state.get("vms") or {})}
+    keys = ("nodes", "vms", "qemu", "props")
+    return {key: dict(state.get(key) or {}) for key in keys}
 
 
 def _save(sandbox: Sandbox, state: dict[str, dict[str, object]]) -> None:

@@ -182,9 +182,24 @@ class Sandbox:
 
     # -- helpers for tests and benchmarks -----------------------------------------------
 
-    def set_faults(self, *, pct_latency: float = 0.0, partial_push: bool = False) -> None:
-        """Faults the pct stand-in injects from its next call on."""
-        faults = {"pct_latency": pct_latency, "partial_push": partial_push}
+    def set_faults(
+        self,
+        *,
+        pct_latency: float = 0.0,
+        partial_push: bool = False,
+        push_error: str = "",
+        keep_env: bool = True,
+    ) -> None:
+        """Faults the pct stand-in injects from its next call on. push_error: every push's
+        write fails with this strerror (say "No space left on device"), and pct exits 0 as a
+        real node's does. keep_env: what `pct exec` does without --keep-env (today's default
+        keeps the caller's environment; Proxmox announced clearing it as the future default)."""
+        faults = {
+            "pct_latency": pct_latency,
+            "partial_push": partial_push,
+            "push_error": push_error,
+            "keep_env": keep_env,
+        }
         tmp = self.state_dir / "faults.json.tmp"
         tmp.write_text(json.dumps(faults) + "\n")
         tmp.replace(self.state_dir / "faults.json")

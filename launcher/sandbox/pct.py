@@ -4,7 +4,9 @@
 
 Installed as <state_dir>/bin/pct; the state dir is found from this file's location.
 Every call appends one line to <state_dir>/pct-calls.log. <state_dir>/faults.json, if
-present, injects faults: {"pct_latency": seconds, "partial_push": true}.
+present, injects faults: {"pct_latency": seconds, "partial_push": true, "push_error": "No
+space left on device", "keep_env": false} (the last: `pct exec`'s default when --keep-env is not
+given, see attach_command).
 
 Verbs: exec, push, pull, status, list, start, stop (the subset launcher uses).
 """
@@ -21,22 +23,35 @@ CONTAINER_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 LXC_ATTACH = "/usr/bin/lxc-attach"
 NODE = "sandbox"
 
-# Runs inside the container: argv = DST MODE USER GROUP, file content on stdin.
+# Runs inside the container: argv = DST MODE USER GROUP ("" when not given), content on stdin.
+# As pve-container's `create_file` (src/PVE/CLI/pct.pm): a new file is created with mode 0 and
+# given its mode afterwards (0666 & ~umask when none was asked); an existing one is truncated
+# and keeps its owner unless --user/--group say otherwise.
 PUSH_SCRIPT = r"""
 import os, shutil, sys
 dst, mode, user, group = sys.argv[1:5]
 try:
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0)
+        if not mode:
+            mask = os.umask(0)
+            os.umask(mask)
+            mode = str(0o666 & ~mask)
+    except FileExistsError:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 except OSError as exc:
-    sys.stderr.write("failed to open %s for writing: %s\n" % (dst, exc.strerror))
+    sys.stderr.write("failed to create file: %s: %s\n" % (dst, exc.strerror))
     sys.exit(1)
 with os.fdopen(fd, "wb") as out:
+    if mode:
+        os.fchmod(out.fileno(), int(mode))
+    if user or group:
+        import grp, pwd
+        st = os.fstat(out.fileno())
+        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid if user else st.st_uid
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid if group else st.st_gid
+        os.fchown(out.fileno(), uid, gid)
     shutil.copyfileobj(sys.stdin.buffer, out)
-    os.fchmod(out.fileno(), int(mode))
-    import grp, pwd
-    uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
-    gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-    os.fchown(out.fileno(), uid, gid)
 """
 
 PULL_SCRIPT = r"""
@@ -172,30 +187,52 @@ def cmd_exec(args):
 
 
 def cmd_push(args, faults):
+    """As pve-container's `push` (src/PVE/CLI/pct.pm): the write runs as a PVE task
+    (`fork_worker`). In the CLI a failed task only prints its error on stderr (pve-common
+    src/PVE/RESTEnvironment.pm: `TASK ERROR: …` -> `print STDERR`), `push` has no exit handler in
+    `$cmddef` and `run_cli_handler` ends with `exit 0` (src/PVE/CLIHandler.pm): so a write that
+    fails still exits 0. Only what dies before the task (not running, bad arguments) exits
+    non-zero."""
     (vmid, src, dst), opts, rest = parse(
         args, ["vmid", "file", "destination"], ("perms", "user", "group")
     )
     if rest:
         die("too many arguments")
-    check_running(vmid)
+    check_vmid(vmid)
+    if not is_running(vmid):
+        die("can only push files to a running CT")
+    perms = opts.get("perms")
+    mode = ""
+    if perms is not None:
+        perms = perms if perms.startswith("0") else "0" + perms  # octal by default, as pct
+        try:
+            mode = str(int(perms, 16) if perms.lower().startswith("0x") else int(perms, 8))
+        except ValueError:
+            die("invalid mode: '%s'" % perms)
+    return push_task(vmid, src, dst, mode, opts, faults)
+
+
+def push_task(vmid, src, dst, mode, opts, faults):
+    """The task's part: its error goes to stderr, and pct still exits 0."""
     try:
         with open(src, "rb") as f:
             data = f.read()
-    except OSError as exc:
-        die("failed to open %s for reading: %s" % (src, exc.strerror))
+    except OSError:
+        return task_error("failed to open %s for reading" % src)
     if faults.get("partial_push"):
         data = data[: len(data) // 2]
-    user = opts.get("user", "0")
-    group = opts.get("group", user if user.isdigit() else "0")
-    perms = opts.get("perms", "0644")
-    try:
-        mode = int(perms, 16) if perms.lower().startswith("0x") else int(perms, 8)
-    except ValueError:
-        die("invalid perms '%s'" % perms)
-    argv = ["python3", "-I", "-S", "-c", PUSH_SCRIPT, dst, str(mode), user, group]
+    if faults.get("push_error"):
+        return task_error("failed to create file: %s: %s" % (dst, faults["push_error"]))
+    argv = ["python3", "-I", "-S", "-c", PUSH_SCRIPT, dst, mode]
+    argv += [opts.get("user", ""), opts.get("group", "")]
     result = attach(vmid, argv, input=data, stderr=subprocess.PIPE)
     if result.returncode != 0:
-        die(result.stderr.decode(errors="replace").strip() or "push failed")
+        return task_error(result.stderr.decode(errors="replace").strip() or "push failed")
+    return 0
+
+
+def task_error(message):
+    sys.stderr.write("%s\n" % " ".join(message.splitlines()))
     return 0
 
 

@@ -3,8 +3,14 @@
 """Stand-in for Proxmox's `pvesh` (the two cluster reads launcher uses), and a node's `pct` guard.
 
 Installed as <state_dir>/bin/pvesh. Which node "runs" each VMID is read from
-<state_dir>/cluster.json ({"nodes": {NAME: {"ip": ...}}, "vms": {VMID: NAME}}), so a test
-migrates a container by rewriting it (launcher.sandbox.cluster.migrate).
+<state_dir>/cluster.json ({"nodes": {NAME: {"ip": ..., "online": bool}}, "vms": {VMID: NAME},
+"qemu": {VMID: NAME}, "props": {VMID: {"lock": ..., "hastate": ...}}}), so a test migrates a
+container, takes a node offline or adds a QEMU guest by rewriting it (launcher.sandbox.cluster).
+
+The rows are Proxmox's (pve-manager PVE/API2/Cluster.pm, the `resources` call, and
+PVE/API2Tools.pm: extract_vm_stats): a guest whose node sends no stats (offline) has only id,
+vmid, node, type and `status: unknown`; `lock` (from its config) and `hastate` (from the HA
+manager) are added when set, whatever the node's state; `--type vm` lists QEMU guests too.
 
 Called as `pct` (a symlink in a second node's bin dir, whose sshd sets LAUNCHER_SANDBOX_NODE),
 it refuses a VMID that runs on another node as the real pct does, and otherwise runs the
@@ -30,18 +36,18 @@ def load_state():
 
 
 def resources(state):
+    nodes = state.get("nodes", {})
+    guests = [(vmid, node, "lxc") for vmid, node in state.get("vms", {}).items()]
+    guests += [(vmid, node, "qemu") for vmid, node in state.get("qemu", {}).items()]
     rows = []
-    for vmid, node in sorted(state.get("vms", {}).items(), key=lambda kv: int(kv[0])):
-        rows.append(
-            {
-                "id": "lxc/%s" % vmid,
-                "type": "lxc",
-                "vmid": int(vmid),
-                "node": node,
-                "status": "running",
-                "name": "ct%s" % vmid,
-            }
-        )
+    for vmid, node, kind in sorted(guests, key=lambda g: int(g[0])):
+        row = {"id": "%s/%s" % (kind, vmid), "vmid": int(vmid), "node": node, "type": kind}
+        row["status"] = "unknown"
+        if nodes.get(node, {}).get("online", True):
+            row.update(status="running", name="ct%s" % vmid, uptime=1, maxcpu=2, cpu=0.0)
+        props = state.get("props", {}).get(vmid, {})
+        row.update({key: props[key] for key in ("lock", "hastate") if props.get(key)})
+        rows.append(row)
     return rows
 
 
@@ -56,7 +62,7 @@ def cluster_status(state):
                 "name": name,
                 "ip": node.get("ip"),
                 "nodeid": index + 1,
-                "online": 1,
+                "online": int(bool(node.get("online", True))),
                 "local": int(name == here),
             }
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,37 @@ def test_unreachable_entry_nodes_exit_3_naming_each(project: Project, pve: Clust
     assert status.returncode == 3
     assert "cluster pve: no entry node could tell where VMID 201 runs" in status.stderr
     assert "pve1:" in status.stderr and "pve2:" in status.stderr
+
+
+def test_an_offline_node_is_named_at_once(project: Project, pve: ClusterInfo) -> None:
+    """pvesh says `status: unknown` for the guest and `online: 0` for its node: launcher says
+    so before any SSH connection to that node (whose timeout would be the only other sign)."""
+    write_cluster_inventory(project, pve, entry=["pve1"])
+    sandbox_cluster.migrate(project.sandbox, VMID, "pve2")
+    sandbox_cluster.set_online(project.sandbox, "pve2", False)
+    sandbox_cluster.set_guest(project.sandbox, VMID, hastate="started")
+    try:
+        before = sessions(pve.nodes["pve2"])
+        started = time.monotonic()
+        status = project.launcher("status", "-t", "prod")
+        took = time.monotonic() - started
+    finally:
+        sandbox_cluster.set_online(project.sandbox, "pve2", True)
+        sandbox_cluster.set_guest(project.sandbox, VMID)
+    assert status.returncode == 3, status.stdout + status.stderr
+    assert "cluster pve: node pve2 is offline (VMID 201 is there; HA started)" in status.stderr
+    assert took < 5, f"{took:.1f} s: named at once, not after a timeout"
+    assert sessions(pve.nodes["pve2"]) == before, "no connection to the offline node"
+
+
+def test_a_qemu_guest_is_never_a_target(project: Project, pve: ClusterInfo) -> None:
+    sandbox_cluster.add_qemu(project.sandbox, 300, "pve1")
+    write_cluster_inventory(project, pve, entry=["pve1"])
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["targets"]["prod"]["vmid"] = 300
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    calls = project.sandbox.pct_calls()
+    status = project.launcher("status", "-t", "prod")
+    assert status.returncode == 3, status.stdout + status.stderr
+    assert "VMID 300 on node pve1 is a QEMU virtual machine, not a container" in status.stderr
+    assert project.sandbox.pct_calls() == calls, "no pct call aimed at a VM"

@@ -129,7 +129,7 @@ def test_large_script_first_deploy_by_push(project: Project) -> None:
     project.write({"bigpush": (VMID, book)})
     calls = project.sandbox.pct_calls()
     out = deploy_ok(project)
-    # push (no workdir yet), preflight (creates it), push again, transaction
+    # preflight (creates the workdir), push, its size and sha256 checked, transaction
     assert project.sandbox.pct_calls() - calls == 4
     assert "pushed to" in out
     sha = project.ct_text(VMID, "sha256sum", "/root/bigpush/train_demo.py").split()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.agentclient import AGENT_ARGV
+from launcher.container import VERIFY_SCRIPT as VERIFY
 from launcher.container import split_stamped
 from launcher.transport.endpoint import CommandResult
 
@@ -36,7 +38,7 @@ StreamHandler = Callable[[dict[str, Any], Callable[[bytes], None], Callable[[byt
 
 @dataclass
 class Expectation:
-    kind: str  # "agent:<op>", "stream:<op>", "push", "put", "remove", "exec", "host"
+    kind: str  # "agent:<op>", "stream:<op>", "push", "verify", "put", "remove", "exec", "host"
     respond: Callable[..., Any]
 
 
@@ -80,9 +82,16 @@ class StrictFakeHost:
             body = {"ok": True, "op": request["op"], "error": None, "warnings": [], **answer}
             return CommandResult(command, 0, (json.dumps(body) + "\n").encode(), b"", 0.0)
         if argv[:2] == ["sh", "-c"] and argv[3:4] == ["launcher-push"]:
-            code = self._next("push").respond(argv[4:])
-            self.pushed[argv[5]] = stdin or b""
-            return CommandResult(command, code or 0, b"", b"", 0.0)
+            # respond(argv) -> exit code, or (exit code, stderr): a real pct push exits 0 and
+            # prints its task's error on stderr; an exit code and no stderr wrote the file.
+            answer = self._next("push").respond(argv[4:])
+            code, err = answer if isinstance(answer, tuple) else (answer, "")
+            if not err:
+                self.pushed[argv[5]] = stdin or b""
+            return CommandResult(command, code or 0, b"", str(err).encode(), 0.0)
+        if argv[:2] == ["pct", "exec"] and argv[4:9] == ["python3", "-I", "-S", "-c", VERIFY]:
+            self._next("verify").respond(argv[9:])
+            return CommandResult(command, 0, self._verified(argv[9::3]).encode(), b"", 0.0)
         if argv[:2] == ["pct", "exec"]:
             code = self._next("exec").respond(argv[4:])
             return CommandResult(command, code or 0, b"", b"", 0.0)
@@ -90,6 +99,16 @@ class StrictFakeHost:
         answer = self._next("host").respond(argv)
         code, out, err = (*answer, "", "")[:3] if isinstance(answer, tuple) else (answer, "", "")
         return CommandResult(command, code or 0, str(out).encode(), str(err).encode(), 0.0)
+
+    def _verified(self, paths: list[str]) -> str:
+        """What the container's check of pushed files prints: what each path holds now."""
+        rows = [
+            [path, len(self.pushed[path]), hashlib.sha256(self.pushed[path]).hexdigest()]
+            if path in self.pushed
+            else [path, None, "No such file or directory"]
+            for path in paths
+        ]
+        return "".join(json.dumps(row) + "\n" for row in rows)
 
     def expect_stream(self, op: str, respond: StreamHandler) -> None:
         """A streamed agent op: respond(request, on_stdout, on_stderr) -> exit code."""

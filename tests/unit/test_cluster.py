@@ -7,19 +7,41 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster import PveshError, locate, parse_node_ips, parse_resources, place
-from launcher.config import HostSpec, load_inventory
+from launcher.cluster import (
+    NodeOffline,
+    PveshError,
+    locate,
+    parse_node_ips,
+    parse_resources,
+    place,
+)
+from launcher.config import Cluster, HostSpec, load_inventory
 from launcher.errors import ConfigError, ContainerError, ExitCode, RemoteError
 from launcher.transport.endpoint import CommandResult
 
 RESOURCES = [
     {"id": "lxc/200", "type": "lxc", "vmid": 200, "node": "pve2", "status": "running"},
-    {"id": "qemu/300", "type": "qemu", "vmid": 300, "node": "pve3", "status": "stopped"},
+    {"id": "lxc/300", "type": "lxc", "vmid": 300, "node": "pve3", "status": "running"},
+    {"id": "qemu/400", "type": "qemu", "vmid": 400, "node": "pve1", "status": "running"},
+    # A guest on an offline node: no stats, so status unknown (pve-manager API2Tools.pm,
+    # extract_vm_stats); lock and hastate come from its config and the HA manager all the same.
+    {"id": "lxc/500", "type": "lxc", "vmid": 500, "node": "pve4", "status": "unknown"},
+    {
+        "id": "lxc/600",
+        "type": "lxc",
+        "vmid": 600,
+        "node": "pve2",
+        "status": "unknown",
+        "lock": "backup",
+        "hastate": "started",
+    },
 ]
 STATUS = [
     {"type": "cluster", "name": "lab"},
-    {"type": "node", "name": "pve1", "ip": "10.0.0.1"},
-    {"type": "node", "name": "pve3", "ip": "10.0.0.3"},
+    {"type": "node", "name": "pve1", "ip": "10.0.0.1", "online": 1},
+    {"type": "node", "name": "pve2", "ip": "10.0.0.2", "online": 1},
+    {"type": "node", "name": "pve3", "ip": "10.0.0.3", "online": 1},
+    {"type": "node", "name": "pve4", "ip": "10.0.0.4", "online": 0},
 ]
 
 
@@ -109,7 +131,47 @@ def test_unknown_vmid_and_odd_output() -> None:
         parse_resources(json.dumps(RESOURCES), 999)
     with pytest.raises(PveshError, match="did not answer JSON"):
         parse_resources("Permission check failed", 200)
-    assert parse_node_ips(json.dumps(STATUS)) == {"pve1": "10.0.0.1", "pve3": "10.0.0.3"}
+    assert parse_node_ips(json.dumps(STATUS)) == {
+        "pve1": "10.0.0.1",
+        "pve2": "10.0.0.2",
+        "pve3": "10.0.0.3",
+        "pve4": "10.0.0.4",
+    }
+
+
+def cluster_of(tmp_path: Path) -> Cluster:
+    cluster = load_inventory(write(tmp_path, CLUSTER)).target("prod").cluster
+    assert cluster is not None
+    return cluster
+
+
+def test_a_qemu_guest_is_never_a_target(tmp_path: Path) -> None:
+    pool = FakePool()
+    with pytest.raises(ContainerError) as error:
+        locate(cluster_of(tmp_path), 400, pool)
+    assert error.value.exit_code == ExitCode.UNREACHABLE
+    assert str(error.value.message) == (
+        "cluster lab: VMID 400 on node pve1 is a QEMU virtual machine, not a container: "
+        "launcher runs in LXC containers (pct)"
+    )
+    assert len(pool.log) == 1, "one pvesh call, no other entry node asked"
+
+
+def test_an_offline_node_is_named_at_once(tmp_path: Path) -> None:
+    pool = FakePool()
+    with pytest.raises(NodeOffline) as error:
+        locate(cluster_of(tmp_path), 500, pool)
+    assert error.value.exit_code == ExitCode.UNREACHABLE
+    assert error.value.message == "cluster lab: node pve4 is offline (VMID 500 is there)"
+    assert [line.split()[4] for line in pool.log] == ["/cluster/resources", "/cluster/status"]
+
+
+def test_status_unknown_on_an_online_node_is_placed_with_its_lock_and_hastate(
+    tmp_path: Path,
+) -> None:
+    placement = locate(cluster_of(tmp_path), 600, FakePool())
+    assert (placement.node, placement.status) == ("pve2", "unknown")
+    assert (placement.lock, placement.hastate) == ("backup", "started")
 
 
 @pytest.mark.parametrize(

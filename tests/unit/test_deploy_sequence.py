@@ -42,8 +42,10 @@ def run_deploy(tmp_path: Path, host: StrictFakeHost, **options: Any) -> tuple[li
     return steps, report
 
 
-def expect_upload(host: StrictFakeHost, push_code: int = 0) -> None:
-    host.expect("push", lambda argv: push_code)
+def expect_upload(host: StrictFakeHost, push_code: int = 0, task_error: str = "") -> None:
+    host.expect("push", lambda argv: (push_code, task_error))
+    if not push_code and not task_error:
+        host.expect("verify")
 
 
 def test_deploy_is_one_transaction_with_the_script_inline(tmp_path: Path) -> None:
@@ -77,28 +79,58 @@ def push_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("push_path")
-def test_large_script_is_pushed_then_one_transaction(tmp_path: Path) -> None:
+def test_large_script_workdir_first_then_pushed_checked_and_one_transaction(
+    tmp_path: Path,
+) -> None:
     host = StrictFakeHost()
     seen: dict[str, Any] = {}
+    host.expect_agent("preflight", lambda req: preflight() if req["create_workdir"] else {})
     expect_upload(host)
     host.expect_agent("apply", lambda req: seen.setdefault("apply", req) and APPLIED)
-    run_deploy(tmp_path, host, restart=True)
-    assert host.calls == ["push", "agent:apply"]
+    steps, _ = run_deploy(tmp_path, host, restart=True)
+    # pct push creates no directory: the workdir first, the pushed file checked in the CT.
+    assert host.calls == ["agent:preflight", "push", "verify", "agent:apply"]
     assert list(host.pushed.values()) == [SCRIPT]
     assert seen["apply"]["content_b64"] is None
     assert seen["apply"]["tmp"].startswith("/root/dflash/.train_dflash_pipeline.py.launcher-")
+    assert steps[0].name == "upload" and "size and sha256 checked" in steps[0].detail
 
 
 @pytest.mark.usefixtures("push_path")
-def test_first_deploy_creates_the_workdir_then_pushes_again(tmp_path: Path) -> None:
+def test_push_that_exits_zero_with_a_task_error_is_a_failed_push(tmp_path: Path) -> None:
+    """A real pct push whose write fails prints the task's error and exits 0."""
     host = StrictFakeHost()
-    expect_upload(host, push_code=1)  # no workdir yet
-    host.expect_agent("preflight", lambda req: preflight() if req["create_workdir"] else {})
-    expect_upload(host)
-    host.expect_agent("apply", APPLIED)
-    steps, _ = run_deploy(tmp_path, host)
-    assert host.calls == ["push", "agent:preflight", "push", "agent:apply"]
-    assert steps[0].name == "upload"
+    host.expect_agent("preflight", preflight())
+    error = "failed to create file: /root/dflash/.x.tmp: No such file or directory"
+    expect_upload(host, task_error=error)
+    removed: list[list[str]] = []
+    host.expect("exec", lambda argv: removed.append(argv))
+    with pytest.raises(ContainerError, match=r"pct push to .* failed: failed to create file"):
+        run_deploy(tmp_path, host)
+    assert host.calls == ["agent:preflight", "push", "exec"]  # no transaction
+    assert removed[0][:3] == ["rm", "-f", "--"]
+
+
+@pytest.mark.usefixtures("push_path")
+def test_push_that_wrote_nothing_and_said_nothing_is_caught_by_the_check(tmp_path: Path) -> None:
+    host = StrictFakeHost()
+    host.expect_agent("preflight", preflight())
+    host.expect("push", lambda argv: (0, ""))
+    host.expect("verify", lambda argv: None)
+    host.expect("exec")
+    real_run = host.run
+
+    def run(command: str, **kwargs: Any) -> Any:
+        if "launcher-push" in command:
+            result = real_run(command, **kwargs)
+            host.pushed.clear()  # the write went nowhere
+            return result
+        return real_run(command, **kwargs)
+
+    host.run = run  # type: ignore[method-assign]
+    with pytest.raises(ContainerError, match=r"pushed file .* is not there"):
+        run_deploy(tmp_path, host)
+    assert host.calls == ["agent:preflight", "push", "verify", "exec"]
 
 
 def test_dry_run_is_the_transaction_in_plan_mode(tmp_path: Path) -> None:
@@ -176,9 +208,8 @@ def test_transaction_refusals_map_to_exit_codes(
 
 
 @pytest.mark.usefixtures("push_path")
-def test_failed_second_push_cleans_up_in_container_and_host(tmp_path: Path) -> None:
+def test_failed_push_cleans_up_in_container_and_host(tmp_path: Path) -> None:
     host = StrictFakeHost()
-    expect_upload(host, push_code=1)
     host.expect_agent("preflight", preflight())
     expect_upload(host, push_code=1)
     removed: list[list[str]] = []

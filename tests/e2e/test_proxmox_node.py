@@ -1,0 +1,100 @@
+"""A real Proxmox node, not a tidy one (docs/proxmox.md), against the sandbox: `pct push` that
+exits 0 when its write fails, `pct exec` keeping or clearing the caller's environment, a tmux
+socket removed under a live run, pct at a real node's cost."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.project import DEMO_TRAINER, Project
+from tests.e2e.test_releases import book as project_book
+from tests.e2e.test_releases import make_package
+
+pytestmark = pytest.mark.e2e
+
+VMID = 200
+SIX_MIB = 6 * 2**20
+
+
+def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> str:
+    assert result.returncode == code, result.stdout + result.stderr
+    return result.stderr + result.stdout
+
+
+def fresh(name: str) -> str:
+    """A name whose workdir does not exist yet in the container: a first deploy."""
+    return f"{name}{uuid.uuid4().hex[:6]}"
+
+
+def big_script(project: Project, name: str) -> Path:
+    """The demo trainer padded to 6 MiB: over the inline limit, so it travels by `pct push`."""
+    path = project.root / f"{name}.py"
+    padding = b"# " + b"z" * 1021 + b"\n"
+    body = DEMO_TRAINER.read_bytes()
+    path.write_bytes(body + padding * ((SIX_MIB - len(body)) // len(padding) + 1))
+    return path
+
+
+def pids(project: Project, pattern: str) -> set[str]:
+    return set(project.ct_text(VMID, "pgrep", "-f", pattern).split())
+
+
+# ------------------------------------------------------------------ 1. pct push exits 0
+
+
+def test_first_deploy_of_a_6mib_script_into_a_fresh_ct(project: Project) -> None:
+    name = fresh("big")
+    script = big_script(project, name)
+    book = project.playbook(name)
+    book["script"]["source"] = str(script)
+    project.write({name: (VMID, book)})
+    assert project.ct(VMID, "test", "-e", f"/root/{name}").returncode == 1, "not fresh"
+    out = ok(project.launcher("deploy"))
+    assert "size and sha256 checked" in out
+    sha = project.ct_text(VMID, "sha256sum", f"/root/{name}/train_demo.py").split()[0]
+    assert sha == hashlib.sha256(script.read_bytes()).hexdigest()
+    project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the trainer")
+    project.kill_session(VMID, name)
+
+
+def test_first_deploy_of_a_project_with_a_6mib_file_into_a_fresh_ct(project: Project) -> None:
+    name = fresh("pkg")
+    src = make_package(project.root)
+    (src / "weights.bin").write_bytes(os.urandom(SIX_MIB))  # random: gzip cannot shrink it
+    book = project_book(project, src)
+    book.update(name=name, session=name, workdir=f"/root/{name}")
+    project.write({name: (VMID, book)})
+    assert project.ct(VMID, "test", "-e", f"/root/{name}").returncode == 1, "not fresh"
+    out = ok(project.launcher("deploy"))
+    assert f"pushed to /root/{name}/.release.launcher-" in out
+    size = project.ct_text(VMID, "stat", "-c", "%s", f"/root/{name}/current/weights.bin")
+    assert size.strip() == str(SIX_MIB)
+    project.kill_session(VMID, name)
+
+
+def test_a_push_that_fails_and_exits_0_is_reported_and_stops_nothing(project: Project) -> None:
+    name = fresh("full")
+    book = project.playbook(name)
+    project.write({name: (VMID, book)})
+    ok(project.launcher("deploy"))
+    project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the first run")
+    before = pids(project, "train_demo.py")
+    book["script"]["source"] = str(big_script(project, name))
+    project.write({name: (VMID, book)})
+    project.sandbox.set_faults(push_error="No space left on device")
+    result = project.launcher("deploy", "--restart")
+    project.sandbox.set_faults()
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "pct push to /root/" in result.stderr
+    assert "failed: failed to create file: " in result.stderr
+    assert "No space left on device" in result.stderr
+    assert before <= pids(project, "train_demo.py"), "the old run must be untouched"
+    leftovers = project.ct_text(VMID, "sh", "-c", f"ls -a /root/{name} | grep launcher- || true")
+    assert leftovers.strip() == ""
+    project.kill_session(VMID, name)
