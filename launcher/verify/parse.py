@@ -77,7 +77,7 @@ _TOKEN_RE = re.compile(
 # whitespace and `|` around the fields. A list or a string runs to its first closing mark, or to
 # the end of the line when it has none, never shorter (what a possessive `[^\]]*+\]?+` says, in
 # Python 3.11+ only); every other quantifier meets a class it cannot take: none gives back.
-_SHAPE_KEY_VALUE = {"[": r"(\[(?:[^\]]*\]|[^\]]*\Z))", '"': r'("(?:[^"]*"|[^"]*\Z))'}
+_SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*(?:\]|\Z))", '"': r'("[^"]*(?:"|\Z))'}
 _SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*)"  # neither a list nor a string, as _TOKEN_RE decides
 _UNSPACED_RATE = rf"\(({NUMBER}[kKMG]?tok/s)\)"  # needs no .replace(" ", "")
 _UNSPACED_RATE_RE = re.compile(_UNSPACED_RATE)
