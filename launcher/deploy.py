@@ -18,7 +18,7 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from launcher import protocol as p
@@ -427,7 +427,7 @@ def transaction_request(
         "lock_path": p.LOCK_PATH,
         "operator": operator_info(),
         "record": {
-            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "operator": f"{getpass.getuser()}@{socket.gethostname()}",
             "launcher_version": __version__,
             "playbook": spec.name,

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -438,7 +438,7 @@ def _failing_section(failing: Sequence[Any]) -> str:
 
 
 def render_html(runs: Sequence[Run], title: str = "launcher verify", generated: str = "") -> str:
-    generated = generated or datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    generated = generated or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     body = "".join(render_run(run, generated) for run in runs)
     return (
         "<!DOCTYPE html>\n"

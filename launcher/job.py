@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Generic, TypeVar
 
 from launcher.agentclient import container_for
@@ -76,7 +76,7 @@ def load_job(inventory: Inventory, name: str) -> Job:
 
 def new_run_id() -> str:
     """As the agent makes one (agent.new_run_id): UTC time and 8 hex digits."""
-    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)

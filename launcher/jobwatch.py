@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from launcher.deploy import DeployOptions
 from launcher.errors import ExitCode
@@ -72,7 +72,7 @@ def watch_job(
     failing = 0
 
     def note(text: str) -> None:
-        line = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} job {job.name}: {text}"
+        line = f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ} job {job.name}: {text}"
         result.events.append(line)
         event(line)
 

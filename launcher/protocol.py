@@ -17,9 +17,15 @@ from __future__ import annotations
 TYPE_CHECKING = False
 # The agent's loader marks each module it makes (launcher/agent/boot.py, BUNDLED).
 if TYPE_CHECKING or not globals().get("__launcher_bundled__"):
-    # The client's Python (3.11+) has all of these; in the container they are never imported
-    # (see below) and the annotations naming them are never evaluated (the __future__ import).
-    from typing import Any, Literal, NotRequired, Required, TypedDict  # novermin
+    # Only the client imports these; in the container they are never imported (see below)
+    # and the annotations naming them are never evaluated (the __future__ import).
+    import sys
+    from typing import Any, Literal
+
+    if sys.version_info >= (3, 11):
+        from typing import NotRequired, Required, TypedDict  # novermin
+    else:  # Python 3.10: typing_extensions' TypedDict is the one that knows the two
+        from typing_extensions import NotRequired, Required, TypedDict
 else:
     # In the container nothing reads these types: a plain dict base stands in
     # for TypedDict, so the agent's start, on every call, neither imports typing nor builds

@@ -11,11 +11,17 @@ type does not declare are allowed (an answer may carry more).
 
 from __future__ import annotations
 
+import sys
 import types
 import typing
 from collections.abc import Callable
 from functools import cache
-from typing import Any, Literal, NotRequired, Required, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, Required, is_typeddict  # novermin
+else:  # protocol.py's types come from typing_extensions on Python 3.10
+    from typing_extensions import NotRequired, Required, is_typeddict
 
 # A checker answers None for a good value, else what is wrong with it (and where).
 Checker = Callable[[object, str], str | None]
@@ -33,7 +39,7 @@ def checker(kind: object) -> Checker:
         return _anything
     if kind is None or kind is type(None):
         return _exactly(None, "null")
-    if isinstance(kind, type) and typing.is_typeddict(kind):
+    if isinstance(kind, type) and is_typeddict(kind):
         return _typed_dict(kind)
     origin = get_origin(kind)
     args = get_args(kind)

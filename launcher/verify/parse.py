@@ -63,21 +63,25 @@ __all__ = [
 # ("", "12.3Ktok/s") for the parenthesised throughput. A key must start a token (after
 # whitespace, `|` or line start) so `--lr=0.1` or `f(a=1` are not fields. A list runs to `]`
 # or, when cut off, to the end of the line.
-_KEY = r"[A-Za-z_][\w.\-/]*+"
-_VALUE = r"\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|]*+"
+# Greedy quantifiers (Python 3.10 has no possessive ones): each is followed by a class it cannot
+# take (`[=~]` after a key, the end of the match after a value), so none gives anything back.
+_KEY = r"[A-Za-z_][\w.\-/]*"
+_VALUE = r"\[[^\]]*\]?|\"[^\"]*\"?|[^\s|]*"
 _RATE = rf"{NUMBER}\s*[kKMG]?tok/s"
 _TOKEN_RE = re.compile(
     rf"(?:(?<![^\s|])({_KEY})[=~]|\(\s*)"
     rf"((?(1)(?:{_VALUE})|{_RATE}))"
     r"(?(1)|\s*\))"
 )
-# A line's shape (see `_Shapes`): each field as _TOKEN_RE takes it, possessively so a match can't
-# take anything else, with only whitespace and `|` around the fields.
-_SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*+\]?+)", '"': r'("[^"]*+"?+)'}
-_SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*+)"  # neither a list nor a string, as _TOKEN_RE decides
+# A line's shape (see `_Shapes`): each field as _TOKEN_RE takes it and nothing else, with only
+# whitespace and `|` around the fields. A list or a string runs to its first closing mark, or to
+# the end of the line when it has none, never shorter (what a possessive `[^\]]*+\]?+` says, in
+# Python 3.11+ only); every other quantifier meets a class it cannot take: none gives back.
+_SHAPE_KEY_VALUE = {"[": r"(\[[^\]]*(?:\]|\Z))", '"': r'("[^"]*(?:"|\Z))'}
+_SHAPE_BARE_VALUE = r"((?![\[\"])[^\s|]*)"  # neither a list nor a string, as _TOKEN_RE decides
 _UNSPACED_RATE = rf"\(({NUMBER}[kKMG]?tok/s)\)"  # needs no .replace(" ", "")
 _UNSPACED_RATE_RE = re.compile(_UNSPACED_RATE)
-_SHAPE_RATE = rf"[\s|]*+(?>{_UNSPACED_RATE})"
+_SHAPE_RATE = rf"[\s|]*{_UNSPACED_RATE}"  # it ends at its one `tok/s)`
 _GAP_RE = re.compile(r"[\s|]*")
 _SHAPE_TRIES = 16  # lines per pane to learn a shape from
 
@@ -122,7 +126,7 @@ class _Shapes:
             key, value = m[1], m[2]
             if key:
                 kind = _SHAPE_KEY_VALUE.get(value[:1], _SHAPE_BARE_VALUE)
-                parts.append(rf"[\s|]++{re.escape(key)}[=~]{kind}")
+                parts.append(rf"[\s|]+{re.escape(key)}[=~]{kind}")
                 groups[key] = group  # as dict(findall): first place, last value
             elif _UNSPACED_RATE_RE.fullmatch(m[0]):
                 parts.append(_SHAPE_RATE)
@@ -131,7 +135,7 @@ class _Shapes:
                 return  # a spaced `( 12.3 Ktok/s )`: left to findall
             start = m.end()
         if tokens and _GAP_RE.fullmatch(line, start):
-            parts.append(r"[\s|]*+\Z")
+            parts.append(r"[\s|]*\Z")
             if rate:
                 groups["throughput"] = rate  # as _fields does
             self._shape = re.compile("".join(parts))

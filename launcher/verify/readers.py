@@ -44,9 +44,9 @@ Reader = Callable[[str, str, "re.Pattern[str] | None"], Read]
 
 # --- keyvalue -----------------------------------------------------------------------------------
 
-_KV_KEY = r"[A-Za-z_][\w.\-/]*+"
+_KV_KEY = r"[A-Za-z_][\w.\-/]*"  # never followed by a key's character
 _KV_WORDS = rf"{_KV_KEY}(?: {_KV_KEY})*(?: \([^()\s]{{1,16}}\))?"
-_KV_VALUE = r"\[[^\]]*+\]?|\"[^\"]*+\"?|[^\s|;\[\"][^\s|;]*+"
+_KV_VALUE = r"\[[^\]]*\]?|\"[^\"]*\"?|[^\s|;\[\"][^\s|;]*"  # the match's end
 _KV_NUMBER = (
     r"(?:[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
     r"(?:[A-Za-z%µ]+(?:/[A-Za-z]+)?)?|[-+]?(?:nan|NaN|inf|Inf))(?![\w.])"

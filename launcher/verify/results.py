@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from launcher.enums import StrEnum
 
 __all__ = ["CheckResult", "Failure", "Verdict", "worst_verdict"]
 

@@ -260,7 +260,8 @@ _SCALAR_RE = re.compile(
 )
 # A list of integers float() reads as float(int()) does (exactly, and no overflow). Spaces and
 # tabs only: `\s` would also take control characters float() refuses.
-_INT_LIST_RE = re.compile(r"\[[ \t]*+[-+]?\d{1,300}+[ \t]*+(?:,[ \t]*+[-+]?\d{1,300}+[ \t]*+)*+\]")
+# Neighbouring classes are disjoint, so the greedy quantifiers never give back a different match.
+_INT_LIST_RE = re.compile(r"\[[ \t]*[-+]?\d{1,300}[ \t]*(?:,[ \t]*[-+]?\d{1,300}[ \t]*)*\]")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 _TOK_RATE_RE = re.compile(r"([kKMG]?)tok/s")
 _RATE_TEXT_RE = re.compile(

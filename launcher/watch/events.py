@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 SCHEMA = "launcher.watch.event/1"
@@ -91,7 +91,9 @@ class Event:
     step: int | None = None
     restarts: int = 0
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    time: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    time: str = field(
+        default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
 
     @property
     def text(self) -> str:

@@ -9,7 +9,6 @@ shows up in any run that reaches the read.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable
 from typing import Any, get_args
 
@@ -19,7 +18,7 @@ from launcher import protocol as p
 from launcher.agent import base as agent_base
 from launcher.agent import main as agent_main
 from launcher.agentclient import ANSWERS, REQUESTS
-from launcher.protocolcheck import declared_keys, present_problem, problem
+from launcher.protocolcheck import declared_keys, is_typeddict, present_problem, problem
 
 Reads = set[tuple[str, str]]  # (type name, key)
 
@@ -54,7 +53,7 @@ class Recording(dict[str, Any]):
 def typed_part(hint: object) -> type | None:
     """The TypedDict a key's type names (alone or with None), if any."""
     for kind in (hint, *get_args(hint)):
-        if isinstance(kind, type) and typing.is_typeddict(kind):
+        if isinstance(kind, type) and is_typeddict(kind):
             return kind
     return None
 
@@ -69,7 +68,7 @@ def protocol_types() -> dict[str, type]:
     return {
         name: kind
         for name, kind in vars(p).items()
-        if isinstance(kind, type) and typing.is_typeddict(kind)
+        if isinstance(kind, type) and is_typeddict(kind)
     }
 
 

@@ -10,7 +10,6 @@ import hashlib
 import shutil
 import subprocess
 import tempfile
-import typing
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from launcher import protocol as p
 from launcher.agent import main as agent_main
 from launcher.agentclient import ANSWERS, REQUESTS, AgentFailure, check_answer
 from launcher.errors import ExitCode, ProtocolError
-from launcher.protocolcheck import declared_keys, problem
+from launcher.protocolcheck import declared_keys, is_typeddict, problem
 from tests.unit.agentcontract import HandlerContract
 
 TMUX = shutil.which("tmux")
@@ -50,7 +49,7 @@ def test_an_answer_type_is_an_envelope(op: str) -> None:
 def test_every_protocol_type_can_be_checked() -> None:
     """A type the checker does not know fails here, not on the first answer in the field."""
     for name, kind in vars(p).items():
-        if isinstance(kind, type) and typing.is_typeddict(kind):
+        if isinstance(kind, type) and is_typeddict(kind):
             assert problem({}, kind) is None or "has no" in str(problem({}, kind)), name
 
 
