@@ -35,6 +35,15 @@ STATE_DIR = ".launcher"
 PANE_WIDTH = 250
 PANE_HEIGHT = 50
 HISTORY_LIMIT = 100_000
+# What launcher tells every run about itself, in its run file after the playbook's env (so a
+# trainer need not hard-code what launcher knows). A playbook may not set them itself.
+RUN_ENV = (
+    "LAUNCHER_RUN_ID",  # this launch's id (the part after "session:" of LAUNCHER_RUN)
+    "LAUNCHER_RELEASE",  # the project's release id, or the script's sha256
+    "LAUNCHER_WORKDIR",  # the playbook's workdir, absolute
+    "LAUNCHER_CHECKPOINTS",  # the checkpoints directory, absolute ("" when there is none)
+    "LAUNCHER_RESTART_COUNT",  # 0, or how many times in a row a watcher restarted this run
+)
 
 # How the client starts the agent: `pct exec VMID -- AGENT_ARGV`, where BOOT reads one JSON line
 # from stdin and runs the loader in it (launcher/agent/boot.py), which comes zlib-compressed in
@@ -282,6 +291,7 @@ class TransactionRequest(TypedDict, total=False):
     # neither (the agent's defaults: /bin/sh, its own interpreter).
     shell: str
     python: str
+    restart_count: int  # LAUNCHER_RESTART_COUNT: a watcher's restart says which one (default 0)
 
 
 class StopRequest(TypedDict):

@@ -83,7 +83,14 @@ from launcher.agent.tmux import (
     tmux_version,
     tmux_version_tuple,
 )
-from launcher.protocol import HISTORY_LIMIT, LOCK_PATH, PANE_HEIGHT, PANE_WIDTH, RUN_REPLACED
+from launcher.protocol import (
+    HISTORY_LIMIT,
+    LOCK_PATH,
+    PANE_HEIGHT,
+    PANE_WIDTH,
+    RUN_ENV,
+    RUN_REPLACED,
+)
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.
@@ -172,6 +179,7 @@ class Deploy:
         self.python = param(request, "python", str, default=sys.executable or "python3")
         self.record_base = param(request, "record", dict, default={})
         self.run_id = param(request, "run_id", str) or new_run_id()
+        self.restart_count = max(param(request, "restart_count", int, default=0), 0)
         # plan: run every check, change nothing, and say what the deploy would do. keep_going:
         # (with plan) record a failed check and go on, so doctor can show them all.
         self.plan = param(request, "plan", bool, default=False)
@@ -672,11 +680,21 @@ class Deploy:
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         marker = "%s:%s" % (self.session, self.run_id)
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
-        write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
+        text = run_file_text(marker, self.command, self.env, self.run_env())
+        write_private(self.run_file_next, text)
         self.dry_launch()
         with open(log_path(self.workdir, self.session), "a"):
             pass
         return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
+
+    def run_env(self):
+        """What the run is told about itself (protocol.RUN_ENV, in that order)."""
+        values = (self.run_id, self.release_label(), self.workdir, self.checkpoints or "",
+                  str(self.restart_count))  # fmt: skip
+        return dict(zip(RUN_ENV, values))
+
+    def release_label(self):
+        return self.sha256
 
     def dry_launch(self):
         argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]

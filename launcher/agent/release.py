@@ -743,6 +743,9 @@ class ReleaseDeploy(Deploy):
         os.replace(tmp, link)
         return "; %s restored (-> %s)" % (link, target)
 
+    def release_label(self):
+        return self.release_id
+
     def safe_checkpoints(self):
         protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))
         protected += [releases_dir(self.workdir), current_link(self.workdir)]
