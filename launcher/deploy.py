@@ -262,17 +262,35 @@ def apply_overrides(target: Target, options: DeployOptions) -> Target:
     return dataclasses.replace(target, playbook=playbook)
 
 
+REDACTED = "<redacted>"
+
+
 def override_record(options: DeployOptions) -> dict[str, Any]:
     """What this deploy changed and why, for history. --env values stay out of it (they may be
-    secrets; they reach the run through its 0600 run file): their names are recorded."""
+    secrets; they reach the run through its 0600 run file): their names are recorded, and so
+    is a `--set env.NAME=...` as `env.NAME=<redacted>`. `overrides` holds all of them together
+    (with the message); the flat keys are kept for older readers."""
     record: dict[str, Any] = {}
+    sets = [redact_set(item) for item in options.sets]
     if options.env:
         record["env"] = sorted(options.env)
-    if options.sets:
-        record["set"] = list(options.sets)
+    if sets:
+        record["set"] = sets
     if options.command is not None:
         record["command"] = options.command
+    record["overrides"] = {
+        "env": sorted(options.env),
+        "set": sets,
+        "command": options.command,
+        "message": options.message,
+    }
     return record
+
+
+def redact_set(item: str) -> str:
+    """A `--set` as history records it: an env value (`env.NAME=value`) may be a secret."""
+    key, sep, _ = item.partition("=")
+    return f"{key}={REDACTED}" if sep and key.strip().startswith("env.") else item
 
 
 def preflight(
@@ -425,6 +443,9 @@ def transaction_request(
         "record": {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "operator": f"{getpass.getuser()}@{socket.gethostname()}",
+            # Who acted and from which machine (the client's, not the container's).
+            "user": getpass.getuser(),
+            "client_host": socket.gethostname(),
             "launcher_version": __version__,
             "playbook": spec.name,
             "command": spec.command,

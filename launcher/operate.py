@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -479,10 +480,11 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     source = describe_source(record.get("source"))
     if source:
         lines.append(f"  source       {source}")
-    if record.get("env") or record.get("set"):
-        told = [f"--env {name}" for name in record.get("env") or []]
-        told += [f"--set {item}" for item in record.get("set") or []]
-        lines.append(f"  overrides    {' '.join(told)}")
+    told = overrides_text(record)
+    if told:
+        lines.append(f"  overrides    {told}")
+    if record.get("user") and record.get("client_host"):
+        lines.append(f"  by           {record['user']} from {record['client_host']}")
     if record.get("message"):
         lines.append(f"  message      {record.get('message')}")
     stopped = record.get("stopped") or {}
@@ -503,6 +505,17 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     else:
         lines.append("  checkpoints  kept in place")
     return [sanitize(line, keep_sgr=False) for line in lines]
+
+
+def overrides_text(record: dict[str, Any]) -> str:
+    """A record's --env/--set/--command as they were typed (env values never recorded)."""
+    given = record.get("overrides")
+    given = given if isinstance(given, dict) else record
+    told = [f"--env {name}" for name in given.get("env") or []]
+    told += [f"--set {item}" for item in given.get("set") or []]
+    if isinstance(record.get("overrides"), dict) and given.get("command"):
+        told.append(f"--command {shlex.quote(str(given['command']))}")
+    return " ".join(told)
 
 
 # --------------------------------------------------------------------------- rollback

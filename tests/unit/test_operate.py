@@ -695,3 +695,28 @@ def test_every_command_has_help_with_an_example(name: str) -> None:
     result = CliRunner().invoke(cli, [name, "--help"])
     assert result.exit_code == 0
     assert "Example:" in result.output and f"launcher {name}" in result.output
+
+
+def test_a_deploys_overrides_are_recorded_with_secrets_redacted() -> None:
+    from launcher.deploy import DeployOptions, override_record
+
+    options = DeployOptions(
+        env={"WANDB_API_KEY": "s3cret", "LR": "3e-4"},
+        sets=("env.HF_TOKEN=hf_abc", "verify.wait=60"),
+        command="python3 train.py --fast",
+        message="try a higher lr",
+    )
+    record = override_record(options)
+    assert "s3cret" not in str(record) and "hf_abc" not in str(record)
+    assert record["overrides"] == {
+        "env": ["LR", "WANDB_API_KEY"],
+        "set": ["env.HF_TOKEN=<redacted>", "verify.wait=60"],
+        "command": "python3 train.py --fast",
+        "message": "try a higher lr",
+    }
+    shown = history_lines({**RECORD, **record, "user": "ann", "client_host": "laptop"})
+    assert (
+        "  overrides    --env LR --env WANDB_API_KEY --set env.HF_TOKEN=<redacted> "
+        "--set verify.wait=60 --command 'python3 train.py --fast'"
+    ) in shown
+    assert "  by           ann from laptop" in shown
