@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from launcher.releases import PreparedRelease
 
 CheckpointMode = Literal["archive", "purge", "keep"]
+# A rollback may also restore: the put-back run's archived checkpoints moved back in place.
+TransactionMode = Literal["archive", "purge", "keep", "restore"]
 DISK_MARGIN = 16 * 1024 * 1024
 # Scripts up to this size travel inside the transaction's request; larger ones via `pct push`.
 INLINE_LIMIT = 4 * 1024 * 1024
@@ -415,7 +417,7 @@ def transaction_request(
     op: Literal["apply", "rollback"],
     restart: bool,
     grace: float,
-    mode: CheckpointMode,
+    mode: TransactionMode,
     kill_gpu_holders: bool = False,
 ) -> p.TransactionRequest:
     """The agent request shared by `apply` (deploy) and `rollback`: one locked transaction."""

@@ -238,6 +238,7 @@ class ReleaseSpec(TypedDict, total=False):
     keep_releases: int
     setup: SetupRequest | None
     rollback: bool
+    to: str  # with rollback: the release to go back to (default: the one before current)
 
 
 class ReleasesRequest(TypedDict):
@@ -260,7 +261,11 @@ class TransactionRequest(TypedDict, total=False):
     kill_gpu_holders: bool
     grace: float
     checkpoints: str | None
-    checkpoint_mode: Literal["archive", "purge", "keep"]
+    # restore (rollback): the replaced run's checkpoints to an archive of their own, and the
+    # archive `restore_from` (the agent finds it) moved back in place for the run put back.
+    checkpoint_mode: Literal["archive", "purge", "keep", "restore"]
+    restore_from: str | None
+    restore_run: str | None
     keep_archives: int
     env: dict[str, str]
     width: int
@@ -292,6 +297,12 @@ class TransactionRequest(TypedDict, total=False):
     shell: str
     python: str
     restart_count: int  # LAUNCHER_RESTART_COUNT: a watcher's restart says which one (default 0)
+    # rollback: the run to put back (default: the run the session's latest run replaced), its
+    # command, env and code from the spec kept when it was launched. relaunch: a watcher's
+    # restart of that same run (no rollback). need_spec: refuse when the spec was not kept.
+    to_run: str | None
+    relaunch: bool
+    need_spec: bool
 
 
 class StopRequest(TypedDict):

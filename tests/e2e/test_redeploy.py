@@ -46,3 +46,65 @@ def test_a_running_run_knows_its_id_release_workdir_and_checkpoints(project: Pro
         what="a checkpoint in $LAUNCHER_CHECKPOINTS",
     )
     project.kill_session(VMID, "told")
+
+
+def newest_step(project: Project, workdir: str) -> int:
+    names = project.ct_text(VMID, "sh", "-c", f"ls {workdir}/checkpoints 2>/dev/null").split()
+    steps = [int(n[5:-3]) for n in names if n.startswith("step_") and n.endswith(".pt")]
+    return max(steps, default=0)
+
+
+def inode(project: Project, path: str) -> int:
+    return int(project.ct_text(VMID, "stat", "-c", "%i", path).strip())
+
+
+def resumed_at(project: Project, session: str) -> list[int]:
+    """The steps the session's runs resumed from, in the log's order."""
+    log = project.ct_text(VMID, "cat", f"/root/{session}/.launcher/{session}.log")
+    return [int(line.rsplit("step_", 1)[1][:-3]) for line in log.splitlines()
+            if line.startswith("Resuming from ")]  # fmt: skip
+
+
+def resuming_book(project: Project, name: str, **extra: object) -> dict[str, object]:
+    return project.playbook(name, env={"DEMO_RESUME": "1", "DEMO_CHECKPOINT_EVERY": "2"}, **extra)
+
+
+def changed_script(project: Project, text: str) -> str:
+    """A copy of the demo trainer with a line of its own (another sha256)."""
+    from tests.e2e.project import DEMO_TRAINER
+
+    path = project.root / f"train_demo_{abs(hash(text))}.py"
+    path.write_text(DEMO_TRAINER.read_text() + f"\n# {text}\n")
+    return str(path)
+
+
+def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Project) -> None:
+    name, workdir = "back", "/root/back"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    first = project.launcher("deploy", "--restart", "--env", "DEMO_TAG=good")
+    assert first.returncode == 0, first.stderr
+    reached = project.wait_for(lambda: newest_step(project, workdir) >= 6, what="step 6")
+    good_inode = inode(project, f"{workdir}/checkpoints")
+
+    book["script"] = {"source": changed_script(project, "a new version"), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    second = project.launcher("deploy", "--restart")
+    assert second.returncode == 0, second.stderr
+    project.wait_for(lambda: newest_step(project, workdir) >= 2, what="the new run's checkpoint")
+
+    back = project.launcher("rollback", "--restart")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "back in place" in back.stdout
+    assert inode(project, f"{workdir}/checkpoints") == good_inode
+    project.wait_for(lambda: len(resumed_at(project, name)) >= 1, what="a resume")
+    assert resumed_at(project, name)[-1] >= reached
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert "export DEMO_TAG=good" in run_file  # the put-back run's --env, not the playbook's
+
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    assert records[0]["rollback"] is True and records[0]["checkpoints"]["action"] == "restore"
+    assert records[0]["checkpoints_now"] == {"state": "live", "path": f"{workdir}/checkpoints"}
+    assert records[1]["checkpoints_now"]["state"] == "archived"  # the broken run's, its own
+    assert records[2]["checkpoints_now"]["state"] == "restored"
+    project.kill_session(VMID, name)
