@@ -471,6 +471,8 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     The record was read from the container, so every line is sanitised for a terminal.
     """
     marks = " [rollback]" if record.get("rollback") else ""
+    if record.get("restarted_by"):
+        marks += f" [restarted by {record['restarted_by']}]"
     head = (
         f"{record.get('time', '?')}  {record.get('outcome', '?')}  "
         f"sha256 {str(record.get('sha256') or '?')[:12]}  by {record.get('operator', '?')}{marks}"

@@ -93,6 +93,8 @@ def system_path_problem(path: str) -> str | None:
 
 # The start of the refusal a deploy with expect_run gets when the run was replaced meanwhile.
 RUN_REPLACED = "no longer runs"
+# Said when a run cannot be put back as it was: launched before launcher kept run specs.
+SPEC_NOT_KEPT = "its spec (command, environment, code) was not kept"
 
 # Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
 # stopped the old run and then could not launch the new one (nothing runs; the message says what

@@ -69,6 +69,7 @@ from launcher.agent.processes import run_pids
 from launcher.agent.runs import (
     archive_problem,
     checkpoints_of,
+    latest_run,
     load_run_spec,
     new_spec,
     previous_run,
@@ -99,6 +100,7 @@ from launcher.protocol import (
     PANE_WIDTH,
     RUN_ENV,
     RUN_REPLACED,
+    SPEC_NOT_KEPT,
 )
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
@@ -1073,7 +1075,8 @@ def op_rollback(request, warnings):
     tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, random_hex(12)))
     shutil.copy2(previous, tmp)
     record = dict(request["record"])
-    record["rolled_back_from"] = sha256_or_none(dest)
+    if not request.get("relaunch"):
+        record["rolled_back_from"] = sha256_or_none(dest)
     applied = dict(request)
     applied.update({"op": "apply", "tmp": tmp, "sha256": sha, "record": record})
     try:
@@ -1092,7 +1095,10 @@ def rollback_request(request, warnings):
     session = session_param(request)
     records = read_records(workdir)[0]
     relaunch = param(request, "relaunch", bool, default=False)
-    marker = param(request, "to_run", str) or previous_run(records, session)
+    marker = param(request, "to_run", str)
+    marker = marker or (
+        latest_run(records, session) if relaunch else previous_run(records, session)
+    )
     request = dict(request)
     record = dict(param(request, "record", dict, default={}))
     if not relaunch:
@@ -1107,8 +1113,7 @@ def rollback_request(request, warnings):
         if request.get("release") and spec.get("release"):
             request["release"] = dict(request["release"], to=spec["release"])
     elif marker and (relaunch or param(request, "need_spec", bool, default=False)):
-        raise AgentError("refused", "cannot put run %s back: its spec (command, environment, "
-                         "code) was not kept" % marker)  # fmt: skip
+        raise AgentError("refused", "cannot put run %s back: %s" % (marker, SPEC_NOT_KEPT))
     elif marker:
         warnings.append("run %s was launched before launcher kept run specs: the playbook's "
                         "command and env are used" % marker)  # fmt: skip

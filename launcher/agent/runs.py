@@ -104,6 +104,14 @@ def replaced_run(records, index):
     return None
 
 
+def latest_run(records, session):
+    """The session's latest launched run (what a watcher's restart puts back as it was)."""
+    for record in reversed(records):
+        if launched(record) and record.get("session") == session:
+            return record["run"]
+    return None
+
+
 def previous_run(records, session):
     """The run that the session's latest launched run replaced (what a rollback puts back)."""
     for index in range(len(records) - 1, -1, -1):

@@ -108,3 +108,44 @@ def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Proje
     assert records[1]["checkpoints_now"]["state"] == "archived"  # the broken run's, its own
     assert records[2]["checkpoints_now"]["state"] == "restored"
     project.kill_session(VMID, name)
+
+
+def test_a_watchers_restart_is_the_same_run_with_its_env_and_checkpoints(
+    project: Project,
+) -> None:
+    from tests.e2e.test_watch import Watch, wait_until
+
+    name, workdir = "wenv", "/root/wenv"
+    book = resuming_book(project, name, verify={"wait": 2, "interval": 1})
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", f"{workdir}/checkpoints")
+    crash = ("--env", "DEMO_MODE=crash", "--env", "DEMO_CRASH_AFTER=8")
+    deployed = project.launcher("deploy", "--restart", *crash, "-m", "crash sweep")
+    assert deployed.returncode == 0, deployed.stderr
+    watch = Watch(
+        project, "-t", name, "--restart-on-failure", "--max-restarts", "1",
+        "--restart-backoff", "0", "--for", "60",
+    )  # fmt: skip
+
+    def restarted() -> dict[str, object] | None:
+        records = json.loads(project.launcher("history", "--json").stdout)["records"]
+        return records[0] if records[0].get("restarted_by") else None
+
+    try:
+        wait_until(restarted, 40, "the watcher's restart", watch)
+        wait_until(lambda: resumed_at(project, name), 15, "the restarted run's resume", watch)
+    finally:
+        watch.kill()
+    record = restarted()
+    assert record is not None
+    assert record["restarted_by"] == "watch (1/1)"
+    assert record["checkpoints"]["action"] == "keep"  # never archived
+    assert record["overrides"]["env"] == ["DEMO_CRASH_AFTER", "DEMO_MODE"]
+    assert "rollback" not in record
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert "export DEMO_MODE=crash" in run_file  # the crashed run's --env, kept
+    assert "export LAUNCHER_RESTART_COUNT=1" in run_file
+    assert resumed_at(project, name)[0] > 0
+    shown = project.launcher("history", "--limit", "1").stdout
+    assert "[restarted by watch (1/1)]" in shown and "--env DEMO_MODE" in shown
+    project.kill_session(VMID, name)
