@@ -231,6 +231,7 @@ class Launcher:
         grace: float | None = None,
         keep_checkpoints: bool = False,
         wait_lock: float | None = None,
+        no_checkpoints: bool = False,
         on_step: Callable[[Step], None] | None = None,
     ) -> RollbackResult:
         """Put the previous script version back and relaunch; refuses (exit code 4) without
@@ -241,6 +242,7 @@ class Launcher:
                 grace=grace,
                 keep_checkpoints=keep_checkpoints,
                 wait_lock=wait_lock,
+                no_checkpoints=no_checkpoints,
             )
         )
         on_step = args.callback("on_step", on_step)

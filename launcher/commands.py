@@ -340,9 +340,18 @@ COMMANDS: dict[str, Command] = {
                 Param("grace", "duration", GRACE_HELP, type=params.GRACE),
                 _flag("keep_checkpoints", "Leave checkpoints in place.", cli=("keep",)),
                 WAIT_LOCK,
+                _flag(
+                    "no_checkpoints",
+                    "Start fresh: leave the put-back run's archived checkpoints archived.",
+                    cli=("fresh",),
+                ),
             ),
             lambda v: RollbackRequest(
-                v["restart"], v["grace"], v["keep_checkpoints"], v["wait_lock"] or 0.0
+                v["restart"],
+                v["grace"],
+                v["keep_checkpoints"],
+                v["wait_lock"] or 0.0,
+                v["no_checkpoints"],
             ),
             "launcher.cli.operate:run_rollback",
             request_type=RollbackRequest,

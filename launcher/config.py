@@ -26,7 +26,7 @@ from pydantic import (
 
 from launcher.bounded import regular_file_problem
 from launcher.errors import ConfigError, UsageError
-from launcher.protocol import STATE_DIR, system_path_problem
+from launcher.protocol import RUN_ENV, STATE_DIR, system_path_problem
 from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
 from launcher.verify.spec import ChecksSpec, QueueSpec, StepSpec
@@ -406,6 +406,8 @@ class PlaybookSpec(_Model):
         for key, item in value.items():
             if not ENV_NAME_RE.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key in RUN_ENV or key in ("LAUNCHER_RUN", "LAUNCHER_COMMAND"):
+                raise ValueError(f"{key} is launcher's own: every run gets it (docs/deploy.md)")
             if "\x00" in item:
                 raise ValueError(f"value of {key} must not contain NUL characters")
         return value

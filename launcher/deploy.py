@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from launcher.releases import PreparedRelease
 
 CheckpointMode = Literal["archive", "purge", "keep"]
+# A rollback may also restore: the put-back run's archived checkpoints moved back in place.
+TransactionMode = Literal["archive", "purge", "keep", "restore"]
 DISK_MARGIN = 16 * 1024 * 1024
 # Scripts up to this size travel inside the transaction's request; larger ones via `pct push`.
 INLINE_LIMIT = 4 * 1024 * 1024
@@ -262,17 +264,35 @@ def apply_overrides(target: Target, options: DeployOptions) -> Target:
     return dataclasses.replace(target, playbook=playbook)
 
 
+REDACTED = "<redacted>"
+
+
 def override_record(options: DeployOptions) -> dict[str, Any]:
     """What this deploy changed and why, for history. --env values stay out of it (they may be
-    secrets; they reach the run through its 0600 run file): their names are recorded."""
+    secrets; they reach the run through its 0600 run file): their names are recorded, and so
+    is a `--set env.NAME=...` as `env.NAME=<redacted>`. `overrides` holds all of them together
+    (with the message); the flat keys are kept for older readers."""
     record: dict[str, Any] = {}
+    sets = [redact_set(item) for item in options.sets]
     if options.env:
         record["env"] = sorted(options.env)
-    if options.sets:
-        record["set"] = list(options.sets)
+    if sets:
+        record["set"] = sets
     if options.command is not None:
         record["command"] = options.command
+    record["overrides"] = {
+        "env": sorted(options.env),
+        "set": sets,
+        "command": options.command,
+        "message": options.message,
+    }
     return record
+
+
+def redact_set(item: str) -> str:
+    """A `--set` as history records it: an env value (`env.NAME=value`) may be a secret."""
+    key, sep, _ = item.partition("=")
+    return f"{key}={REDACTED}" if sep and key.strip().startswith("env.") else item
 
 
 def preflight(
@@ -399,7 +419,7 @@ def transaction_request(
     op: Literal["apply", "rollback"],
     restart: bool,
     grace: float,
-    mode: CheckpointMode,
+    mode: TransactionMode,
     kill_gpu_holders: bool = False,
     prune_archives: bool = False,
 ) -> p.TransactionRequest:
@@ -429,6 +449,9 @@ def transaction_request(
         "record": {
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "operator": f"{getpass.getuser()}@{socket.gethostname()}",
+            # Who acted and from which machine (the client's, not the container's).
+            "user": getpass.getuser(),
+            "client_host": socket.gethostname(),
             "launcher_version": __version__,
             "playbook": spec.name,
             "command": spec.command,

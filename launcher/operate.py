@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,12 @@ from launcher import protocol as p
 from launcher.agentclient import AgentClient, container_for
 from launcher.config import Target
 from launcher.container import HostConnection, exec_command
-from launcher.deploy import operator_info, run_transaction, transaction_request
+from launcher.deploy import (
+    TransactionMode,
+    operator_info,
+    run_transaction,
+    transaction_request,
+)
 from launcher.errors import ExitCode, LauncherError
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
@@ -480,6 +486,8 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     The record was read from the container, so every line is sanitised for a terminal.
     """
     marks = " [rollback]" if record.get("rollback") else ""
+    if record.get("restarted_by"):
+        marks += f" [restarted by {record['restarted_by']}]"
     head = (
         f"{record.get('time', '?')}  {record.get('outcome', '?')}  "
         f"sha256 {str(record.get('sha256') or '?')[:12]}  by {record.get('operator', '?')}{marks}"
@@ -494,10 +502,11 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     source = describe_source(record.get("source"))
     if source:
         lines.append(f"  source       {source}")
-    if record.get("env") or record.get("set"):
-        told = [f"--env {name}" for name in record.get("env") or []]
-        told += [f"--set {item}" for item in record.get("set") or []]
-        lines.append(f"  overrides    {' '.join(told)}")
+    told = overrides_text(record)
+    if told:
+        lines.append(f"  overrides    {told}")
+    if record.get("user") and record.get("client_host"):
+        lines.append(f"  by           {record['user']} from {record['client_host']}")
     if record.get("message"):
         lines.append(f"  message      {record.get('message')}")
     stopped = record.get("stopped") or {}
@@ -513,16 +522,81 @@ def history_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"  checkpoints  moved to {ckpt['to']}")
         for pruned in ckpt.get("pruned") or []:
             lines.append(f"  pruned       {pruned}")
+    elif action == "restore":
+        kept = ckpt.get("archived") or "none to set aside"
+        lines.append(
+            f"  checkpoints  {ckpt.get('from')} moved back in place (replaced run's: {kept})"
+        )
     elif action == "purge":
         lines.append(f"  checkpoints  deleted {ckpt.get('from')}")
     elif action == "none":
         lines.append("  checkpoints  none to set aside")
     else:
         lines.append("  checkpoints  kept in place")
+    now = checkpoints_now_text(record.get("checkpoints_now"))
+    if now:
+        lines.append(f"  its ckpts    {now}")
     return [sanitize(line, keep_sgr=False) for line in lines]
 
 
+def checkpoints_now_text(now: Any) -> str:
+    """Where a run's checkpoints are now (the agent follows every record to say it)."""
+    if not isinstance(now, dict):
+        return ""
+    state, path, by = now.get("state"), now.get("path"), now.get("by")
+    texts = {
+        "live": f"in place at {path}",
+        "archived": f"archived at {path}",
+        "continued": f"left in place at {path} for run {by}",
+        "restored": f"moved back to {path} for run {by}",
+        "deleted": "deleted",
+        "pruned": f"pruned ({path})",
+        "gone": f"gone ({path} is not there any more)",
+        "none": "none",
+    }
+    return texts.get(str(state), str(state))
+
+
+def overrides_text(record: dict[str, Any]) -> str:
+    """A record's --env/--set/--command as they were typed (env values never recorded)."""
+    given = record.get("overrides")
+    given = given if isinstance(given, dict) else record
+    told = [f"--env {name}" for name in given.get("env") or []]
+    told += [f"--set {item}" for item in given.get("set") or []]
+    if isinstance(record.get("overrides"), dict) and given.get("command"):
+        told.append(f"--command {shlex.quote(str(given['command']))}")
+    return " ".join(told)
+
+
 # --------------------------------------------------------------------------- rollback
+
+
+@dataclass(frozen=True)
+class RunBack:
+    """Which run a rollback puts back, and as what: `to_run` (default: the run the current one
+    replaced); `relaunch` (a watcher's restart of the same run: not called a rollback);
+    `need_spec` (refuse unless its command and env were kept); `expect_run` (only if this run
+    is the one running); `restart_count` (LAUNCHER_RESTART_COUNT); `record`: added to its
+    deploy record."""
+
+    to_run: str | None = None
+    relaunch: bool = False
+    need_spec: bool = False
+    expect_run: str | None = None
+    restart_count: int = 0
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, request: p.TransactionRequest) -> None:
+        request.update(
+            {
+                "to_run": self.to_run,
+                "relaunch": self.relaunch,
+                "need_spec": self.need_spec,
+                "expect_run": self.expect_run,
+                "restart_count": self.restart_count,
+            }
+        )
+        request["record"].update(self.record)
 
 
 def _is_sha256(text: str) -> bool:
@@ -557,6 +631,7 @@ def run_rollback(ctx: Context, request: RollbackRequest) -> RollbackResult:
         restart=request.restart,
         grace=request.grace,
         keep_checkpoints=request.keep_checkpoints,
+        restore_checkpoints=not request.no_checkpoints,
         wait_lock=request.wait_lock,
         on_step=ctx.step,
     )
@@ -573,18 +648,23 @@ def rollback(
     restart: bool = False,
     grace: float | None = None,
     keep_checkpoints: bool = False,
+    restore_checkpoints: bool = False,
     wait_lock: float = 0.0,
     on_step: StepSink = lambda step: None,
     plan: bool = False,
     run_id: str | None = None,
     job: str | None = None,
+    back: RunBack | None = None,
 ) -> RollbackResult:
-    """Put the previous script version (<dest>.prev) back and relaunch, through the same locked
-    transaction as deploy (guards, stop, checkpoints, launch, record). No previous version, or
-    an active run without `restart`, refuses (exit 4).
+    """Put the previous run back and relaunch, through the same locked transaction as deploy
+    (guards, stop, checkpoints, launch, record): its script (the kept copy of its sha256, or
+    <dest>.prev), its command and env (from the spec kept when it was launched) and, with
+    `restore_checkpoints`, its archived checkpoints moved back in place. No previous version,
+    or an active run without `restart`, refuses (exit 4).
 
     `plan` runs the transaction's checks alone (nothing changed, nothing recorded); `run_id` and
-    `job` are a multi-node job's (launcher.jobrollback): the run id every node records."""
+    `job` are a multi-node job's (launcher.jobrollback): the run id every node records. `back`:
+    which run to put back and how (a watcher's restart, deploy's rollback on failure)."""
     spec = target.playbook.spec
     wait = spec.stop_grace if grace is None else grace
     result = RollbackResult(ExitCode.OK, "")
@@ -594,14 +674,17 @@ def rollback(
         result.steps.append(step)
         on_step(step)
 
+    mode: TransactionMode = "restore" if restore_checkpoints else "archive"
     request = transaction_request(
         target,
         op="rollback",
         restart=restart,
         grace=wait,
-        mode="keep" if keep_checkpoints else "archive",
+        mode="keep" if keep_checkpoints else mode,
     )
     request["wait_lock"] = wait_lock
+    if back is not None:
+        back.apply(request)
     if plan:
         request.update({"plan": True, "keep_going": False})
     if run_id is not None:
@@ -629,12 +712,19 @@ def rollback(
     append_local_history(target.name, saved)
     was = (result.rolled_back_from or "?")[:12]
     result.summary = f"rolled back {target.label}: sha256 {result.sha256[:12]} (was {was})"
+    moved = applied.get("checkpoints") or {}
+    restored = (
+        f"; checkpoints {moved.get('from')} back in place"
+        if moved.get("action") == "restore"
+        else ""
+    )
+    result.summary += restored
     release = applied.get("release")
     if isinstance(release, dict):
         result.result["release"] = release
         result.summary = (
             f"rolled back {target.label}: release {release.get('id')} "
-            f"(was {release.get('rollback_from')})"
+            f"(was {release.get('rollback_from')}){restored}"
         )
     return result
 

@@ -41,6 +41,15 @@ STATE_DIR = ".launcher"
 PANE_WIDTH = 250
 PANE_HEIGHT = 50
 HISTORY_LIMIT = 100_000
+# What launcher tells every run about itself, in its run file after the playbook's env (so a
+# trainer need not hard-code what launcher knows). A playbook may not set them itself.
+RUN_ENV = (
+    "LAUNCHER_RUN_ID",  # this launch's id (the part after "session:" of LAUNCHER_RUN)
+    "LAUNCHER_RELEASE",  # the project's release id, or the script's sha256
+    "LAUNCHER_WORKDIR",  # the playbook's workdir, absolute
+    "LAUNCHER_CHECKPOINTS",  # the checkpoints directory, absolute ("" when there is none)
+    "LAUNCHER_RESTART_COUNT",  # 0, or how many times in a row a watcher restarted this run
+)
 
 # How the client starts the agent: `pct exec VMID -- AGENT_ARGV`, where BOOT reads one JSON line
 # from stdin and runs the loader in it (launcher/agent/boot.py), which comes zlib-compressed in
@@ -90,6 +99,8 @@ def system_path_problem(path: str) -> str | None:
 
 # The start of the refusal a deploy with expect_run gets when the run was replaced meanwhile.
 RUN_REPLACED = "no longer runs"
+# Said when a run cannot be put back as it was: launched before launcher kept run specs.
+SPEC_NOT_KEPT = "its spec (command, environment, code) was not kept"
 
 # Error kinds an answer can carry; the client maps each onto one exit code. "down": a deploy
 # stopped the old run and then could not launch the new one (nothing runs; the message says what
@@ -242,6 +253,7 @@ class ReleaseSpec(TypedDict, total=False):
     keep_releases: int
     setup: SetupRequest | None
     rollback: bool
+    to: str  # with rollback: the release to go back to (default: the one before current)
 
 
 class ReleasesRequest(TypedDict):
@@ -264,7 +276,11 @@ class TransactionRequest(TypedDict, total=False):
     kill_gpu_holders: bool
     grace: float
     checkpoints: str | None
-    checkpoint_mode: Literal["archive", "purge", "keep"]
+    # restore (rollback): the replaced run's checkpoints to an archive of their own, and the
+    # archive `restore_from` (the agent finds it) moved back in place for the run put back.
+    checkpoint_mode: Literal["archive", "purge", "keep", "restore"]
+    restore_from: str | None
+    restore_run: str | None
     keep_archives: int | None  # None: every archive kept
     # The user's --prune-archives: beyond keep_archives, also archives of runs that lived
     # longer or hold more checkpoints than the runs kept in their place.
@@ -301,6 +317,13 @@ class TransactionRequest(TypedDict, total=False):
     # neither (the agent's defaults: /bin/sh, its own interpreter).
     shell: str
     python: str
+    restart_count: int  # LAUNCHER_RESTART_COUNT: a watcher's restart says which one (default 0)
+    # rollback: the run to put back (default: the run the session's latest run replaced), its
+    # command, env and code from the spec kept when it was launched. relaunch: a watcher's
+    # restart of that same run (no rollback). need_spec: refuse when the spec was not kept.
+    to_run: str | None
+    relaunch: bool
+    need_spec: bool
 
 
 class StopRequest(TypedDict):

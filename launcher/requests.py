@@ -70,6 +70,8 @@ class RollbackRequest:
     grace: float | None = None
     keep_checkpoints: bool = False
     wait_lock: float = 0.0
+    # Start fresh: the put-back run's archived checkpoints stay where they are.
+    no_checkpoints: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ The package, one job a module (each imports only the ones before it in MODULES):
     lock       the deploy lock
     params     a request's values, checked
     paths      paths in the workdir, the checks on them, the run's records
+    runs       each run's spec (to put it back) and where its checkpoints are now
     tmux       tmux and a session's state
     preflight  the `preflight` op
     archives   checkpoint archives: made, measured, pruned only with the user's word
@@ -53,6 +54,7 @@ MODULES = (
     "lock",
     "params",
     "paths",
+    "runs",
     "tmux",
     "preflight",
     "archives",

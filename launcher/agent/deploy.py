@@ -85,6 +85,16 @@ from launcher.agent.paths import (
 )
 from launcher.agent.preflight import free_bytes
 from launcher.agent.processes import run_pids
+from launcher.agent.runs import (
+    archive_problem,
+    checkpoints_of,
+    latest_run,
+    load_run_spec,
+    new_spec,
+    previous_run,
+    read_records,
+    save_run_spec,
+)
 from launcher.agent.stop import (
     LAUNCH_RETRY_PAUSE,
     describe_processes,
@@ -102,7 +112,15 @@ from launcher.agent.tmux import (
     tmux_version,
     tmux_version_tuple,
 )
-from launcher.protocol import HISTORY_LIMIT, LOCK_PATH, PANE_HEIGHT, PANE_WIDTH, RUN_REPLACED
+from launcher.protocol import (
+    HISTORY_LIMIT,
+    LOCK_PATH,
+    PANE_HEIGHT,
+    PANE_WIDTH,
+    RUN_ENV,
+    RUN_REPLACED,
+    SPEC_NOT_KEPT,
+)
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.
@@ -181,6 +199,10 @@ class Deploy:
         # place is pruned only with prune_archives (the user's --prune-archives).
         self.keep_archives = param(request, "keep_archives", int)
         self.prune_archives = param(request, "prune_archives", bool, default=False)
+        # restore: the current checkpoints to an archive of their own, then this archive (the
+        # run being put back had them) moved back in place: a rename, same inode.
+        self.restore_from = param(request, "restore_from", str)
+        self.restore_run = param(request, "restore_run", str)
         self.command = param(request, "command", str, required=True)
         self.env = env_param(request)
         self.width = param(request, "width", int, default=PANE_WIDTH)
@@ -194,6 +216,7 @@ class Deploy:
         self.python = param(request, "python", str, default=sys.executable or "python3")
         self.record_base = param(request, "record", dict, default={})
         self.run_id = param(request, "run_id", str) or new_run_id()
+        self.restart_count = max(param(request, "restart_count", int, default=0), 0)
         # plan: run every check, change nothing, and say what the deploy would do. keep_going:
         # (with plan) record a failed check and go on, so doctor can show them all.
         self.plan = param(request, "plan", bool, default=False)
@@ -224,8 +247,10 @@ class Deploy:
         }
 
     def validate(self):
-        if self.mode not in ("archive", "purge", "keep"):
-            raise AgentError("invalid", "checkpoint_mode must be archive, purge or keep")
+        if self.mode not in ("archive", "purge", "keep", "restore"):
+            raise AgentError("invalid", "checkpoint_mode must be archive, purge, keep or restore")
+        if self.mode == "restore" and not self.restore_from:
+            raise AgentError("invalid", "checkpoint_mode restore needs restore_from")
         if self.mode != "keep" and self.checkpoints_rel is None:
             raise AgentError("invalid", "checkpoint_mode %s needs checkpoints" % self.mode)
         keep = self.keep_archives if self.keep_archives is not None else 0
@@ -346,10 +371,13 @@ class Deploy:
         where = self.checkpoints
         if where is None or self.mode == "keep":
             planned.append(("checkpoints", "keep %s for a resume" % where))
-        elif not os.path.lexists(where):
+        elif not os.path.lexists(where) and self.mode != "restore":
             planned.append(("checkpoints", "nothing to set aside at %s" % where))
         elif self.mode == "purge":
             planned.append(("checkpoints", "DELETE %s" % where))
+        elif self.mode == "restore":
+            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, then %s back to %s"
+                            % (where, where, self.restore_from, where)))  # fmt: skip
         else:
             planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, %s"
                             % (where, where, self.archive_policy())))  # fmt: skip
@@ -718,6 +746,11 @@ class Deploy:
             self.checkpoints = None
             return "skipped", "no checkpoints directory"
         self.checkpoints = self.safe_checkpoints()
+        if self.mode == "restore":
+            problem = archive_problem(self.workdir, self.checkpoints, self.restore_from)
+            if problem:
+                raise AgentError("refused", "cannot restore the checkpoints: %s" % problem)
+            return "ok", "%s (%s goes back there)" % (self.checkpoints, self.restore_from)
         return "ok", self.checkpoints
 
     def safe_checkpoints(self):
@@ -749,7 +782,8 @@ class Deploy:
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         marker = "%s:%s" % (self.session, self.run_id)
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
-        write_private(self.run_file_next, run_file_text(marker, self.command, self.env))
+        text = run_file_text(marker, self.command, self.env, self.run_env())
+        write_private(self.run_file_next, text)
         self.dry_launch()
         self.check_command()
         with open(log_path(self.workdir, self.session), "a"):
@@ -769,6 +803,15 @@ class Deploy:
         problem = check.problem(self.command) if check is not None else None
         if problem:
             raise AgentError("invalid", problem)
+
+    def run_env(self):
+        """What the run is told about itself (protocol.RUN_ENV, in that order)."""
+        values = (self.run_id, self.release_label(), self.workdir, self.checkpoints or "",
+                  str(self.restart_count))  # fmt: skip
+        return dict(zip(RUN_ENV, values))
+
+    def release_label(self):
+        return self.sha256
 
     def dry_launch(self):
         argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]
@@ -874,6 +917,8 @@ class Deploy:
         if self.mode == "keep" or self.checkpoints is None:
             action["action"] = "keep"
             return "skipped", "checkpoints kept"
+        if self.mode == "restore":
+            return self.restore_checkpoints(action)
         if not os.path.lexists(self.checkpoints):
             action["action"] = "none"
             return "skipped", "nothing to set aside"
@@ -903,6 +948,22 @@ class Deploy:
                 % (archive["path"], self.keep_archives, archive["reason"])
             )
         return "ok", detail
+
+    def restore_checkpoints(self, action):
+        """The current checkpoints to an archive of their own, the put-back run's archive moved
+        back in place (rename: same inode, nothing copied). Both checked again right before."""
+        checkpoints, archive = self.safe_checkpoints(), str(self.restore_from)
+        problem = archive_problem(self.workdir, checkpoints, archive)
+        if problem:
+            raise AgentError("failed", "cannot restore the checkpoints: %s" % problem)
+        action.update({"from": archive, "to": checkpoints, "archived": None,
+                       "run": self.restore_run})  # fmt: skip
+        if os.path.lexists(checkpoints):
+            action["archived"] = archive_name(checkpoints)
+            os.rename(checkpoints, action["archived"])
+        os.rename(archive, checkpoints)
+        kept = action["archived"] or "there were none"
+        return "ok", "%s moved back in place; the replaced run's to %s" % (archive, kept)
 
     def launch(self):
         os.makedirs(state_dir(self.workdir), exist_ok=True)
@@ -1001,9 +1062,19 @@ class Deploy:
 
     def write_record(self):
         record = self.build_record("launched")
+        try:
+            self.save_spec(record)
+        except (OSError, AgentError) as exc:  # the run is up: a rollback to it just knows less
+            self.warnings.append("could not keep the run's spec: %s" % exc)
         append_record(self.workdir, record)
         self.result["record"] = record
         return "ok", os.path.join(state_dir(self.workdir), "deploys.jsonl")
+
+    def save_spec(self, record):
+        spec = new_spec(record["run"], self.command, self.env, self.checkpoints, record)
+        spec.update({"sha256": self.sha256 or None, "dest": getattr(self, "dest", None)})
+        spec["release"] = (record.get("release") or {}).get("id")
+        save_run_spec(self.workdir, spec)
 
     def build_record(self, outcome):
         record = dict(self.record_base)
@@ -1013,6 +1084,8 @@ class Deploy:
                 "time": utc_iso(),
                 "session": self.session,
                 "run": "%s:%s" % (self.session, self.run_id),
+                # The run this one replaced (its checkpoints went where `checkpoints` says).
+                "replaced": (getattr(self, "old_state", None) or {}).get("run"),
                 "outcome": outcome,
                 "sha256": self.sha256,
                 "previous_sha256": script.get("previous_sha256"),
@@ -1068,11 +1141,14 @@ def run_to_the_end(deploy):
 
 
 def op_rollback(request, warnings):
-    """Put <dest>.prev back through the same transaction as apply (lock, guards, stop, launch,
-    record), from a copy in the workdir that is verified (sha256, py_compile) like an upload."""
+    """Put the previous run back through the same transaction as apply (lock, guards, stop,
+    launch, record): its script (from the kept copies, verified like an upload; <dest>.prev for
+    a run launched before specs were kept), its command and environment, and (restore) its
+    archived checkpoints."""
+    request = rollback_request(request, warnings)
     workdir = workdir_param(request)
     dest = dest_path(workdir, param(request, "dest", str, required=True))
-    previous = dest + ".prev"
+    previous = script_of(workdir, request.pop("script_sha256", None)) or dest + ".prev"
     if os.path.islink(previous) or not os.path.isfile(previous):
         raise AgentError(
             "refused", "no previous version to roll back to: %s does not exist" % previous
@@ -1081,11 +1157,69 @@ def op_rollback(request, warnings):
     directory, name = os.path.split(dest)
     tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, random_hex(12)))
     shutil.copy2(previous, tmp)
-    record = dict(param(request, "record", dict, default={}))
-    record.update({"rollback": True, "rolled_back_from": sha256_or_none(dest)})
+    record = dict(request["record"])
+    if not request.get("relaunch"):
+        record["rolled_back_from"] = sha256_or_none(dest)
     applied = dict(request)
     applied.update({"op": "apply", "tmp": tmp, "sha256": sha, "record": record})
     try:
         return op_apply(applied, warnings)
     finally:
         remove_quietly(tmp)  # the transaction moved or removed it; this covers an early refusal
+
+
+def rollback_request(request, warnings):
+    """The rollback's request with the run it puts back filled in: `to_run` (default: the run
+    the session's latest run replaced), its command and env from its spec, `restore_from`
+    (checkpoint_mode restore: its archive, when there; otherwise a fresh start, said so), and
+    for a script the sha256 of its kept copy. `relaunch` (a watcher's restart): the run is put
+    back as it was, checkpoints kept in place, not called a rollback."""
+    workdir = workdir_param(request)
+    session = session_param(request)
+    records = read_records(workdir)[0]
+    relaunch = param(request, "relaunch", bool, default=False)
+    marker = param(request, "to_run", str)
+    marker = marker or (
+        latest_run(records, session) if relaunch else previous_run(records, session)
+    )
+    request = dict(request)
+    record = dict(param(request, "record", dict, default={}))
+    if not relaunch:
+        record["rollback"] = True
+    spec = load_run_spec(workdir, marker) if marker else None
+    if spec is not None:
+        record.update({"rolled_back_to": marker, "command": spec["command"]})
+        if spec.get("overrides") is not None:
+            record["overrides"] = spec["overrides"]
+        request.update({"command": spec["command"], "env": spec["env"]})
+        request["script_sha256"] = spec.get("sha256")
+        if request.get("release") and spec.get("release"):
+            request["release"] = dict(request["release"], to=spec["release"])
+    elif marker and (relaunch or param(request, "need_spec", bool, default=False)):
+        raise AgentError("refused", "cannot put run %s back: %s" % (marker, SPEC_NOT_KEPT))
+    elif marker:
+        warnings.append("run %s was launched before launcher kept run specs: the playbook's "
+                        "command and env are used" % marker)  # fmt: skip
+    request["record"] = record
+    if param(request, "checkpoint_mode", str) == "restore":
+        state, where = checkpoints_of(records, marker) if marker else (None, None)
+        if state == "archived" and where and os.path.isdir(where):
+            request.update({"restore_from": where, "restore_run": marker})
+        elif state == "kept":
+            request["checkpoint_mode"] = "keep"  # they never left: the replaced run went on
+        else:
+            request["checkpoint_mode"] = "archive"
+            reasons = {"archived": "its archive %s is gone" % where, "deleted": "they were deleted",
+                       "none": "it had none"}  # fmt: skip
+            why = reasons.get(state or "", "no record says where they went")
+            warnings.append("checkpoints of %s not restored (%s): the run starts fresh"
+                            % (marker or "the previous run", why))  # fmt: skip
+    return request
+
+
+def script_of(workdir, sha):
+    """The kept copy of a script by its sha256 (.launcher/scripts/<sha>.py), or None."""
+    if not sha or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
+        return None
+    path = os.path.join(state_dir(workdir), "scripts", sha + ".py")
+    return path if sha256_or_none(path) == sha else None

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -13,6 +12,7 @@ import time
 
 from launcher.agent.params import param, session_param, workdir_param
 from launcher.agent.paths import exit_path, log_path, read_exit_code, state_dir
+from launcher.agent.runs import read_records, where_checkpoints_are
 from launcher.agent.tmux import session_state, tmux
 
 
@@ -210,29 +210,17 @@ def op_follow(request, warnings):
 
 
 def op_history(request, warnings):
-    """Deploy records from <workdir>/.launcher/deploys.jsonl, newest first."""
+    """Deploy records from <workdir>/.launcher/deploys.jsonl, newest first; each launched run's
+    with `checkpoints_now`: where its checkpoints are now (runs.where_checkpoints_are)."""
     workdir = workdir_param(request)
     limit = max(param(request, "limit", int, default=0), 0)
     path = os.path.join(state_dir(workdir), "deploys.jsonl")
-    records, unreadable = [], 0
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except FileNotFoundError:
-        lines = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            unreadable += 1
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            unreadable += 1
+    records, unreadable = read_records(workdir)
     if unreadable:
         warnings.append("%d unreadable line(s) in %s skipped" % (unreadable, path))
+    where = where_checkpoints_are(records)
+    for record in records:
+        if record.get("run") in where and record.get("outcome") == "launched":
+            record["checkpoints_now"] = where[record["run"]]
     records.reverse()
     return {"path": path, "records": records[:limit] if limit else records, "total": len(records)}

@@ -9,7 +9,7 @@ import re
 import time
 
 from launcher.agent.base import COMMAND_VAR, MARKER_VAR, AgentError, request_received, utc_iso
-from launcher.protocol import system_path_problem
+from launcher.protocol import RUN_ENV, system_path_problem
 
 # Patterns are compiled on first use (re keeps them): each call starts a new interpreter.
 SESSION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
@@ -69,7 +69,7 @@ def workdir_param(request):
 def env_param(request):
     env = param(request, "env", dict, default={})
     for key, value in env.items():
-        if not re.match(ENV_NAME, key) or key in (MARKER_VAR, COMMAND_VAR):
+        if not re.match(ENV_NAME, key) or key in (MARKER_VAR, COMMAND_VAR) + RUN_ENV:
             raise AgentError("invalid", "bad environment variable name %r" % key)
         if not isinstance(value, str) or "\0" in value:
             raise AgentError(

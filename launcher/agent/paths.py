@@ -45,11 +45,13 @@ def run_file_path(workdir, session):
     return os.path.join(state_dir(workdir), session + ".run")
 
 
-def run_file_text(marker, command, env):
-    """The run file the runner sources: every value quoted by shlex, one assignment a line."""
+def run_file_text(marker, command, env, own=None):
+    """The run file the runner sources: every value quoted by shlex, one assignment a line.
+    `own` (launcher's RUN_ENV values) comes after the playbook's env, so it is what the run sees."""
     lines = ["# launcher run %s: read by the run's wrapper; mode 0600" % marker]
     lines.append("export %s=%s" % (MARKER_VAR, shlex.quote(marker)))
     lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())]
+    lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in (own or {}).items()]
     lines.append("%s=%s" % (COMMAND_VAR, shlex.quote(command)))
     return "\n".join(lines) + "\n"
 

@@ -44,7 +44,7 @@ from launcher.agent.base import (
     write_atomic,
 )
 from launcher.agent.commandcheck import CommandCheck
-from launcher.agent.deploy import Deploy, run_to_the_end
+from launcher.agent.deploy import Deploy, rollback_request, run_to_the_end
 from launcher.agent.params import param, workdir_param
 from launcher.agent.paths import (
     checkpoint_problem,
@@ -340,6 +340,8 @@ class ReleaseDeploy(Deploy):
         Deploy.__init__(self, request, warnings)
         spec = param(request, "release", dict, required=True)
         self.rollback = spec.get("rollback") is True
+        # The release of the run being put back (its spec's); default: the one before current.
+        self.rollback_to = param(spec, "to", str)
         self.keep_releases = param(spec, "keep_releases", int, default=3)
         self.setup = param(spec, "setup", dict)
         self.blobs_b64 = param(spec, "blobs_b64", str)
@@ -537,7 +539,12 @@ class ReleaseDeploy(Deploy):
                              % current_link(self.workdir))  # fmt: skip
         record = read_release(self.workdir, self.previous) or {}
         target = record.get("previous")
-        if not read_release(self.workdir, target):
+        if self.rollback_to is not None:
+            if not read_release(self.workdir, self.rollback_to):
+                raise AgentError("refused", "release %s of the run being put back is gone"
+                                 % self.rollback_to)  # fmt: skip
+            target = self.rollback_to
+        elif not read_release(self.workdir, target):
             older = [r for r in release_ids(self.workdir) if r < self.previous]
             target = older[-1] if older else None
         if target is None:
@@ -760,6 +767,9 @@ class ReleaseDeploy(Deploy):
         coming = [getattr(self, "dest", None)] if self.dest_rel is not None else []
         return CommandCheck(link, moved, [c for c in coming if c], self.env)
 
+    def release_label(self):
+        return self.release_id
+
     def safe_checkpoints(self):
         protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))
         protected += [releases_dir(self.workdir), current_link(self.workdir)]
@@ -800,9 +810,7 @@ class ReleaseDeploy(Deploy):
         record = Deploy.build_record(self, outcome)
         info = dict(self.release_info)
         info.update({"manifest_sha256": self.manifest_sha, "previous": self.previous})
-        record["release"] = info
-        if self.rollback:
-            record["rollback"] = True
+        record["release"] = info  # a rollback's record says so (op_rollback's request)
         self.result["release"] = info
         return record
 
@@ -928,6 +936,9 @@ def dispatching(plain):
 
     def handler(request, warnings):
         if request.get("release"):
+            if request.get("op") == "rollback":
+                request = rollback_request(request, warnings)
+                request.pop("script_sha256", None)  # a release's code is the release
             return run_release_transaction(request, warnings)
         return plain(request, warnings)
 

@@ -248,15 +248,25 @@ def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None
     "--keep-checkpoints", "keep", is_flag=True, help="Leave checkpoints in place (for a resume)."
 )
 @wait_lock_option
+@click.option(
+    "--no-checkpoints",
+    "fresh",
+    is_flag=True,
+    help="Start fresh: leave the put-back run's archived checkpoints archived.",
+)
 @pass_app
 def rollback_command(
-    app: AppContext, restart: bool, grace: float | None, keep: bool, wait_lock: float
+    app: AppContext, restart: bool, grace: float | None, keep: bool, wait_lock: float, fresh: bool
 ) -> None:
-    """Put the previous script version back (verified like an upload) and relaunch.
+    """Put the previous run back: its script (verified like an upload), command, environment
+    and checkpoints, and relaunch.
 
-    Uses <dest>.prev, kept by every deploy; afterwards .prev holds the version rolled back
-    from, so a second rollback undoes the first. Refuses (exit 4) when there is no previous
-    version, or a run is active and --restart was not given.
+    The run the current one replaced: its script from the copies every deploy keeps (or
+    <dest>.prev), its command and env as it was launched with them, and its checkpoints moved
+    back in place from their archive when it is there (the current run's go to an archive of
+    their own; --no-checkpoints: start fresh; --keep-checkpoints: leave the current ones). A
+    second rollback undoes the first. Refuses (exit 4) when there is no previous version, or a
+    run is active and --restart was not given.
 
     \b
     Example:
@@ -268,7 +278,13 @@ def rollback_command(
     """
     from launcher.commands import COMMANDS
 
-    values = {"restart": restart, "grace": grace, "keep_checkpoints": keep, "wait_lock": wait_lock}
+    values = {
+        "restart": restart,
+        "grace": grace,
+        "keep_checkpoints": keep,
+        "wait_lock": wait_lock,
+        "no_checkpoints": fresh,
+    }
     COMMANDS["rollback"].run(app, values)
 
 

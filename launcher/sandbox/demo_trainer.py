@@ -55,6 +55,8 @@ modes:
   idle-gpus     holds every GPU, healthy status lines, 0 % utilization (input-starved)
   DEMO_RESUME=1 (any mode) resumes from the newest checkpoint in checkpoints/
 
+Checkpoints go to $LAUNCHER_CHECKPOINTS (what launcher tells every run) or ./checkpoints.
+
 On SIGINT it prints "Interrupted; saving checkpoint..." and exits 130.
 """
 
@@ -289,8 +291,8 @@ class Trainer:
         if self.checkpoint_every <= 0 or self.step < self.last_checkpoint + self.checkpoint_every:
             return
         n = self.step - self.step % self.checkpoint_every
-        os.makedirs("checkpoints", exist_ok=True)
-        path = os.path.join("checkpoints", "step_%d.pt" % n)
+        os.makedirs(checkpoints_dir(), exist_ok=True)
+        path = os.path.join(checkpoints_dir(), "step_%d.pt" % n)
         with open(path + ".tmp", "wb") as f:
             f.write(b"demo checkpoint step=%d\n" % n)
             # A large save: nothing printed, the file written a piece at a time.
@@ -530,12 +532,17 @@ def bursty(trainer, q_pre):
     return q_pre[:-1] + ([max(1, q_pre[-1])] if trainer.lines_shown % 3 == 0 else [0])
 
 
+def checkpoints_dir():
+    return os.environ.get("LAUNCHER_CHECKPOINTS") or "checkpoints"
+
+
 def resume(trainer):
     """Continue from the newest checkpoint, as a trainer restarted by a supervisor does."""
     if trainer.mode != "crashloop" and os.environ.get("DEMO_RESUME") != "1":
         return
     steps = []
-    for name in os.listdir("checkpoints") if os.path.isdir("checkpoints") else []:
+    where = checkpoints_dir()
+    for name in os.listdir(where) if os.path.isdir(where) else []:
         if name.startswith("step_") and name.endswith(".pt") and name[5:-3].isdigit():
             steps.append(int(name[5:-3]))
     if not steps:
@@ -543,7 +550,7 @@ def resume(trainer):
     step = max(steps)
     trainer.step = trainer.last_checkpoint = step
     trainer.tokens = step * TOKENS_PER_STEP
-    print("Resuming from checkpoints/step_%d.pt" % step, flush=True)
+    print("Resuming from %s/step_%d.pt" % (os.path.basename(where), step), flush=True)
 
 
 def main(argv):

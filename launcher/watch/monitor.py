@@ -2,7 +2,9 @@
 
 Each poll is judged (`launcher.watch.judging`); only transitions become events: on stderr, in
 the state's events log and, unless quiet, to every notification destination. With a restart
-policy an unhealthy run is redeployed (same script, checkpoints kept) after a backoff, at most
+policy an unhealthy run is restarted as it was (the same script or release, command, environment
+and overrides, from the spec kept in the container; its checkpoints left in place for its resume)
+after a backoff, at most
 `max_restarts` times in the window; then it is left stopped with a final event. Unreachable is
 reported, never a reason to restart; nor is a CT frozen or locked by a backup (paused, not
 down), nor what the judge makes of the first polls after it thawed (the run stood still too).
@@ -21,8 +23,8 @@ from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
 from launcher.errors import LauncherError, PausedError, RefusedError, RemoteError
-from launcher.operate import stop
-from launcher.protocol import RUN_REPLACED
+from launcher.operate import RunBack, rollback, stop
+from launcher.protocol import RUN_REPLACED, SPEC_NOT_KEPT
 from launcher.verify.lifecycle import State
 from launcher.verify.poll import poll_once
 from launcher.verify.prober import UNREACHABLE_LIMIT
@@ -241,9 +243,8 @@ class TargetWatch:
         self.hub.state.update(self.target.name, self.record)
         # Only the crashed run is replaced: a second watcher (any state file) that saw the same
         # crash is refused in the container, under the deploy lock, once the first replaced it.
-        options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run)
         try:
-            report = deploy(self.target, self.conn, options)
+            launched = self.restart_same_run(count)
         except RefusedError as error:
             if self.record.run is not None and RUN_REPLACED in error.message:
                 self.record.restarts = self.record.restarts[:-1]  # not ours: not counted
@@ -265,12 +266,34 @@ class TargetWatch:
             )
             return
         self.restart_due = False
-        self.runs.expected = self.record.launched = deployed_run(report.to_json())
+        self.runs.expected = self.record.launched = launched
         reason = (
-            f"redeployed with checkpoints kept (restart {count} of {policy.max_restarts} "
+            f"restarted as it was, checkpoints kept (restart {count} of {policy.max_restarts} "
             f"in {policy.window:g} s) after: {self.last_reason}"
         )
         self.transition("restart", "restarting", reason, run=self.runs.expected)
+
+    def restart_same_run(self, count: int) -> str | None:
+        """The crashed run again, as it was: its script or release, command, env and overrides
+        from the spec the container kept, its checkpoints left in place (never archived); the
+        record says `restarted by watch (N/M)`. A run launched before specs were kept is
+        redeployed from the playbook instead. Returns the new run's marker."""
+        by = f"watch ({count}/{self.settings.policy.max_restarts})"
+        back = RunBack(
+            to_run=self.record.run,
+            relaunch=True,
+            expect_run=self.record.run,
+            restart_count=count,
+            record={"restarted_by": by},
+        )
+        try:
+            done = rollback(self.target, self.conn, restart=True, keep_checkpoints=True, back=back)
+        except RefusedError as error:
+            if SPEC_NOT_KEPT not in error.message:
+                raise
+            options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run)
+            return deployed_run(deploy(self.target, self.conn, options).to_json())
+        return deployed_run(done.to_json())
 
     def give_up(self) -> None:
         self.restart_due = False

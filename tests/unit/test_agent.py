@@ -37,6 +37,7 @@ from launcher.agent import processes as agent_processes
 from launcher.agent import stop as agent_stop
 from launcher.agent import tmux as agent_tmux
 from launcher.agentclient import BOOT, agent_sources, payload
+from launcher.protocol import RUN_ENV
 from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -377,6 +378,27 @@ def test_apply_fresh_launch(target: Target) -> None:
     assert target.lock_path.read_text() == ""  # released
     assert not list(target.workdir.glob(".launcher-push-*"))
     assert not list(target.workdir.rglob("__pycache__"))
+
+
+def test_the_run_is_told_about_itself(target: Target) -> None:
+    names = " ".join(RUN_ENV)
+    result = target.apply(ENV_DUMPER, command=f"python3 train.py {names}", restart_count=2)
+    assert result["ok"] is True, result["error"]
+    env_file = target.workdir / "env.json"
+    assert wait_until(env_file.exists)
+    seen = json.loads(env_file.read_text())
+    run_id = result["launched"]["run"].split(":", 1)[1]
+    assert seen["LAUNCHER_RUN_ID"] == run_id
+    assert seen["LAUNCHER_RELEASE"] == result["script"]["sha256"]
+    assert seen["LAUNCHER_WORKDIR"] == str(target.workdir)
+    assert seen["LAUNCHER_CHECKPOINTS"] == str(target.workdir / "checkpoints")
+    assert seen["LAUNCHER_RESTART_COUNT"] == "2"
+
+
+def test_a_playbook_env_may_not_set_what_launcher_tells_the_run(target: Target) -> None:
+    result = target.apply(env={"LAUNCHER_WORKDIR": "/elsewhere"})
+    assert result["error"]["kind"] == "invalid"
+    assert "LAUNCHER_WORKDIR" in result["error"]["message"]
 
 
 def tmux_format(target: Target, fmt: str) -> str:

@@ -223,6 +223,12 @@ def test_inventory_errors(
             "env: {'BAD NAME': x}",
             "dflash.yaml:9: env: 'BAD NAME' is not a valid environment variable name",
         ),
+        (
+            "env: {}",
+            "env: {LAUNCHER_CHECKPOINTS: /tmp/x}",
+            "dflash.yaml:9: env: LAUNCHER_CHECKPOINTS is launcher's own: every run gets it "
+            "(docs/deploy.md)",
+        ),
     ],
 )
 def test_playbook_errors(

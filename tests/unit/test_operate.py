@@ -297,6 +297,66 @@ def test_rollback_op_restores_prev_through_the_transaction(
         agent_stop.stop_run(session, 0.2, 0, [])
 
 
+@needs_tmux
+def test_rollback_puts_the_previous_run_back_with_its_env_and_checkpoints(
+    tmp_path: Path, private_tmux: None
+) -> None:
+    session = "r" + uuid.uuid4().hex[:8]
+    workdir = tmp_path / "wd"
+    ckpt = workdir / "checkpoints"
+    archive = {"checkpoint_mode": "archive", "keep_archives": 5}
+    try:
+        first = apply_request(tmp_path, session, 1, env={"LR": "1e-3"}, **archive)
+        first["record"] = {"overrides": {"env": ["LR"], "set": [], "command": None}}
+        assert agent_main.run_local(first)["ok"]
+        ckpt.mkdir()
+        (ckpt / "step_40.pt").write_text("good")
+        good_inode = ckpt.stat().st_ino
+        second = agent_main.run_local(
+            apply_request(tmp_path, session, 2, env={"LR": "9"}, **archive)
+        )
+        assert second["ok"], second["error"]
+        ckpt.mkdir()
+        (ckpt / "step_1.pt").write_text("broken")
+
+        request = apply_request(tmp_path, session, 1, env={"LR": "playbook"})
+        del request["tmp"], request["sha256"]
+        request.update({"op": "rollback", "checkpoint_mode": "restore", "keep_archives": 5})
+        done = agent_main.run_local(request)
+        assert done["ok"], done["error"]
+        assert agent_base.sha256_file(str(workdir / "train.py")) == sha_of(1)
+        assert ckpt.stat().st_ino == good_inode and (ckpt / "step_40.pt").read_text() == "good"
+        moved = done["checkpoints"]
+        assert moved["action"] == "restore" and moved["to"] == str(ckpt)
+        assert (Path(moved["archived"]) / "step_1.pt").read_text() == "broken"
+        run_file = (workdir / ".launcher" / f"{session}.run").read_text()
+        assert "export LR=1e-3" in run_file, run_file  # the put-back run's env, not the playbook's
+        record = done["record"]
+        assert record["rollback"] is True and record["rolled_back_to"] == first_run(workdir)
+        assert record["overrides"]["env"] == ["LR"]
+
+        records = agent_main.run_local({"op": "history", "workdir": str(workdir)})["records"]
+        now = {r["run"]: r["checkpoints_now"] for r in records}
+        assert now[record["run"]] == {"state": "live", "path": str(ckpt)}
+        assert now[first_run(workdir)]["state"] == "restored"
+        assert now[second["record"]["run"]] == {"state": "archived", "path": moved["archived"]}
+        shown = "\n".join(history_lines(records[0]))
+        assert "moved back in place" in shown and f"in place at {ckpt}" in shown
+
+        fresh = agent_main.run_local(request)  # the second rollback puts run 2 back: undone
+        assert fresh["ok"], fresh["error"]
+        assert agent_base.sha256_file(str(workdir / "train.py")) == sha_of(2)
+        assert (ckpt / "step_1.pt").read_text() == "broken"
+        assert "export LR=9" in (workdir / ".launcher" / f"{session}.run").read_text()
+    finally:
+        agent_stop.stop_run(session, 0.2, 0, [])
+
+
+def first_run(workdir: Path) -> str:
+    line = (workdir / ".launcher" / "deploys.jsonl").read_text().splitlines()[0]
+    return str(json.loads(line)["run"])
+
+
 def test_rollback_op_refuses_an_unsafe_dest(tmp_path: Path) -> None:
     request = apply_request(tmp_path, "s", 1, op="rollback", dest="../x.py")
     answer = agent_main.run_local(request)
@@ -704,3 +764,28 @@ def test_every_command_has_help_with_an_example(name: str) -> None:
     result = CliRunner().invoke(cli, [name, "--help"])
     assert result.exit_code == 0
     assert "Example:" in result.output and f"launcher {name}" in result.output
+
+
+def test_a_deploys_overrides_are_recorded_with_secrets_redacted() -> None:
+    from launcher.deploy import DeployOptions, override_record
+
+    options = DeployOptions(
+        env={"WANDB_API_KEY": "s3cret", "LR": "3e-4"},
+        sets=("env.HF_TOKEN=hf_abc", "verify.wait=60"),
+        command="python3 train.py --fast",
+        message="try a higher lr",
+    )
+    record = override_record(options)
+    assert "s3cret" not in str(record) and "hf_abc" not in str(record)
+    assert record["overrides"] == {
+        "env": ["LR", "WANDB_API_KEY"],
+        "set": ["env.HF_TOKEN=<redacted>", "verify.wait=60"],
+        "command": "python3 train.py --fast",
+        "message": "try a higher lr",
+    }
+    shown = history_lines({**RECORD, **record, "user": "ann", "client_host": "laptop"})
+    assert (
+        "  overrides    --env LR --env WANDB_API_KEY --set env.HF_TOKEN=<redacted> "
+        "--set verify.wait=60 --command 'python3 train.py --fast'"
+    ) in shown
+    assert "  by           ann from laptop" in shown

@@ -1,0 +1,151 @@
+"""Redeploying without fear: what a run is told about itself, its overrides recorded, rollback
+putting the last good run back (code, environment, checkpoints), a watcher restarting the same
+run, and `deploy --verify --rollback-on-failure` doing all of it in one command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.protocol import RUN_ENV
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+VMID = 203
+
+# Writes what the run was told about itself, then trains as the demo does.
+ENV_DUMP = (
+    "python3 -c 'import json, os, sys; json.dump({n: os.environ.get(n) for n in sys.argv[1:]}, "
+    'open("run-env.json", "w"))\' ' + " ".join(RUN_ENV) + " && exec python3 train_demo.py"
+)
+
+
+def test_a_running_run_knows_its_id_release_workdir_and_checkpoints(project: Project) -> None:
+    project.write({"told": (VMID, project.playbook("told", command=ENV_DUMP))})
+    deployed = project.launcher("deploy", "--restart", "--json")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    result = json.loads(deployed.stdout)
+    project.wait_for(
+        lambda: project.ct(VMID, "test", "-s", "/root/told/run-env.json").returncode == 0,
+        what="the run's environment",
+    )
+    seen = json.loads(project.ct_text(VMID, "cat", "/root/told/run-env.json"))
+    run = result["result"]["launched"]["run"]
+    assert seen == {
+        "LAUNCHER_RUN_ID": run.split(":", 1)[1],
+        "LAUNCHER_RELEASE": result["sha256"],
+        "LAUNCHER_WORKDIR": "/root/told",
+        "LAUNCHER_CHECKPOINTS": "/root/told/checkpoints",
+        "LAUNCHER_RESTART_COUNT": "0",
+    }
+    # The demo trainer writes its checkpoints where it was told.
+    project.wait_for(
+        lambda: project.ct(VMID, "sh", "-c", "ls /root/told/checkpoints/step_*.pt").returncode == 0,
+        what="a checkpoint in $LAUNCHER_CHECKPOINTS",
+    )
+    project.kill_session(VMID, "told")
+
+
+def newest_step(project: Project, workdir: str) -> int:
+    names = project.ct_text(VMID, "sh", "-c", f"ls {workdir}/checkpoints 2>/dev/null").split()
+    steps = [int(n[5:-3]) for n in names if n.startswith("step_") and n.endswith(".pt")]
+    return max(steps, default=0)
+
+
+def inode(project: Project, path: str) -> int:
+    return int(project.ct_text(VMID, "stat", "-c", "%i", path).strip())
+
+
+def resumed_at(project: Project, session: str) -> list[int]:
+    """The steps the session's runs resumed from, in the log's order."""
+    log = project.ct_text(VMID, "cat", f"/root/{session}/.launcher/{session}.log")
+    return [int(line.rsplit("step_", 1)[1][:-3]) for line in log.splitlines()
+            if line.startswith("Resuming from ")]  # fmt: skip
+
+
+def resuming_book(project: Project, name: str, **extra: object) -> dict[str, object]:
+    return project.playbook(name, env={"DEMO_RESUME": "1", "DEMO_CHECKPOINT_EVERY": "2"}, **extra)
+
+
+def changed_script(project: Project, text: str) -> str:
+    """A copy of the demo trainer with a line of its own (another sha256)."""
+    from tests.e2e.project import DEMO_TRAINER
+
+    path = project.root / f"train_demo_{abs(hash(text))}.py"
+    path.write_text(DEMO_TRAINER.read_text() + f"\n# {text}\n")
+    return str(path)
+
+
+def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Project) -> None:
+    name, workdir = "back", "/root/back"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    first = project.launcher("deploy", "--restart", "--env", "DEMO_TAG=good")
+    assert first.returncode == 0, first.stderr
+    reached = project.wait_for(lambda: newest_step(project, workdir) >= 6, what="step 6")
+    good_inode = inode(project, f"{workdir}/checkpoints")
+
+    book["script"] = {"source": changed_script(project, "a new version"), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    second = project.launcher("deploy", "--restart")
+    assert second.returncode == 0, second.stderr
+    project.wait_for(lambda: newest_step(project, workdir) >= 2, what="the new run's checkpoint")
+
+    back = project.launcher("rollback", "--restart")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "back in place" in back.stdout
+    assert inode(project, f"{workdir}/checkpoints") == good_inode
+    project.wait_for(lambda: len(resumed_at(project, name)) >= 1, what="a resume")
+    assert resumed_at(project, name)[-1] >= reached
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert "export DEMO_TAG=good" in run_file  # the put-back run's --env, not the playbook's
+
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    assert records[0]["rollback"] is True and records[0]["checkpoints"]["action"] == "restore"
+    assert records[0]["checkpoints_now"] == {"state": "live", "path": f"{workdir}/checkpoints"}
+    assert records[1]["checkpoints_now"]["state"] == "archived"  # the broken run's, its own
+    assert records[2]["checkpoints_now"]["state"] == "restored"
+    project.kill_session(VMID, name)
+
+
+def test_a_watchers_restart_is_the_same_run_with_its_env_and_checkpoints(
+    project: Project,
+) -> None:
+    from tests.e2e.test_watch import Watch, wait_until
+
+    name, workdir = "wenv", "/root/wenv"
+    book = resuming_book(project, name, verify={"wait": 2, "interval": 1})
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", f"{workdir}/checkpoints")
+    crash = ("--env", "DEMO_MODE=crash", "--env", "DEMO_CRASH_AFTER=8")
+    deployed = project.launcher("deploy", "--restart", *crash, "-m", "crash sweep")
+    assert deployed.returncode == 0, deployed.stderr
+    watch = Watch(
+        project, "-t", name, "--restart-on-failure", "--max-restarts", "1",
+        "--restart-backoff", "0", "--for", "60",
+    )  # fmt: skip
+
+    def restarted() -> dict[str, object] | None:
+        records = json.loads(project.launcher("history", "--json").stdout)["records"]
+        return records[0] if records[0].get("restarted_by") else None
+
+    try:
+        wait_until(restarted, 40, "the watcher's restart", watch)
+        wait_until(lambda: resumed_at(project, name), 15, "the restarted run's resume", watch)
+    finally:
+        watch.kill()
+    record = restarted()
+    assert record is not None
+    assert record["restarted_by"] == "watch (1/1)"
+    assert record["checkpoints"]["action"] == "keep"  # never archived
+    assert record["overrides"]["env"] == ["DEMO_CRASH_AFTER", "DEMO_MODE"]
+    assert "rollback" not in record
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert "export DEMO_MODE=crash" in run_file  # the crashed run's --env, kept
+    assert "export LAUNCHER_RESTART_COUNT=1" in run_file
+    assert resumed_at(project, name)[0] > 0
+    shown = project.launcher("history", "--limit", "1").stdout
+    assert "[restarted by watch (1/1)]" in shown and "--env DEMO_MODE" in shown
+    project.kill_session(VMID, name)
