@@ -158,7 +158,12 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
         ]
         return result
     rendezvous = Rendezvous(
-        run_id, str(result.job_id), result.master, job.spec.master_port, len(job.nodes)
+        run_id,
+        str(result.job_id),
+        result.master,
+        job.spec.master_port,
+        len(job.nodes),
+        max_restarts=job.spec.max_restarts,
     )
     targets = with_env(nodes.targets, rendezvous)
 

@@ -57,7 +57,7 @@ def test_a_valid_job_gives_every_rank_its_rendezvous_values(tmp_path: Path) -> N
     job = load_job(inventory, "train")
     assert [n.name for n in job.nodes] == ["prod", "staging"]
     assert job.spec.master_port == 29500 and job.status_rank == 0
-    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2)
+    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2, ifnames=("eth1", "eth0"))
     targets = with_env(job.nodes, rendezvous)
     assert [t.playbook.spec.env for t in targets] == [
         {
@@ -66,8 +66,18 @@ def test_a_valid_job_gives_every_rank_its_rendezvous_values(tmp_path: Path) -> N
             "MASTER_ADDR": "10.0.0.5",
             "MASTER_PORT": "29500",
             "JOB_ID": "train-R1",
+            # torchrun's options: `torchrun --nproc_per_node N train.py` needs no other flag.
+            "PET_NNODES": "2",
+            "PET_NODE_RANK": str(rank),
+            "PET_MAX_RESTARTS": "0",
+            "PET_RDZV_ID": "train-R1",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": "10.0.0.5:29500",
+            "PET_RDZV_CONF": f"is_host={int(rank == 0)}",
+            "GLOO_SOCKET_IFNAME": ifname,
+            "NCCL_SOCKET_IFNAME": ifname,
         }
-        for rank in (0, 1)
+        for rank, ifname in ((0, "eth1"), (1, "eth0"))
     ]
     # The job's nodes keep their own host and VMID.
     assert [(t.host_name, t.vmid) for t in targets] == [("pve", 200), ("pve", 201)]
@@ -95,6 +105,30 @@ def test_job_errors_name_file_line_and_key(
     line += 7  # the lines of the inventory before `jobs:`
     assert problem.startswith(f"{tmp_path / 'inventory.yaml'}:{line}: {key}: "), problem
     assert message in problem
+
+
+def test_the_static_rendezvous_names_every_address_and_no_endpoint() -> None:
+    """torchrun's static backend: master_addr/port (run.py get_rdzv_endpoint builds the
+    endpoint from them only when none is given), with --local_addr for newer torch on c10d."""
+    static = Rendezvous("R1", "j-R1", "10.0.0.5", 29511, 2, backend="static", max_restarts=2)
+    env = static.torchrun_env(1)
+    assert env["PET_RDZV_BACKEND"] == "static" and env["PET_MAX_RESTARTS"] == "2"
+    assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == ("10.0.0.5", "29511")
+    assert "PET_RDZV_ENDPOINT" not in env and "PET_RDZV_CONF" not in env
+    assert "GLOO_SOCKET_IFNAME" not in env  # no interface known: gloo's own choice
+    local = Rendezvous("R1", "j-R1", "fd00::5", 29511, 2, local_addrs=("fd00::5", "fd00::6"))
+    assert local.torchrun_env(1)["PET_LOCAL_ADDR"] == "fd00::6"
+    assert local.torchrun_env(0)["PET_RDZV_ENDPOINT"] == "[fd00::5]:29511"
+
+
+def test_the_playbooks_env_wins_over_torchruns_variables(tmp_path: Path) -> None:
+    path = inventory_with(tmp_path, JOB)
+    book = tmp_path / "playbooks" / "dflash.yaml"
+    book.write_text(book.read_text().replace("env: {}", "env: {GLOO_SOCKET_IFNAME: ib0}"))
+    job = load_job(load_inventory(path), "train")
+    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2, ifnames=("eth0", "eth0"))
+    [env0, _] = [t.playbook.spec.env for t in with_env(job.nodes, rendezvous)]
+    assert env0["GLOO_SOCKET_IFNAME"] == "ib0" and env0["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
 def test_a_playbook_that_sets_a_rendezvous_key_is_refused(tmp_path: Path) -> None:
