@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
-from launcher.agentclient import container_for
 from launcher.cluster import place
 from launcher.config import (
     Inventory,
@@ -28,10 +27,9 @@ from launcher.config import (
     Playbook,
     Target,
     load_playbook,
-    reachable_address_problem,
 )
 from launcher.container import HostConnection
-from launcher.errors import ConfigError, LauncherError, RemoteError, UsageError
+from launcher.errors import ConfigError, LauncherError, UsageError
 from launcher.transport.pool import ConnectionPool
 
 RENDEZVOUS_KEYS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_ID")
@@ -160,32 +158,6 @@ def with_env(targets: Sequence[Target], rendezvous: Rendezvous) -> list[Target]:
         playbook = dataclasses.replace(target.playbook, spec=spec.model_copy(update={"env": env}))
         result.append(dataclasses.replace(target, playbook=playbook))
     return result
-
-
-def choose_address(text: str) -> str | None:
-    """From `hostname -I` output: the first address other nodes can reach, IPv4 first."""
-    usable = [a for a in text.split() if reachable_address_problem(a.split("%")[0]) is None]
-    ipv4 = [a for a in usable if ":" not in a]
-    chosen = ipv4 or usable
-    return chosen[0] if chosen else None
-
-
-def node_address(job: Job, node: Target, conn: HostConnection) -> str:
-    """The node's address as the other nodes reach it: configured, or the container's own."""
-    configured = job.spec.addresses.get(node.name)
-    if configured is not None:
-        return configured
-    result = container_for(node, conn).exec(["hostname", "-I"], timeout=node.host.command_timeout)
-    text = result.stdout.decode(errors="replace")
-    address = choose_address(text) if result.ok else None
-    if address is None:
-        said = text.strip() or result.stderr.decode(errors="replace").strip() or "nothing"
-        raise RemoteError(
-            f"{node.label} has no address the other nodes can reach "
-            f"(`hostname -I` said: {said[:200]})",
-            hint=f"set jobs.{job.name}.addresses.{node.name} in the inventory",
-        )
-    return address
 
 
 @dataclass

@@ -4,7 +4,8 @@
 
 Installed as <state_dir>/bin/pct; the state dir is found from this file's location.
 Every call appends one line to <state_dir>/pct-calls.log. <state_dir>/faults.json, if
-present, injects faults: {"pct_latency": seconds, "partial_push": true}.
+present, injects faults: {"pct_latency": seconds, "partial_push": true}; partial_push may
+also be a list of the VMIDs whose pushes it cuts.
 
 Verbs: exec, push, pull, status, list, start, stop (the subset launcher uses).
 """
@@ -183,7 +184,8 @@ def cmd_push(args, faults):
             data = f.read()
     except OSError as exc:
         die("failed to open %s for reading: %s" % (src, exc.strerror))
-    if faults.get("partial_push"):
+    partial = faults.get("partial_push")
+    if partial is True or (isinstance(partial, list) and vmid in [str(v) for v in partial]):
         data = data[: len(data) // 2]
     user = opts.get("user", "0")
     group = opts.get("group", user if user.isdigit() else "0")

@@ -16,19 +16,22 @@ import pytest
 from launcher.config import load_inventory
 from launcher.errors import ConfigError, ExitCode
 from launcher.fleet import Outcome
-from launcher.job import NodeResult, Rendezvous, choose_address, load_job, with_env
+from launcher.job import NodeResult, Rendezvous, load_job, with_env
 from launcher.jobdeploy import JobResult, NodeState
 from launcher.jobverify import (
     NodeWatch,
+    gpu_problem,
     has_finished,
     job_summary,
     liveness_problem,
     node_verdict,
+    problem_state,
     run_id,
     status_job,
 )
 from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
 from launcher.verify.checks import PaneState
+from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
 from tests.unit.projectfiles import write_project
 
@@ -138,21 +141,6 @@ def test_a_playbook_that_sets_a_rendezvous_key_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as caught:
         load_job(load_inventory(path), "train")
     assert "NODE_RANK set by the playbook" in caught.value.problems[0]
-
-
-@pytest.mark.parametrize(
-    ("said", "chosen"),
-    [
-        ("10.213.0.110 \n", "10.213.0.110"),
-        ("127.0.1.1 10.0.0.7 fd00::7\n", "10.0.0.7"),
-        ("fe80::1 2001:db8::7\n", "2001:db8::7"),
-        ("169.254.1.1 0.0.0.0\n", None),
-        ("", None),
-        ("not-an-address\n", None),
-    ],
-)
-def test_the_address_other_nodes_reach(said: str, chosen: str | None) -> None:
-    assert choose_address(said) == chosen
 
 
 def state(**changes: object) -> PaneState:
@@ -371,3 +359,20 @@ def test_where_the_startup_probe_leaves_a_node(
     probe = SimpleNamespace(state=probe_state, exit_code=probe_code, run="train:R1")
     node = node_verdict(watch, "train:R1", probe, 0)  # type: ignore[arg-type]
     assert (node.state, node.exit_code) == (state, code), node
+
+
+def test_every_node_is_judged_on_its_gpus_while_the_job_trains(tmp_path: Path) -> None:
+    """A node that prints no status lines still shows its GPUs: held and busy while the status
+    rank trains; before that (CUDA starting) nothing is concluded."""
+    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
+    node = job.nodes[1]
+    on_cpu = state(gpus=GpuSample(2, ()))
+    assert gpu_problem(on_cpu, node, training=False) is None
+    problem = gpu_problem(on_cpu, node, training=True)
+    assert problem == "gpus: the run holds no GPU (running on the CPU?)"
+    assert problem_state(problem) == "gpus"
+    idle = state(gpus=GpuSample(2, (0, 1), {0: 95, 1: 0}, {0: 900, 1: 900}))
+    assert "1 of the run's 2 GPUs below 10 % busy" in str(gpu_problem(idle, node, training=True))
+    busy = state(gpus=GpuSample(2, (0, 1), {0: 95, 1: 91}, {0: 900, 1: 900}))
+    assert gpu_problem(busy, node, training=True) is None
+    assert gpu_problem(state(), node, training=True) is None  # no GPUs asked for
