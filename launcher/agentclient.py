@@ -117,6 +117,7 @@ REQUESTS: dict[str, type] = {
     "follow": p.FollowRequest,
     "history": p.HistoryRequest,
     "releases": p.ReleasesRequest,
+    "network": p.NetworkRequest,
 }
 ANSWERS: dict[str, type] = {
     "preflight": p.PreflightAnswer,
@@ -128,6 +129,7 @@ ANSWERS: dict[str, type] = {
     "follow": p.FollowAnswer,
     "history": p.HistoryAnswer,
     "releases": p.ReleasesAnswer,
+    "network": p.NetworkAnswer,
 }
 assert set(REQUESTS) == set(ANSWERS) == set(p.OPS), "every op has a request and an answer type"
 
@@ -457,6 +459,11 @@ class AgentClient:
         self, request: p.ReleasesRequest, *, timeout: float | None = None
     ) -> p.ReleasesAnswer:
         return cast(p.ReleasesAnswer, self.call({**request, "op": "releases"}, timeout=timeout))
+
+    def network(
+        self, request: p.NetworkRequest, *, timeout: float | None = None
+    ) -> p.NetworkAnswer:
+        return cast(p.NetworkAnswer, self.call(request, timeout=timeout))
 
     def stop(self, request: p.StopRequest, *, timeout: float | None = None) -> p.StopAnswer:
         return cast(p.StopAnswer, self.call(request, timeout=timeout))

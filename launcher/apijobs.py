@@ -57,9 +57,11 @@ class Jobs:
         grace: float | None = None,
         checkpoints: str = "archive",
         kill_gpu_holders: bool = False,
+        keep_partial: bool = False,
     ) -> JobResult:
         """`launcher job deploy`: every node's checks, then every old run stopped, then every
-        node launched, all with one run id; `checkpoints` is archive, purge or keep."""
+        node launched, all with one run id (or, when some fail, none: unless `keep_partial`);
+        `checkpoints` is archive, purge or keep."""
         options = DeployOptions(
             restart=args.flag("restart", restart),
             dry_run=args.flag("dry_run", dry_run),
@@ -67,7 +69,13 @@ class Jobs:
             grace=args.duration("grace", grace, params.GRACE),
             kill_gpu_holders=args.flag("kill_gpu_holders", kill_gpu_holders),
         )
-        return jobcommands.deploy(self._inventory, _name(name), options, self._say)
+        return jobcommands.deploy(
+            self._inventory,
+            _name(name),
+            options,
+            self._say,
+            keep_partial=args.flag("keep_partial", keep_partial),
+        )
 
     def verify(
         self,

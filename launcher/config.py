@@ -180,6 +180,11 @@ class JobSpec(_Model):
     # A node's address as the other nodes reach it; a node without one is asked (`hostname -I`).
     addresses: dict[str, str] = Field(default_factory=dict)
     status_rank: Annotated[StrictInt, Field(ge=0)] = 0
+    # torchrun's rendezvous (launcher.jobnet): `auto` takes c10d when every node resolves rank
+    # 0's name to its address, else one that needs no names; `c10d` or `static` insist.
+    rendezvous: Literal["auto", "c10d", "static"] = "auto"
+    # torchrun's --max_restarts (PET_MAX_RESTARTS): in-place restarts of a node's workers.
+    max_restarts: Annotated[StrictInt, Field(ge=0, le=1000)] = 0
 
     @field_validator("playbook")
     @classmethod

@@ -3,7 +3,10 @@ one connection per host for every phase of a job command.
 
 Each node is a target running the job's playbook; its run gets the rendezvous facts (`NNODES`,
 `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT`, `JOB_ID`) through the same 0600 run file as the
-playbook's `env:` values, never on a command line.
+playbook's `env:` values, never on a command line, and torchrun's own options as `PET_*`
+variables: torchrun reads each option it was not given on its command line from `PET_<OPTION>`
+(torch/distributed/argparse_util.py, `env`), so `torchrun --nproc_per_node N train.py` needs no
+other flag and a flag given explicitly still wins.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Generic, TypeVar
 
-from launcher.agentclient import container_for
 from launcher.cluster import place
 from launcher.config import (
     Inventory,
@@ -25,10 +27,9 @@ from launcher.config import (
     Playbook,
     Target,
     load_playbook,
-    reachable_address_problem,
 )
 from launcher.container import HostConnection
-from launcher.errors import ConfigError, LauncherError, RemoteError, UsageError
+from launcher.errors import ConfigError, LauncherError, UsageError
 from launcher.transport.pool import ConnectionPool
 
 RENDEZVOUS_KEYS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_ID")
@@ -81,13 +82,23 @@ def new_run_id() -> str:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where and as what the ranks of one run of a job meet."""
+    """Where and as what the ranks of one run of a job meet, and how torchrun gets there.
+
+    `backend` is torchrun's rendezvous: `c10d` (rank 0's agent hosts the store, told so by
+    `is_host`, not left to guess from its hostname) or `static` (every address given, no name
+    looked up; jobnet.py says which one a job gets). `local_addrs`: each rank's own address for
+    torchrun's `--local_addr` (newer torch; c10d only). `ifnames`: each rank's interface on the
+    nodes' common subnet, for gloo and NCCL."""
 
     run_id: str
     job_id: str
     master_addr: str
     master_port: int
     nnodes: int
+    backend: str = "c10d"
+    max_restarts: int = 0
+    local_addrs: tuple[str, ...] = ()
+    ifnames: tuple[str | None, ...] = ()
 
     def env(self, rank: int) -> dict[str, str]:
         return {
@@ -98,42 +109,55 @@ class Rendezvous:
             "JOB_ID": self.job_id,
         }
 
+    def torchrun_env(self, rank: int) -> dict[str, str]:
+        """torchrun's options for this rank as `PET_<OPTION>` (argparse_util.env), and the
+        interface gloo and NCCL use.
+
+        gloo binds to the address this node's hostname resolves to (ProcessGroupGloo.cpp,
+        `createDefaultDevice`): 127.0.1.1 on a Proxmox CT without a static address, which the
+        other nodes cannot reach; GLOO_SOCKET_IFNAME names the interface instead."""
+        env = {
+            "PET_NNODES": str(self.nnodes),
+            "PET_NODE_RANK": str(rank),
+            "PET_MAX_RESTARTS": str(self.max_restarts),
+            "PET_RDZV_ID": self.job_id,
+        }
+        if self.backend == "static":
+            # run.py get_rdzv_endpoint: the static backend's endpoint is master_addr:port,
+            # and its agent hands that address (not a hostname) to the workers.
+            env["PET_RDZV_BACKEND"] = "static"
+            env["PET_MASTER_ADDR"] = self.master_addr
+            env["PET_MASTER_PORT"] = str(self.master_port)
+        else:
+            env["PET_RDZV_BACKEND"] = "c10d"
+            env["PET_RDZV_ENDPOINT"] = endpoint(self.master_addr, self.master_port)
+            env["PET_RDZV_CONF"] = f"is_host={1 if rank == 0 else 0}"
+            if self.local_addrs:
+                env["PET_LOCAL_ADDR"] = self.local_addrs[rank]
+        ifname = self.ifnames[rank] if rank < len(self.ifnames) else None
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+            env["NCCL_SOCKET_IFNAME"] = ifname
+        return env
+
+
+def endpoint(address: str, port: int) -> str:
+    """`host:port` as torchrun parses it (an IPv6 address in brackets)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
 
 def with_env(targets: Sequence[Target], rendezvous: Rendezvous) -> list[Target]:
-    """Each node's target (rank order) with its rank's rendezvous values added to its env."""
+    """Each node's target (rank order) with its rank's rendezvous values added to its env.
+
+    The playbook's own `env:` wins over torchrun's `PET_*` and the interface variables (a
+    playbook that pins one means it); the rendezvous facts themselves it may not set."""
     result = []
     for rank, target in enumerate(targets):
         spec = target.playbook.spec
-        env = {**spec.env, **rendezvous.env(rank)}
+        env = {**rendezvous.torchrun_env(rank), **spec.env, **rendezvous.env(rank)}
         playbook = dataclasses.replace(target.playbook, spec=spec.model_copy(update={"env": env}))
         result.append(dataclasses.replace(target, playbook=playbook))
     return result
-
-
-def choose_address(text: str) -> str | None:
-    """From `hostname -I` output: the first address other nodes can reach, IPv4 first."""
-    usable = [a for a in text.split() if reachable_address_problem(a.split("%")[0]) is None]
-    ipv4 = [a for a in usable if ":" not in a]
-    chosen = ipv4 or usable
-    return chosen[0] if chosen else None
-
-
-def node_address(job: Job, node: Target, conn: HostConnection) -> str:
-    """The node's address as the other nodes reach it: configured, or the container's own."""
-    configured = job.spec.addresses.get(node.name)
-    if configured is not None:
-        return configured
-    result = container_for(node, conn).exec(["hostname", "-I"], timeout=node.host.command_timeout)
-    text = result.stdout.decode(errors="replace")
-    address = choose_address(text) if result.ok else None
-    if address is None:
-        said = text.strip() or result.stderr.decode(errors="replace").strip() or "nothing"
-        raise RemoteError(
-            f"{node.label} has no address the other nodes can reach "
-            f"(`hostname -I` said: {said[:200]})",
-            hint=f"set jobs.{job.name}.addresses.{node.name} in the inventory",
-        )
-    return address
 
 
 @dataclass

@@ -21,9 +21,20 @@ from launcher.jobwatch import JobWatchOptions, JobWatchResult, watch_job
 from launcher.requests import ProbeOverrides
 
 
-def deploy(inventory: Inventory, name: str, options: DeployOptions, say: Say) -> JobResult:
-    """Every node's checks, then every old run stopped (`restart`), then every node launched."""
-    return on_job(load_job(inventory, name), lambda j, nodes: deploy_job(j, nodes, options, say))
+def deploy(
+    inventory: Inventory,
+    name: str,
+    options: DeployOptions,
+    say: Say,
+    *,
+    keep_partial: bool = False,
+) -> JobResult:
+    """Every node's checks, then every old run stopped (`restart`), then every node launched
+    (or, when some fail, none: unless `keep_partial`)."""
+    return on_job(
+        load_job(inventory, name),
+        lambda j, nodes: deploy_job(j, nodes, options, say, keep_partial=keep_partial),
+    )
 
 
 def verify(inventory: Inventory, name: str, overrides: ProbeOverrides, say: Say) -> JobResult:

@@ -1,9 +1,13 @@
 """Deploy and stop a multi-node job, all or nothing.
 
 Phases, each on every node at once, each only after the one before passed on every node:
+0. network: every node's names, interfaces and torch, rank 0's master port probed from every
+   other node, torchrun's rendezvous chosen (launcher.jobnet);
 1. check: the deploy transaction in plan mode (script, GPUs, disk, tmux, lock, active session);
 2. stop (with --restart): the old runs, with the same stop as `launcher stop`;
-3. launch: the deploy transaction, with one run id for every node.
+3. launch: the deploy transaction, with one run id for every node. When it fails on some
+   nodes, the nodes that launched are stopped again (unless `keep_partial`): a rank left alone
+   would wait at the rendezvous for ranks that never come.
 The lock is not held from one phase to the next (each transaction takes it), so a change in a
 container between the phases (another operator's deploy) is caught by the launch's own checks,
 which run again before its first change; a node that fails there is reported with the state it
@@ -28,9 +32,9 @@ from launcher.job import (
     NodeResult,
     Rendezvous,
     new_run_id,
-    node_address,
     with_env,
 )
+from launcher.jobnet import NetworkPlan, plan_network
 from launcher.operate import StopResult, stop
 from launcher.ui import step_line
 
@@ -63,6 +67,7 @@ class JobResult:
     run_id: str | None = None
     job_id: str | None = None
     master: str | None = None
+    rendezvous: str | None = None  # torchrun's backend the run was given (c10d | static)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -78,6 +83,7 @@ class JobResult:
             "run_id": self.run_id,
             "job_id": self.job_id,
             "master": self.master,
+            "rendezvous": self.rendezvous,
             "nodes": [n.to_json() for n in self.nodes],
         }
 
@@ -117,9 +123,14 @@ class Phases:
     dry_run: bool = False
     grace: float | None = None
     kill_gpu_holders: bool = False
+    keep_partial: bool = False  # a launch that failed on some nodes: leave the others running
+    # The network checked and torchrun's rendezvous chosen, before any node is touched.
+    network: Callable[[Job, JobNodes, Say], NetworkPlan] = field(default=plan_network)
 
 
-def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> JobResult:
+def deploy_job(
+    job: Job, nodes: JobNodes, options: DeployOptions, say: Say, *, keep_partial: bool = False
+) -> JobResult:
     """Check every node, then stop every old run, then launch every node (see the module)."""
 
     def run(
@@ -135,6 +146,7 @@ def deploy_job(job: Job, nodes: JobNodes, options: DeployOptions, say: Say) -> J
         dry_run=options.dry_run,
         grace=options.grace,
         kill_gpu_holders=options.kill_gpu_holders,
+        keep_partial=keep_partial,
     )
     return run_phases(job, nodes, phases, say)
 
@@ -146,19 +158,31 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
     run_id = new_run_id()
     action = phases.action
     result = JobResult(job.name, action, "", run_id=run_id, job_id=f"{job.name}-{run_id}")
-    master = nodes.targets[0]
     try:
-        result.master = node_address(job, master, nodes.conn(master))
+        plan = phases.network(job, nodes, say)
     except LauncherError as error:
         hint = f" ({error.hint})" if error.hint else ""
-        result.summary = f"nothing changed: rank 0's address: {error.message}{hint}"
+        result.summary = f"nothing changed on any node: {error.message}{hint}"
+        culprit = getattr(error, "node", None)
         result.nodes = [
-            NodeState(rank, t.name, t.label, "unchanged", "not checked", error.exit_code)
+            NodeState(rank, t.name, t.label, "failed", f"network: {error.message}", error.exit_code)
+            if t.name == culprit
+            else NodeState(rank, t.name, t.label, "unchanged", "not checked", error.exit_code)
             for rank, t in enumerate(nodes.targets)
         ]
         return result
+    result.master = plan.master_addr
+    result.rendezvous = plan.backend
     rendezvous = Rendezvous(
-        run_id, str(result.job_id), result.master, job.spec.master_port, len(job.nodes)
+        run_id,
+        str(result.job_id),
+        plan.master_addr,
+        job.spec.master_port,
+        len(job.nodes),
+        backend=plan.backend,
+        max_restarts=job.spec.max_restarts,
+        local_addrs=plan.local_addrs,
+        ifnames=plan.ifnames,
     )
     targets = with_env(nodes.targets, rendezvous)
 
@@ -243,14 +267,56 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
     else:
         bad = ", ".join(f"{r.target.name} (rank {r.rank})" for r in launched if not r.ok)
         stopped_note = "; their old runs were stopped" if phases.restart else ""
-        if any(r.ok for r in launched):
+        if not any(r.ok for r in launched):
+            result.summary = f"launch failed on every node{stopped_note}: nothing runs"
+        elif phases.keep_partial:
             result.summary = (
                 f"launch failed on {bad}{stopped_note}; the other nodes run {run_id} without "
-                f"them (`launcher job stop {job.name}` stops them)"
+                f"them (--keep-partial; `launcher job stop {job.name}` stops them)"
             )
         else:
-            result.summary = f"launch failed on every node{stopped_note}: nothing runs"
+            _undo_partial(job, nodes, phases, launched, result, say, f"launch failed on {bad}")
     return result
+
+
+def _undo_partial(
+    job: Job,
+    nodes: JobNodes,
+    phases: Phases,
+    launched: list[NodeResult[Launched]],
+    result: JobResult,
+    say: Say,
+    why: str,
+) -> None:
+    """A launch is all or nothing too: the nodes that launched are stopped again, so that none
+    is left waiting at the rendezvous for ranks that will never come."""
+    started = [r for r in launched if r.ok]
+    names = ", ".join(r.target.name for r in started)
+    say(job.name, f"{why}: stopping the run again on {names}")
+    undone = nodes.each(
+        lambda rank, target, conn: _stop(target, conn, phases, say), [r.target for r in started]
+    )
+    by_name = {u.target.name: u for u in undone}
+    kept = []
+    for node in result.nodes:
+        outcome = by_name.get(node.node)
+        if outcome is None:
+            continue
+        if outcome.ok:
+            node.state, node.detail = "stopped", f"launched, then stopped again: {why}"
+        else:
+            assert outcome.error is not None
+            node.state = "failed"
+            node.detail = f"launched, then not stopped again: {outcome.error.message}"
+            node.exit_code = outcome.error.exit_code
+            kept.append(node.node)
+    if kept:
+        result.summary = (
+            f"failed: {why}; the run still runs on {', '.join(kept)} "
+            f"(`launcher job stop {job.name}` stops it)"
+        )
+    else:
+        result.summary = f"failed: {why}; stopped again on {names}: nothing runs"
 
 
 def _stop(target: Target, conn: HostConnection, phases: Phases, say: Say) -> StopResult:

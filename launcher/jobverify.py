@@ -3,7 +3,9 @@
 The status rank (rank 0 unless the job says otherwise) is probed as `launcher verify` probes a
 target: its status lines judged. Every other node prints no status lines of its own (torchrun's
 workers log on rank 0), so it is polled for what it can show: its session is there, its pane's
-process alive, and it runs the same run as the status rank (one deploy of the job). A node that
+process alive, it runs the same run as the status rank (one deploy of the job), and, while the
+status rank shows the job training, its GPUs held and busy (the status rank's `gpus` check:
+contexts, utilization, nvidia-smi's faults). A node that
 fails ends the probe at once: one dead rank stalls every other, so the job is unhealthy, and the
 report names the node.
 
@@ -30,6 +32,8 @@ from launcher.fleet import FleetContext, Outcome
 from launcher.job import Job, JobNodes
 from launcher.jobdeploy import JobResult, NodeState, Say
 from launcher.requests import ProbeOverrides
+from launcher.verify.gpus import judge as judge_gpus
+from launcher.verify.gpus import status_text
 from launcher.verify.lifecycle import State, ended
 from launcher.verify.pane import PaneState
 from launcher.verify.poll import poll_once
@@ -72,6 +76,24 @@ def liveness_problem(
     return None
 
 
+def gpu_problem(state: PaneState, target: Target, *, training: bool) -> str | None:
+    """Why this node's GPUs show it not taking part (None: they do, or cannot tell yet): the
+    `gpus` check of the status rank (launcher.verify.gpus) on a node that prints no status
+    lines. `training`: the status rank shows the job training, so every rank's GPUs should
+    be held and busy (a node whose CUDA fell back to the CPU, or whose GPU fell off)."""
+    sample = state.gpus
+    if sample is None or sample.want <= 0:
+        return None
+    found = judge_gpus(sample, target.playbook.spec.verify.gpus, printing=training)
+    return f"gpus: {found.observed}" if found.ok is False else None
+
+
+def gpu_note(state: PaneState) -> str:
+    """`; GPUs 2/2 held · util % 97 97 · …` for a node's detail, or nothing."""
+    sample = state.gpus
+    return f"; {status_text(sample)}" if sample is not None and sample.want > 0 else ""
+
+
 def has_finished(state: PaneState) -> bool:
     """The node's run exited 0 (tmux's dead status or the runner's exit file)."""
     return ended(state) is State.FINISHED
@@ -97,6 +119,7 @@ class NodeWatch:
     error: LauncherError | None = None
     polls: int = 0
     finished: bool = False  # its run exited 0 (no problem in itself; see the module)
+    gpus: str = ""  # its GPUs at the last poll (gpu_note)
 
 
 def poll_node(
@@ -108,7 +131,9 @@ def poll_node(
     return state, liveness_problem(state, expected or state.run, spec.restart_patterns)
 
 
-def _poll_node(watch: NodeWatch, conn: HostConnection, expected: str | None) -> None:
+def _poll_node(
+    watch: NodeWatch, conn: HostConnection, expected: str | None, *, training: bool = False
+) -> None:
     try:
         state, problem = poll_node(watch.target, conn, expected or watch.run)
     except LauncherError as error:
@@ -118,7 +143,9 @@ def _poll_node(watch: NodeWatch, conn: HostConnection, expected: str | None) -> 
     if watch.run is None:
         watch.run = state.run
     watch.finished = has_finished(state)
+    problem = problem or gpu_problem(state, watch.target, training=training)
     watch.problem = None if watch.finished else problem
+    watch.gpus = gpu_note(state)
 
 
 def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -> JobResult:
@@ -133,6 +160,7 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
         NodeWatch(target, rank) for rank, target in enumerate(nodes.targets) if rank != rank0
     ]
     probe_run: list[str | None] = [None]
+    healthy = [False]
 
     def watch_node(watch: NodeWatch) -> None:
         conn = nodes.conn(watch.target)
@@ -146,7 +174,9 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
                 say(watch.target.name, f"rank {watch.rank}: {FINISHED_DETAIL}")
                 return
             if done.wait(interval):
-                _poll_node(watch, conn, probe_run[0])  # the verdict covers the end
+                # The verdict covers the end; a healthy status rank means the job trains, so
+                # this node's GPUs must be held and busy too.
+                _poll_node(watch, conn, probe_run[0], training=healthy[0])
                 return
 
     threads = [threading.Thread(target=watch_node, args=(w,), daemon=True) for w in watches]
@@ -163,6 +193,7 @@ def verify_job(job: Job, nodes: JobNodes, overrides: ProbeOverrides, say: Say) -
     try:
         probe = run_probe(ctx, overrides)
         probe_run[0] = probe.run
+        healthy[0] = not probe.exit_code and probe.state is not State.FINISHED
     except Cancelled:
         pass
     except LauncherError as error:
@@ -215,14 +246,16 @@ def node_verdict(
             node.detail += f" while rank {rank0}'s run goes on"
             node.exit_code = ExitCode.UNHEALTHY
     else:
-        node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}"
+        node.detail = f"alive through {watch.polls} poll(s), run {run_id(watch.run)}{watch.gpus}"
     return node
 
 
 def problem_state(problem: str) -> str:
-    """The node's state word for a liveness problem: dead, restarted or other run."""
+    """The node's state word for a liveness problem: dead, restarted, other run or gpus."""
     if problem.startswith(("restarted", "a worker failed")):
         return "restarted"
+    if problem.startswith("gpus: "):
+        return "gpus"
     return "other run" if problem.startswith("runs ") else "dead"
 
 
@@ -266,6 +299,11 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
         probe = status_outcome.data.get("probe")
         expected = getattr(probe, "run", None)
     result = JobResult(job.name, "status", "", run_id=run_id(expected))
+    training = (
+        isinstance(status_outcome, Outcome)
+        and not status_outcome.exit_code
+        and getattr(status_outcome.data.get("probe"), "state", None) is not State.FINISHED
+    )
     for entry in polled:
         target = entry.target
         node = NodeState(entry.rank, target.name, target.label, "", "")
@@ -284,9 +322,12 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
             node.detail = f"{FINISHED_DETAIL}, run {run_id(entry.value.run)}"
         elif isinstance(entry.value, PaneState):
             patterns = target.playbook.spec.verify.restart_patterns
-            problem = liveness_problem(entry.value, expected, patterns)
+            problem = liveness_problem(entry.value, expected, patterns) or gpu_problem(
+                entry.value, target, training=training
+            )
             node.state = problem_state(problem) if problem else "alive"
-            node.detail = problem or f"alive, run {run_id(entry.value.run)}"
+            note = gpu_note(entry.value)
+            node.detail = problem or f"alive, run {run_id(entry.value.run)}{note}"
             node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
         result.nodes.append(node)
     result.summary = job_summary(result)

@@ -72,7 +72,8 @@ BOOT = (
 # the stdlib-only agent does not need and which costs start-up time on every call.
 AGENT_ARGV = ["python3", "-I", "-S", "-c", BOOT]
 
-OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback", "releases")
+OPS = ("preflight", "apply", "stop", "poll", "logs", "follow", "history", "rollback", "releases",
+       "network")  # fmt: skip
 # Ops whose stdout carries a stream (log bytes): their envelope is the last line on stderr.
 STREAMING_OPS = ("follow",)
 # A workdir may not be one of SYSTEM_DIRS nor lie below one of SYSTEM_TREES: checkpoints under it
@@ -227,6 +228,30 @@ class PreflightRequest(TypedDict):
     need_bytes: NotRequired[int]  # free bytes a deploy needs (script, its .prev copy, a margin)
     create_workdir: NotRequired[bool]
     lock_path: NotRequired[str]
+
+
+class ListenSpec(TypedDict):
+    port: int
+    seconds: float  # how long the listener waits for the others' probes
+    expect: int  # how many connections end it early
+
+
+class ProbeSpec(TypedDict):
+    address: str
+    port: int
+    seconds: float  # connects retried until then (the listener may start a moment later)
+
+
+class NetworkRequest(TypedDict):
+    """What a job's node can tell about the network torchrun will use (launcher.jobnet): its
+    names and interfaces, the names it resolves, the torch it has; on rank 0 a listener on the
+    master port for a while, on the others a probe of it."""
+
+    op: Literal["network"]
+    resolve: NotRequired[list[str]]
+    pythons: NotRequired[list[str]]  # where torch is looked for, first found wins
+    listen: NotRequired[ListenSpec | None]
+    probe: NotRequired[ProbeSpec | None]
 
 
 # A release's directory and link inside the workdir, and where their manifests are kept.
@@ -467,3 +492,44 @@ class HistoryAnswer(Envelope):
     path: str
     records: list[dict[str, Any]]
     total: int
+
+
+class NetInterface(TypedDict):
+    name: str | None  # None: from `hostname -I`, which names no interface
+    address: str
+    prefix: int | None
+
+
+class Resolved(TypedDict):
+    addresses: list[str]
+    error: str | None
+
+
+class TorchInfo(TypedDict):
+    python: str
+    version: str | None
+    local_addr: bool  # torchrun has --local_addr (newer torch)
+
+
+class Listened(TypedDict):
+    bound: bool
+    in_use: bool  # the port was taken (an old run's store): the probes reached that instead
+    accepted: int
+    error: str | None
+
+
+class Probed(TypedDict):
+    ok: bool
+    attempts: int
+    seconds: float
+    error: str | None
+
+
+class NetworkAnswer(Envelope):
+    hostname: str
+    fqdn: str  # what torch 1.13's elastic agent publishes (socket.getfqdn(gethostname()))
+    interfaces: list[NetInterface]
+    resolved: dict[str, Resolved]
+    torch: TorchInfo | None
+    listened: Listened | None
+    probed: Probed | None

@@ -27,6 +27,7 @@ The package, one job a module (each imports only the ones before it in MODULES):
     release    project releases: the `releases` op, the release transaction
     poll       the `poll` op
     logs       the `logs`, `follow` and `history` ops
+    network    the `network` op: names, interfaces, torch, the master port's reach (jobs)
     cache      the bundle cache in the container (/run/launcher, by sha256)
     main       the op table (HANDLERS), the envelope, `main(request)`
     boot       the loader BOOT runs: not part of the bundle, it travels on every call
@@ -64,6 +65,7 @@ MODULES = (
     "release",
     "poll",
     "logs",
+    "network",
     "cache",
     "main",
 )

@@ -10,6 +10,7 @@ import sys
 from launcher.agent.base import RECEIVED, AgentError, host_stamp, ignore_hangup
 from launcher.agent.deploy import op_apply, op_rollback
 from launcher.agent.logs import op_follow, op_history, op_logs
+from launcher.agent.network import op_network
 from launcher.agent.poll import op_poll
 from launcher.agent.preflight import op_preflight
 from launcher.agent.release import dispatching, op_releases
@@ -28,6 +29,7 @@ HANDLERS = {
     "history": op_history,
     "rollback": dispatching(op_rollback),
     "releases": op_releases,
+    "network": op_network,
 }
 assert set(HANDLERS) == set(OPS), "protocol.OPS lists every op handled"
 

@@ -72,6 +72,12 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print the result a
     is_flag=True,
     help="Kill processes outside the old runs that hold the GPUs (default: refuse, exit 4).",
 )
+@click.option(
+    "--keep-partial",
+    is_flag=True,
+    help="A launch that fails on some nodes leaves the others running (default: they are "
+    "stopped again).",
+)
 @_JSON
 @pass_app
 def deploy_command(
@@ -83,13 +89,16 @@ def deploy_command(
     purge: bool,
     keep: bool,
     kill_gpu_holders: bool,
+    keep_partial: bool,
     as_json: bool,
 ) -> None:
     """Deploy job NAME on all its nodes, or on none.
 
-    Every node's checks (script, GPUs, disk, lock, active session) pass before any old run is
+    Every node's network (rank 0's master port reached from every node, the rendezvous torchrun
+    gets) and checks (script, GPUs, disk, lock, active session) pass before any old run is
     stopped; then every old run stops (--restart); then every node launches, all with one run
-    id. A node that fails after the first stop is reported with the state each node was left in.
+    id. A launch that fails on some nodes is undone on the others (unless --keep-partial); a
+    node that fails after the first stop is reported with the state each node was left in.
 
     \b
     Examples:
@@ -111,7 +120,9 @@ def deploy_command(
         grace=grace,
         kill_gpu_holders=kill_gpu_holders,
     )
-    result = jobcommands.deploy(app.inventory(), name, options, _say(app))
+    result = jobcommands.deploy(
+        app.inventory(), name, options, _say(app), keep_partial=keep_partial
+    )
     _render(result, as_json)
     sys.exit(int(result.exit_code))
 

@@ -95,12 +95,21 @@ def sandbox() -> None:
     help="Put the containers on a bridge of their own (10.213.0.0/24, nothing leaves the "
     "machine) so they reach each other, with a job `demo-job` over them in the inventory.",
 )
+@click.option(
+    "--hosts",
+    type=click.Choice(("static", "dhcp", "all")),
+    default="static",
+    show_default=True,
+    help="With --network: each /etc/hosts as Proxmox writes it, the CT's own name on its "
+    "static address or (dhcp) on 127.0.1.1; `all` adds every container's name.",
+)
 @state_dir_option
 def up(
     vmid_values: tuple[str, ...],
     gpus: int,
     distro: str | None,
     network: bool,
+    hosts: str,
     state_dir: Path | None,
 ) -> None:
     """Create or repair the sandbox and write its inventory (idempotent).
@@ -134,7 +143,7 @@ def up(
     sb = _sandbox(state_dir)
     started = time.monotonic()
     info = sb.up(vmids, gpus=gpus, distro=distro)
-    addresses = sb.connect(vmids) if network else {}
+    addresses = sb.connect(vmids, hosts=hosts) if network else {}
     elapsed = time.monotonic() - started
     status = sb.status()
     ssh = shlex.join(

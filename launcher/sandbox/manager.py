@@ -186,14 +186,17 @@ class Sandbox:
         self,
         *,
         pct_latency: float = 0.0,
-        partial_push: bool = False,
+        partial_push: bool | Sequence[int] = False,
         push_error: str = "",
         keep_env: bool = True,
     ) -> None:
-        """Faults the pct stand-in injects from its next call on. push_error: every push's
-        write fails with this strerror (say "No space left on device"), and pct exits 0 as a
-        real node's does. keep_env: what `pct exec` does without --keep-env (today's default
-        keeps the caller's environment; Proxmox announced clearing it as the future default)."""
+        """Faults the pct stand-in injects from its next call on. partial_push: every push cut
+        in half, or only those into these VMIDs. push_error: every push's write fails with this
+        strerror (say "No space left on device"), and pct exits 0 as a real node's does.
+        keep_env: what `pct exec` does without --keep-env (today's default keeps the caller's
+        environment; Proxmox announced clearing it as the future default)."""
+        if not isinstance(partial_push, bool):
+            partial_push = list(partial_push)
         faults = {
             "pct_latency": pct_latency,
             "partial_push": partial_push,
@@ -245,13 +248,15 @@ class Sandbox:
         except FileNotFoundError:  # made before containers recorded it, or not made yet
             return rootfs.HOST if (ct_dir / "rootfs").exists() else None
 
-    def connect(self, vmids: Sequence[int]) -> dict[int, str]:
+    def connect(self, vmids: Sequence[int], hosts: str = "static") -> dict[int, str]:
         """Put these containers on one network (launcher.sandbox.network), with a job over
         them in the inventory; their addresses. The nodes of a job stand for machines of their
-        own, so each container gets GPUs of its own (a pool named after it)."""
+        own, so each container gets GPUs of its own (a pool named after it). `hosts`: each
+        /etc/hosts as Proxmox writes it for a static address (`static`) or DHCP (`dhcp`), or
+        with every container's name (`all`)."""
         for vmid in vmids:
             self.set_gpu_pool(vmid, f"node{vmid}")
-        addresses = network.enable(self.state_dir, self.lxcpath, vmids)
+        addresses = network.enable(self.state_dir, self.lxcpath, vmids, hosts=hosts)
         network.add_job(self.inventory_path, vmids)
         return addresses
 

@@ -70,9 +70,22 @@ def _ensure_bridge(bridge: str) -> None:
         raise NetworkError(f"cannot bring bridge {bridge} up: {up.stderr.strip()}")
 
 
-def enable(state_dir: Path, lxcpath: Path, vmids: Sequence[int]) -> dict[int, str]:
+# How each container's /etc/hosts is written (_write_hosts): as Proxmox writes it for a CT with
+# a static address, or without one (DHCP), or (opt-in) every container's name in every file, as
+# a cluster's DNS would answer them.
+HOSTS_MODES = ("static", "dhcp", "all")
+PVE_BEGIN = "# --- BEGIN PVE ---\n"
+PVE_END = "# --- END PVE ---\n"
+
+
+def enable(
+    state_dir: Path, lxcpath: Path, vmids: Sequence[int], hosts: str = "static"
+) -> dict[int, str]:
     """Put the containers on the sandbox's bridge (restarting those whose config changes) and
-    bring their loopback up; returns each one's address."""
+    bring their loopback up; returns each one's address. `hosts`: how /etc/hosts is written
+    (HOSTS_MODES)."""
+    if hosts not in HOSTS_MODES:
+        raise NetworkError(f"hosts: {hosts!r} is not one of {', '.join(HOSTS_MODES)}")
     if len({address(v) for v in vmids}) != len(set(vmids)):
         raise NetworkError(f"VMIDs {sorted(vmids)} would share addresses (240 apart)")
     bridge = bridge_name(state_dir)
@@ -89,22 +102,28 @@ def enable(state_dir: Path, lxcpath: Path, vmids: Sequence[int]) -> dict[int, st
         containers.stop(lxcpath, restart)
         containers.start(lxcpath, restart)
     for vmid in vmids:
-        _write_hosts(lxcpath / str(vmid) / "rootfs" / "etc" / "hosts", vmids)
+        _write_hosts(lxcpath / str(vmid) / "rootfs" / "etc" / "hosts", vmid, vmids, hosts)
         result = containers.attach(lxcpath, vmid, ["ip", "link", "set", "dev", "lo", "up"])
         if result.returncode != 0:
             raise NetworkError(f"container {vmid}: loopback: {result.stdout.decode().strip()}")
     return {vmid: address(vmid) for vmid in vmids}
 
 
-def _write_hosts(path: Path, vmids: Sequence[int]) -> None:
-    """Each container's name on its address, as Proxmox writes /etc/hosts for a CT with a static
-    IP (PVE::LXC::Setup::Base, update_etc_hosts; 127.0.1.1 only without one), and the others'
-    names too, as a cluster's DNS answers them. torchrun (torch 1.13, c10d) needs both: rank 0
-    hosts the store only if the endpoint is an address its own hostname resolves to
-    (elastic/rendezvous/utils.py, _matches_machine_hostname), and the workers of every node
-    meet at rank 0's hostname (elastic/agent/server/api.py, _get_fq_hostname)."""
-    names = "".join(f"{address(v)}\t{containers.hostname(v)}\n" for v in vmids)
-    path.write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost\n")
+def _write_hosts(path: Path, vmid: int, vmids: Sequence[int], mode: str) -> None:
+    """The container's /etc/hosts as Proxmox writes it (pve-container src/PVE/LXC/Setup/Base.pm,
+    `update_etc_hosts`, inside its `# --- BEGIN PVE ---` section, `ct_modify_file`): localhost,
+    then the CT's own name on its static address, or on 127.0.1.1 when it has none (DHCP).
+    Nothing about the other CTs: a node finds another's name only through DNS, which the
+    sandbox has not. `all` (opt-in) adds every container's name, as a cluster's DNS would."""
+    own = address(vmid) if mode != "dhcp" else "127.0.1.1"
+    lines = [
+        "127.0.0.1 localhost.localnet localhost",
+        "::1 localhost.localnet localhost",
+        f"{own} {containers.hostname(vmid)}",
+    ]
+    if mode == "all":
+        lines += [f"{address(v)} {containers.hostname(v)}" for v in vmids if v != vmid]
+    path.write_text(PVE_BEGIN + "".join(f"{line}\n" for line in lines) + PVE_END)
 
 
 def add_job(inventory: Path, vmids: Sequence[int]) -> None:

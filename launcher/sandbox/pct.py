@@ -6,7 +6,7 @@ Installed as <state_dir>/bin/pct; the state dir is found from this file's locati
 Every call appends one line to <state_dir>/pct-calls.log. <state_dir>/faults.json, if
 present, injects faults: {"pct_latency": seconds, "partial_push": true, "push_error": "No
 space left on device", "keep_env": false} (the last: `pct exec`'s default when --keep-env is not
-given, see attach_command).
+given, see attach_command); partial_push may also be a list of the VMIDs whose pushes it cuts.
 
 Verbs: exec, push, pull, status, list, start, stop (the subset launcher uses).
 """
@@ -219,7 +219,8 @@ def push_task(vmid, src, dst, mode, opts, faults):
             data = f.read()
     except OSError:
         return task_error("failed to open %s for reading" % src)
-    if faults.get("partial_push"):
+    partial = faults.get("partial_push")
+    if partial is True or (isinstance(partial, list) and vmid in [str(v) for v in partial]):
         data = data[: len(data) // 2]
     if faults.get("push_error"):
         return task_error("failed to create file: %s: %s" % (dst, faults["push_error"]))

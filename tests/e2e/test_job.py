@@ -258,29 +258,71 @@ def test_dry_run_shows_every_nodes_plan_and_changes_nothing(job_project: Project
         assert project.ct(vmid, "tmux", "has-session", "-t", "=jobdemo").returncode != 0
 
 
-def test_unreachable_master_address_changes_nothing(job_project: Project) -> None:
-    """A configured address is used as given; a node whose own address cannot be found stops
-    the deploy before any check (here: `hostname -I` answers nothing usable)."""
+def test_an_unreachable_master_port_is_refused_before_the_stop(job_project: Project) -> None:
+    """Rank 0's master port is probed from every node (a listener on rank 0) before anything
+    is stopped: an address nobody answers on, then a firewall on rank 0 that drops the port,
+    each refuse the deploy naming the node that cannot reach it; the old run keeps running."""
     project = job_project
+    write_job(project)
+    before = deploy_and_wait(project)
+    pids = [session_pid(project, vmid) for vmid in NODES]
     write_job(project, addresses={"n0": "10.213.0.250"})
-    code, report, _ = job_json(project, "deploy", "--restart", "--dry-run", "train")
-    assert code == 0 and report["master"] == "10.213.0.250"
-    write_job(project, addresses={"n0": "127.0.0.1"})
-    result = project.launcher("job", "deploy", "--dry-run", "train")
-    assert result.returncode == 2
-    assert "jobs.train.addresses" in result.stderr and "loopback" in result.stderr
+    code, report, _ = job_json(project, "deploy", "--restart", "train")
+    assert code == 3, report
+    assert report["summary"].startswith(
+        "nothing changed on any node: rank 0's master port 10.213.0.250:29511 is not reachable "
+        "from n1 ("
+    ), report["summary"]
+    assert "allow TCP to 10.213.0.250:29511" in report["summary"]
+    write_job(project)
+    for rule in DROP_MASTER_PORT:
+        project.ct(NODES[0], "nft", *rule)
+    try:
+        started = time.monotonic()
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+        assert code == 3, stderr
+        assert f"rank 0's master port {MASTER}:29511 is not reachable from n1" in report["summary"]
+        assert time.monotonic() - started < 30  # the probe is bounded
+    finally:
+        project.ct(NODES[0], "nft", "delete", "table", "inet", "launchertest")
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
+    assert [session_pid(project, vmid) for vmid in NODES] == pids
+    code, status, _ = job_json(project, "status", "train")
+    assert code == 0 and status[0]["run_id"] == before["run_id"]
 
 
-TORCHRUN = (
-    "python3 ddp_job.py --torchrun --nnodes $NNODES --node_rank $NODE_RANK --nproc_per_node 1 "
-    "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:$MASTER_PORT --rdzv_id $JOB_ID "
-    "--max_restarts 0 ddp_job.py"
-)
+DROP_MASTER_PORT = (
+    ("add", "table", "inet", "launchertest"),
+    ("add", "chain", "inet", "launchertest", "input",
+     "{ type filter hook input priority 0 ; }"),
+    ("add", "rule", "inet", "launchertest", "input", "tcp", "dport", "29511", "drop"),
+)  # fmt: skip
+
+
+# The one-line torchrun (through ddp_job.py's wrapper for bookworm's torch 1.13 on Python
+# 3.11): every other option comes from the PET_* variables launcher gives each node.
+TORCHRUN = "python3 ddp_job.py --torchrun --nproc_per_node 1 ddp_job.py"
 
 
 @pytest.mark.skipif(not host_has_torch(), reason="needs Debian's python3-torch on the host")
-def test_real_torchrun_across_two_containers_is_healthy(job_project: Project) -> None:
+@pytest.mark.parametrize(
+    ("hosts", "backend"), [("static", "static"), ("dhcp", "static"), ("all", "c10d")]
+)
+def test_real_torchrun_across_two_containers_is_healthy(
+    job_project: Project, hosts: str, backend: str
+) -> None:
+    """Two CTs whose /etc/hosts is as Proxmox writes it, own name only: on its static address,
+    or on 127.0.1.1 (DHCP); neither resolves the other's name, so the static rendezvous by
+    address. With every name in every file (as DNS would), the c10d rendezvous."""
     project = job_project
+    project.sandbox.connect(NODES, hosts=hosts)
+    try:
+        one_line_torchrun(project, backend)
+    finally:
+        project.sandbox.connect(NODES)
+
+
+def one_line_torchrun(project: Project, backend: str) -> None:
     book = project.playbook(
         "ddp",
         script={"source": str(Path(__file__).with_name("ddp_job.py")), "dest": "ddp_job.py"},
@@ -296,8 +338,9 @@ def test_real_torchrun_across_two_containers_is_healthy(job_project: Project) ->
     inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
     project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
-    code, _, stderr = job_json(project, "deploy", "--restart", "train")
+    code, deployed, stderr = job_json(project, "deploy", "--restart", "train")
     assert code == 0, stderr
+    assert deployed["rendezvous"] == backend, stderr
     # Four processes load torch and meet at the rendezvous: from a few seconds on a quiet
     # machine to a minute on a busy one. The verdict is judged on the training that follows,
     # not on a warmup long enough for the slowest start.
@@ -345,6 +388,36 @@ def test_a_failure_after_the_stops_is_reported_per_node(job_project: Project) ->
         assert project.processes(vmid, "train_demo") == []
 
 
+def test_a_launch_failing_on_one_node_leaves_no_node_running(job_project: Project) -> None:
+    """Only node 1's push arrives cut (its sha256 does not match): node 0, which launched, is
+    stopped again, never left waiting at the rendezvous; --keep-partial leaves it running."""
+    project = job_project
+    big = project.root / "big_trainer.py"
+    project.root.mkdir(parents=True, exist_ok=True)
+    big.write_text(DEMO.read_text() + "#" * (5 * 1024 * 1024) + "\n")
+    book = project.playbook("jobdemo", gpus=2, script={"source": str(big), "dest": "train_demo.py"})
+    project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
+    inventory = yaml.safe_load(project.inventory.read_text())
+    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    project.sandbox.set_faults(partial_push=[NODES[1]])
+    try:
+        code, report, stderr = job_json(project, "deploy", "--restart", "train")
+        assert code == 3, stderr
+        assert report["summary"] == (
+            "failed: launch failed on n1 (rank 1); stopped again on n0: nothing runs"
+        )
+        assert [n["state"] for n in report["nodes"]] == ["stopped", "failed"]
+        for vmid in NODES:
+            assert project.processes(vmid, "train_demo") == []
+        code, report, stderr = job_json(project, "deploy", "--restart", "--keep-partial", "train")
+        assert code == 3, stderr
+        assert [n["state"] for n in report["nodes"]] == ["launched", "failed"]
+        assert project.processes(NODES[0], "train_demo") != []
+    finally:
+        project.sandbox.set_faults()
+
+
 def test_a_stopped_container_fails_its_check_and_changes_nothing(job_project: Project) -> None:
     project = job_project
     write_job(project)
@@ -354,7 +427,11 @@ def test_a_stopped_container_fails_its_check_and_changes_nothing(job_project: Pr
     try:
         code, report, stderr = job_json(project, "deploy", "--restart", "train")
         assert code == 3, stderr
-        assert report["summary"].startswith("nothing changed on any node: checks failed on n1")
+        # The network check, the first to ask every node, finds it.
+        assert report["summary"].startswith(
+            "nothing changed on any node: network check: n1 (sandbox CT 301): container 301 "
+            "not running"
+        ), report["summary"]
         assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
         assert session_pid(project, NODES[0]) == pid0
         code, status, _ = job_json(project, "status", "train")
@@ -725,6 +802,6 @@ def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: P
         "nothing changed on any node: the nodes would run different versions "
         f"(n0 {first[:12]}, n1 {other[:12]})"
     )
-    assert [n["state"] for n in report["nodes"]] == ["unchanged", "unchanged"]
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
     assert [session_pid(project, vmid) for vmid in NODES] == pids
     assert [script_sha(project, vmid) for vmid in NODES] == [second, second]

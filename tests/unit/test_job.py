@@ -16,19 +16,22 @@ import pytest
 from launcher.config import load_inventory
 from launcher.errors import ConfigError, ExitCode
 from launcher.fleet import Outcome
-from launcher.job import NodeResult, Rendezvous, choose_address, load_job, with_env
+from launcher.job import NodeResult, Rendezvous, load_job, with_env
 from launcher.jobdeploy import JobResult, NodeState
 from launcher.jobverify import (
     NodeWatch,
+    gpu_problem,
     has_finished,
     job_summary,
     liveness_problem,
     node_verdict,
+    problem_state,
     run_id,
     status_job,
 )
 from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
 from launcher.verify.checks import PaneState
+from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
 from tests.unit.projectfiles import write_project
 
@@ -57,7 +60,7 @@ def test_a_valid_job_gives_every_rank_its_rendezvous_values(tmp_path: Path) -> N
     job = load_job(inventory, "train")
     assert [n.name for n in job.nodes] == ["prod", "staging"]
     assert job.spec.master_port == 29500 and job.status_rank == 0
-    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2)
+    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2, ifnames=("eth1", "eth0"))
     targets = with_env(job.nodes, rendezvous)
     assert [t.playbook.spec.env for t in targets] == [
         {
@@ -66,8 +69,18 @@ def test_a_valid_job_gives_every_rank_its_rendezvous_values(tmp_path: Path) -> N
             "MASTER_ADDR": "10.0.0.5",
             "MASTER_PORT": "29500",
             "JOB_ID": "train-R1",
+            # torchrun's options: `torchrun --nproc_per_node N train.py` needs no other flag.
+            "PET_NNODES": "2",
+            "PET_NODE_RANK": str(rank),
+            "PET_MAX_RESTARTS": "0",
+            "PET_RDZV_ID": "train-R1",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": "10.0.0.5:29500",
+            "PET_RDZV_CONF": f"is_host={int(rank == 0)}",
+            "GLOO_SOCKET_IFNAME": ifname,
+            "NCCL_SOCKET_IFNAME": ifname,
         }
-        for rank in (0, 1)
+        for rank, ifname in ((0, "eth1"), (1, "eth0"))
     ]
     # The job's nodes keep their own host and VMID.
     assert [(t.host_name, t.vmid) for t in targets] == [("pve", 200), ("pve", 201)]
@@ -97,6 +110,30 @@ def test_job_errors_name_file_line_and_key(
     assert message in problem
 
 
+def test_the_static_rendezvous_names_every_address_and_no_endpoint() -> None:
+    """torchrun's static backend: master_addr/port (run.py get_rdzv_endpoint builds the
+    endpoint from them only when none is given), with --local_addr for newer torch on c10d."""
+    static = Rendezvous("R1", "j-R1", "10.0.0.5", 29511, 2, backend="static", max_restarts=2)
+    env = static.torchrun_env(1)
+    assert env["PET_RDZV_BACKEND"] == "static" and env["PET_MAX_RESTARTS"] == "2"
+    assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == ("10.0.0.5", "29511")
+    assert "PET_RDZV_ENDPOINT" not in env and "PET_RDZV_CONF" not in env
+    assert "GLOO_SOCKET_IFNAME" not in env  # no interface known: gloo's own choice
+    local = Rendezvous("R1", "j-R1", "fd00::5", 29511, 2, local_addrs=("fd00::5", "fd00::6"))
+    assert local.torchrun_env(1)["PET_LOCAL_ADDR"] == "fd00::6"
+    assert local.torchrun_env(0)["PET_RDZV_ENDPOINT"] == "[fd00::5]:29511"
+
+
+def test_the_playbooks_env_wins_over_torchruns_variables(tmp_path: Path) -> None:
+    path = inventory_with(tmp_path, JOB)
+    book = tmp_path / "playbooks" / "dflash.yaml"
+    book.write_text(book.read_text().replace("env: {}", "env: {GLOO_SOCKET_IFNAME: ib0}"))
+    job = load_job(load_inventory(path), "train")
+    rendezvous = Rendezvous("R1", "train-R1", "10.0.0.5", 29500, 2, ifnames=("eth0", "eth0"))
+    [env0, _] = [t.playbook.spec.env for t in with_env(job.nodes, rendezvous)]
+    assert env0["GLOO_SOCKET_IFNAME"] == "ib0" and env0["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
 def test_a_playbook_that_sets_a_rendezvous_key_is_refused(tmp_path: Path) -> None:
     path = inventory_with(tmp_path, JOB)
     book = tmp_path / "playbooks" / "dflash.yaml"
@@ -104,21 +141,6 @@ def test_a_playbook_that_sets_a_rendezvous_key_is_refused(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as caught:
         load_job(load_inventory(path), "train")
     assert "NODE_RANK set by the playbook" in caught.value.problems[0]
-
-
-@pytest.mark.parametrize(
-    ("said", "chosen"),
-    [
-        ("10.213.0.110 \n", "10.213.0.110"),
-        ("127.0.1.1 10.0.0.7 fd00::7\n", "10.0.0.7"),
-        ("fe80::1 2001:db8::7\n", "2001:db8::7"),
-        ("169.254.1.1 0.0.0.0\n", None),
-        ("", None),
-        ("not-an-address\n", None),
-    ],
-)
-def test_the_address_other_nodes_reach(said: str, chosen: str | None) -> None:
-    assert choose_address(said) == chosen
 
 
 def state(**changes: object) -> PaneState:
@@ -337,3 +359,20 @@ def test_where_the_startup_probe_leaves_a_node(
     probe = SimpleNamespace(state=probe_state, exit_code=probe_code, run="train:R1")
     node = node_verdict(watch, "train:R1", probe, 0)  # type: ignore[arg-type]
     assert (node.state, node.exit_code) == (state, code), node
+
+
+def test_every_node_is_judged_on_its_gpus_while_the_job_trains(tmp_path: Path) -> None:
+    """A node that prints no status lines still shows its GPUs: held and busy while the status
+    rank trains; before that (CUDA starting) nothing is concluded."""
+    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
+    node = job.nodes[1]
+    on_cpu = state(gpus=GpuSample(2, ()))
+    assert gpu_problem(on_cpu, node, training=False) is None
+    problem = gpu_problem(on_cpu, node, training=True)
+    assert problem == "gpus: the run holds no GPU (running on the CPU?)"
+    assert problem_state(problem) == "gpus"
+    idle = state(gpus=GpuSample(2, (0, 1), {0: 95, 1: 0}, {0: 900, 1: 900}))
+    assert "1 of the run's 2 GPUs below 10 % busy" in str(gpu_problem(idle, node, training=True))
+    busy = state(gpus=GpuSample(2, (0, 1), {0: 95, 1: 91}, {0: 900, 1: 900}))
+    assert gpu_problem(busy, node, training=True) is None
+    assert gpu_problem(state(), node, training=True) is None  # no GPUs asked for

@@ -15,10 +15,11 @@ import pytest
 from launcher import jobdeploy
 from launcher.config import Target, load_inventory
 from launcher.deploy import Step
-from launcher.errors import ExitCode, LauncherError, RefusedError, UsageError
+from launcher.errors import ExitCode, LauncherError, RefusedError, RemoteError, UsageError
 from launcher.job import Job, NodeResult, load_job
 from launcher.jobdeploy import Phases, run_phases
 from launcher.joblogs import chosen_nodes
+from launcher.jobnet import NetworkPlan
 from launcher.operate import StopResult
 from tests.unit.test_job import JOB, inventory_with
 
@@ -44,6 +45,15 @@ class FakeNodes:
             except LauncherError as error:
                 results.append(NodeResult(rank, target, error=error))
         return results
+
+
+def planned(job: Job, nodes: Any, say: Any) -> NetworkPlan:
+    """The network as the nodes would report it: rank 0 at its configured address."""
+    return NetworkPlan("10.0.0.5", ("10.0.0.5", "10.0.0.6"), ("eth0", "eth0"))
+
+
+def phases(action: str, run: Any, **options: Any) -> Phases:
+    return Phases(action, run, network=planned, **options)
 
 
 @dataclasses.dataclass
@@ -88,7 +98,7 @@ def test_every_node_checked_then_stopped_then_run_with_one_run_id(
     loaded = job(tmp_path)
     run = recorder(calls, {"prod": "a" * 64, "staging": "a" * 64})
     result = run_phases(
-        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+        loaded, FakeNodes(loaded.nodes), phases("rollback", run, restart=True), lambda n, line: None
     )  # type: ignore[arg-type]
     assert result.exit_code == ExitCode.OK
     assert [c[0] for c in calls] == ["plan", "plan", "stop", "stop", "run", "run"]
@@ -104,7 +114,7 @@ def test_a_failed_check_on_node1_changes_nothing(tmp_path: Path) -> None:
     run = recorder(calls, {"prod": "a" * 64, "staging": "a" * 64}, refuse="staging")
     # No stop is patched in: a stop here would reach the fake connection and fail.
     result = run_phases(
-        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+        loaded, FakeNodes(loaded.nodes), phases("rollback", run, restart=True), lambda n, line: None
     )  # type: ignore[arg-type]
     assert result.exit_code == ExitCode.REFUSED
     assert [c[0] for c in calls] == ["plan", "plan"]
@@ -117,7 +127,7 @@ def test_nodes_that_would_run_different_versions_change_nothing(tmp_path: Path) 
     loaded = job(tmp_path)
     run = recorder(calls, {"prod": "a" * 64, "staging": "b" * 64})
     result = run_phases(
-        loaded, FakeNodes(loaded.nodes), Phases("rollback", run, restart=True), lambda n, line: None
+        loaded, FakeNodes(loaded.nodes), phases("rollback", run, restart=True), lambda n, line: None
     )  # type: ignore[arg-type]
     assert result.exit_code == ExitCode.REFUSED
     assert [c[0] for c in calls] == ["plan", "plan"]
@@ -135,3 +145,52 @@ def test_job_logs_picks_a_node_by_name(tmp_path: Path) -> None:
     assert [t.name for t in chosen_nodes(loaded, nodes, "staging")] == ["staging"]  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"no node 'other' \(nodes: prod, staging\)"):
         chosen_nodes(loaded, nodes, "other")  # type: ignore[arg-type]
+
+
+def failing_launch(calls: list[tuple[str, ...]], node: str) -> Callable[..., Ran]:
+    """Every check passes; the launch fails on `node` (as after a cut push)."""
+
+    def run(
+        target: Target, conn: Any, run_id: str, plan: bool, show: Callable[[Step], None]
+    ) -> Ran:
+        calls.append(("plan" if plan else "run", target.name))
+        if not plan and target.name == node:
+            raise RemoteError("sha256 mismatch after the push")
+        return Ran("a" * 64)
+
+    return run
+
+
+@pytest.mark.parametrize("keep_partial", [False, True])
+def test_a_launch_that_fails_on_one_node_is_stopped_again_on_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_partial: bool
+) -> None:
+    calls: list[tuple[str, ...]] = []
+
+    def stop(target: Target, conn: Any, *, grace: float | None = None) -> StopResult:
+        calls.append(("stop", target.name))
+        return StopResult(ExitCode.OK, "stopped", "dflash")
+
+    monkeypatch.setattr(jobdeploy, "stop", stop)
+    loaded = job(tmp_path)
+    options = {"restart": False, "keep_partial": keep_partial}
+    result = run_phases(
+        loaded,
+        FakeNodes(loaded.nodes),  # type: ignore[arg-type]
+        phases("deploy", failing_launch(calls, "staging"), **options),
+        lambda n, line: None,
+    )
+    assert result.exit_code == ExitCode.UNREACHABLE
+    if keep_partial:
+        assert ("stop", "prod") not in calls
+        assert [n.state for n in result.nodes] == ["launched", "failed"]
+        assert "--keep-partial" in result.summary
+        return
+    assert calls[-1] == ("stop", "prod")  # never the node that did not launch
+    assert [n.state for n in result.nodes] == ["stopped", "failed"]
+    assert (
+        result.nodes[0].detail == "launched, then stopped again: launch failed on staging (rank 1)"
+    )
+    assert result.summary == (
+        "failed: launch failed on staging (rank 1); stopped again on prod: nothing runs"
+    )

@@ -8,6 +8,7 @@ import base64
 import gzip
 import hashlib
 import shutil
+import socket
 import subprocess
 import tempfile
 import uuid
@@ -138,6 +139,12 @@ def tmux_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     shutil.rmtree(socket_dir, ignore_errors=True)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_each_handler_reads_only_the_keys_its_request_type_declares(
     contract: HandlerContract, tmux_env: None, tmp_path: Path
 ) -> None:
@@ -199,6 +206,10 @@ def test_each_handler_reads_only_the_keys_its_request_type_declares(
     run({"op": "stop", **common, "grace": 0.5, "gpus": 0, "cuda_visible_devices": "0",
          "lock_path": lock, "operator": {"user": "ann", "host": "ws", "pid": 1}})  # fmt: skip
     run({"op": "follow", **common, "offset": 0, "heartbeat": 0.2, "interval": 0.05})
+    port = free_port()
+    run({"op": "network", "resolve": ["localhost"], "pythons": ["/nonexistent/python3"],
+         "listen": {"port": port, "seconds": 0.5, "expect": 0},
+         "probe": {"address": "127.0.0.1", "port": port, "seconds": 0.3}})  # fmt: skip
 
     contract.assert_kept()
     assert set(contract.answers) == set(p.OPS)
