@@ -95,6 +95,11 @@ def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Projec
                 api.deploy("prod", restart=True, **bad)  # type: ignore[arg-type]
             assert caught.value.exit_code == ExitCode.USAGE
         api.deploy("prod", restart=True, message="first")
+        # One run recorded: nothing to go back to, refused with the CLI's exit code.
+        with pytest.raises(LauncherError) as refused:
+            api.rollback("prod", restart=True, wait_lock=5)
+        cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+        assert refused.value.exit_code == cli.returncode == ExitCode.REFUSED
         api.deploy(
             "prod",
             restart=True,
@@ -106,11 +111,10 @@ def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Projec
         newest = api.history("prod", limit=1).records[0]
         assert newest["message"] == "second" and newest["env"] == ["SEED"]
         assert newest["set"] == ["stop_grace=2"]
-        # The same script twice: no previous version, refused with the CLI's exit code.
-        with pytest.raises(LauncherError) as refused:
-            api.rollback("prod", restart=True, wait_lock=5)
-        cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
-        assert refused.value.exit_code == cli.returncode == ExitCode.REFUSED
+        # The previous run back: the same script, without the second run's SEED.
+        api.rollback("prod", restart=True, wait_lock=5)
+        back = api.history("prod", limit=1).records[0]
+        assert back.get("rollback") and not back.get("env"), back
         smoked = api.smoke("prod", wait=3)
         assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
         assert smoked.deploy.sha256

@@ -136,6 +136,11 @@ def test_fab_deploy_options_reach_the_workflow_as_the_clis_do(project: Project) 
     env = {"LAUNCHER_INVENTORY": str(project.inventory)}
     first = fab(project, "deploy", "-t", "prod", "--restart", "-m", "first", env=env)
     assert first.returncode == 0, first.stderr
+    # One run recorded: nothing to go back to, refused through fab as through the CLI.
+    refused = fab(project, "rollback", "-t", "prod", "--restart", "--wait-lock", "5s", env=env)
+    cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+    assert refused.returncode == cli.returncode == 4, refused.stdout + refused.stderr
+    assert "no previous" in refused.stderr
     second = fab(
         project,
         *("deploy", "-t", "prod", "--restart", "--env", "SEED=41", "--env", "LR=1"),
@@ -155,11 +160,11 @@ def test_fab_deploy_options_reach_the_workflow_as_the_clis_do(project: Project) 
         shown.stdout
     )
 
-    # The same script twice: no previous version, refused through fab as through the CLI.
+    # The previous run back through fab: the same script, without the second run's env.
     rolled = fab(project, "rollback", "-t", "prod", "--restart", "--wait-lock", "5s", env=env)
-    cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
-    assert rolled.returncode == cli.returncode == 4, rolled.stdout + rolled.stderr
-    assert "no previous version" in rolled.stderr
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    back = json.loads(project.launcher("history", "--json", "--limit", "1").stdout)["records"][0]
+    assert back.get("rollback") and not back.get("env"), back
 
     smoked = fab(project, "smoke", "-t", "prod", "--wait", "3", "--json", env=env)
     assert smoked.returncode == 0, smoked.stdout + smoked.stderr

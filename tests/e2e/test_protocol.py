@@ -132,7 +132,14 @@ def test_every_op_round_trips_through_the_protocol_types(
         "setup": None,
     }
     built = agent.transaction(
-        transaction(project, release=release, dest=None, sha256=None, content_b64=None)
+        transaction(
+            project,
+            release=release,
+            dest=None,
+            sha256=None,
+            content_b64=None,
+            command="python3 main.py",  # the release's own script (checked before the stop)
+        )
     )
     assert_shape(built, p.TransactionAnswer)
     assert built["release"] and built["release"]["sent_files"] == 1
