@@ -20,6 +20,7 @@ from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
 from launcher.errors import LauncherError, RefusedError, RemoteError
+from launcher.job import new_run_id
 from launcher.operate import stop
 from launcher.protocol import RUN_REPLACED
 from launcher.verify.lifecycle import State
@@ -211,11 +212,15 @@ class TargetWatch:
         self.record.restarts = [*policy.recent(self.record.restarts, now), time.time()]
         self.record.status = "restarting"
         count = len(self.record.restarts)
-        # Counted before it starts: a watcher killed mid-restart must not get one more.
+        # Counted, and the run it launches named, before it starts: a watcher killed at any
+        # point of the restart leaves the next one (same state file) the count and that run
+        # as its own, not a stranger's run with a fresh budget.
+        run_id = new_run_id()
+        self.runs.expected = self.record.launched = f"{self.target.playbook.spec.session}:{run_id}"
         self.hub.state.update(self.target.name, self.record)
         # Only the crashed run is replaced: a second watcher (any state file) that saw the same
         # crash is refused in the container, under the deploy lock, once the first replaced it.
-        options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run)
+        options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run, run_id=run_id)
         try:
             report = deploy(self.target, self.conn, options)
         except RefusedError as error:
