@@ -13,7 +13,7 @@ kept unless the deploy was given `--prune-archives`. What a deploy archives is m
 
 from __future__ import annotations
 
-import calendar
+import datetime
 import json
 import os
 import re
@@ -87,7 +87,11 @@ def run_seconds(workdir, session, run):
     match = RUN_START.search(run or "")
     if not match:
         return None
-    started = calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ"))
+    started = (
+        datetime.datetime.strptime(match.group(1), "%Y%m%dT%H%M%SZ")
+        .replace(tzinfo=datetime.timezone.utc)
+        .timestamp()
+    )
     try:
         ended = os.stat(exit_path(workdir, session)).st_mtime
     except OSError:
