@@ -400,3 +400,26 @@ def test_a_symlink_loop_in_a_project_is_a_usage_error_naming_it(clean_ct: Projec
     assert deployed.returncode == 2, deployed.stderr
     assert "'data/a.txt' cannot be read: " in deployed.stderr
     assert "Traceback" not in deployed.stderr
+
+
+def test_a_reader_of_stdout_gone_before_the_result_keeps_the_deploys_exit_code(
+    clean_ct: Project,
+) -> None:
+    """`launcher deploy --restart --json | true`: the deploy is done when its result is
+    printed; the reader's leaving loses the document, not the exit code (0, not 141)."""
+    project = clean_ct
+    book = project.playbook("edges", workdir=EDGE_WORKDIR, gpus=0, stop_grace=3)
+    project.write({"edges": (VMID, book)})
+    for args in (("deploy", "--restart", "--json"), ("deploy", "--restart")):
+        child = subprocess.Popen(
+            project.argv(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        child.stdout.close()  # the reader is gone before anything is printed
+        _, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err.decode()
+        assert b"Traceback" not in err
+        assert pane_pid(project, "edges")
