@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO
 
 VERSION = (["--version"], ["-V"])
 # The group's global options (cli/main.py), which may come before --version.
@@ -27,9 +27,62 @@ GLOBAL_FLAGS = frozenset(("--debug", "-q", "--quiet"))
 def main() -> NoReturn:
     sys.unraisablehook = interrupt_or_report
     try:
+        open_standard_streams()
         _main()
     except KeyboardInterrupt:
         interrupted()
+
+
+def open_standard_streams() -> None:
+    """A descriptor of 0, 1 and 2 that the shell closed (`launcher status >&-`, `2>&-`) is
+    pointed at /dev/null, as OpenSSH does before anything else (misc.c, sanitise_stdfd): what
+    would go there is dropped, the command runs and exits with its own code, and no file or
+    socket launcher opens later takes that number and receives what was meant for the stream.
+    Python starts with sys.stdout (stdin, stderr) None for such a descriptor: a stream again."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            if getattr(sys, name) is not None:
+                continue
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        errors = "backslashreplace" if fd == 2 else None
+        stream = open(fd, mode, closefd=False, errors=errors)  # noqa: SIM115 (the process's own)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    sys.stderr = TolerantStream(sys.stderr)
+
+
+class TolerantStream:
+    """stderr (progress, warnings, errors) whose reader may be gone (`2>&1 | head -1`, a closed
+    pipe): a write that fails is dropped, and so is everything after it, so that a lost
+    progress line never ends a command that was running (a deploy half-way) nor changes its
+    exit code. stdout keeps failing loudly: a reader that leaves ends the command (exit 141)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._broken = False
+
+    def write(self, text: str) -> int:
+        if not self._broken:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError):
+                self._broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._broken:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._broken = True
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, buffer ...
+        return getattr(self._stream, name)
 
 
 def interrupted() -> NoReturn:

@@ -139,13 +139,22 @@ def build_manifest(
     """Walk `root` and hash every file; UsageError naming the first thing that cannot travel
     (a link out of the tree, a bad name, a limit passed). Limits are checked while walking, so
     a tree of a million files is refused after max_files of them, not after hashing them all."""
-    root = root.resolve()
+    try:
+        root = root.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop: RuntimeError before Python 3.13
+        raise UsageError(f"project.source {root} cannot be resolved: {_why(exc)}") from None
     if not root.is_dir():
         raise UsageError(f"project.source {root} is not a directory")
     patterns = [*ALWAYS_EXCLUDED, *exclude]
     found: list[tuple[str, Path, os.stat_result]] = []
     total = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+
+    def unreadable(error: OSError) -> None:  # os.walk would skip the directory silently
+        where = Path(error.filename or root)
+        rel = where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)
+        raise UsageError(f"project {root}: {rel!r} cannot be listed: {_why(error)}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         base = Path(dirpath)
         rel_dir = base.relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir
@@ -158,7 +167,7 @@ def build_manifest(
             if (base / name).is_symlink():
                 raise UsageError(
                     f"project {root}: {rel!r} is a symlink to a directory "
-                    f"({os.readlink(base / name)}); a release holds files only"
+                    f"({_link_text(base / name)}); a release holds files only"
                 )
             keep.append(name)
         dirnames[:] = keep
@@ -189,9 +198,10 @@ def build_manifest(
         ignored = _git_ignored(root, [rel for rel, _, _ in found])
         found = [item for item in found if item[0] not in ignored]
     entries = [
-        Entry(rel, info.st_size, 0o755 if info.st_mode & 0o111 else 0o644, _sha256(path), path)
+        Entry(rel, info.st_size, 0o755 if info.st_mode & 0o111 else 0o644,
+              _hashed(root, path, rel, info), path)
         for rel, path, info in sorted(found, key=lambda item: item[0])
-    ]
+    ]  # fmt: skip
     if not entries:
         raise UsageError(f"project {root}: no files to deploy (all excluded?)")
     return Manifest(tuple(entries))
@@ -205,17 +215,17 @@ def _check_name(root: Path, rel: str) -> None:
 
 def _file_stat(root: Path, path: Path, rel: str) -> os.stat_result:
     """The file's stat; a symlink counts only when it resolves to a regular file in the tree."""
-    if path.is_symlink():
-        real = path.resolve()
-        if not real.is_relative_to(root):
-            raise UsageError(
-                f"project {root}: {rel!r} is a symlink to {os.readlink(path)}, outside the "
-                "project; a release never leads out of itself"
-            )
     try:
+        if path.is_symlink():
+            real = path.resolve(strict=True)
+            if not real.is_relative_to(root):
+                raise UsageError(
+                    f"project {root}: {rel!r} is a symlink to {_link_text(path)}, outside the "
+                    "project; a release never leads out of itself"
+                )
         info = path.stat()
-    except OSError as exc:
-        raise UsageError(f"project {root}: {rel!r} cannot be read: {exc.strerror}") from None
+    except (OSError, RuntimeError) as exc:  # gone, unreadable, a symlink loop
+        raise UsageError(f"project {root}: {rel!r} cannot be read: {_why(exc)}") from None
     if not stat.S_ISREG(info.st_mode):
         raise UsageError(f"project {root}: {rel!r} is not a regular file")
     return info
@@ -227,6 +237,39 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _hashed(root: Path, path: Path, rel: str, info: os.stat_result) -> str:
+    """The file's sha256, read as it was listed: one removed or rewritten meanwhile (a trainer
+    still writing into the tree) is an error naming it, never a traceback or a wrong entry."""
+    try:
+        digest = _sha256(path)
+        now = path.stat()
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(
+            f"project {root}: {rel!r} vanished or became unreadable while the manifest was "
+            f"built: {_why(exc)}; deploy again once the tree is still"
+        ) from None
+    if (now.st_size, now.st_mtime_ns) != (info.st_size, info.st_mtime_ns):
+        raise UsageError(
+            f"project {root}: {rel!r} changed while the manifest was built; deploy again "
+            "once the tree is still"
+        )
+    return digest
+
+
+def _why(exc: BaseException) -> str:
+    """An OSError's reason (`Too many levels of symbolic links`), or the error's text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _link_text(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError as exc:
+        return f"unreadable: {_why(exc)}"
 
 
 BLOCK = 1 << 20  # bytes read, hashed and compressed at a time

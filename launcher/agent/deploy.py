@@ -540,7 +540,7 @@ class Deploy:
         }
         if free is not None and free < self.need_bytes:
             raise AgentError("missing", "only %d bytes free under %s" % (free, self.workdir))
-        room = self.check_room_for_the_new_run(free)
+        room = self.check_room_for_the_new_run()
         if self.gpus > 0 and gpus["visible"] < self.gpus:
             reason = gpus["error"] or "%d visible" % gpus["visible"]
             raise AgentError("missing", "playbook wants %d GPUs, %s" % (self.gpus, reason))
@@ -560,13 +560,16 @@ class Deploy:
             " (--prune-archives: also older runs worth more)" if self.prune_archives else "",
         )
 
-    def check_room_for_the_new_run(self, free):
+    def check_room_for_the_new_run(self):
         """Archiving the checkpoints frees no space, and the new run writes as many again:
         when the disk will not hold that, say so before the stop (what the archives hold, what
         pruning may free) instead of pruning to make room."""
-        if free is None or self.mode != "archive" or self.checkpoints is None:
+        if self.mode != "archive" or self.checkpoints is None:
             return ""
         if not os.path.isdir(self.checkpoints) or os.path.islink(self.checkpoints):
+            return ""
+        free = free_bytes(os.path.dirname(self.checkpoints))  # its filesystem: a mount may differ
+        if free is None:
             return ""
         now = measure_tree(self.checkpoints)
         need = self.need_bytes + now["bytes"]

@@ -6,7 +6,10 @@ elsewhere; -q silences it. stdout gets only the result: text, a fleet's table, o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -42,12 +45,26 @@ def run_on_targets(
         return run_fleet(targets, work, parallel=app.parallel, say=display.say)
 
 
+@contextmanager
+def result_output() -> Iterator[None]:
+    """The result is printed once the work is done: a reader gone by then (`launcher deploy |
+    true`) drops it, and the command's own exit code stands; nothing was cut short, so not
+    141 (which a reader that ends a stream, `launcher logs -f | head`, still gives)."""
+    try:
+        yield
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # what is still buffered goes nowhere, quietly
+        os.close(null)
+
+
 def say_result(outcomes: Sequence[Outcome]) -> None:
     """One target's summary on stdout, unless it is the error already printed on stderr."""
     from launcher.termsafe import sanitize
 
     if len(outcomes) == 1 and outcomes[0].error is None:
-        click.echo(sanitize(outcomes[0].summary, keep_sgr=False))
+        with result_output():
+            click.echo(sanitize(outcomes[0].summary, keep_sgr=False))
 
 
 def emit_json(
@@ -57,7 +74,8 @@ def emit_json(
     when not its result's own JSON form."""
     from launcher.jsonout import emit
 
-    emit(FleetResult(command, list(outcomes)).to_json(items))
+    with result_output():
+        emit(FleetResult(command, list(outcomes)).to_json(items))
 
 
 def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) -> None:
@@ -67,6 +85,7 @@ def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) ->
 
     result = FleetResult(title, list(outcomes))
     if table and len(outcomes) > 1:
-        click.echo(result.summary)
+        with result_output():
+            click.echo(result.summary)
     ci.report(title, outcomes)
     raise SystemExit(int(result.exit_code))

@@ -224,6 +224,9 @@ def _take_streams(streams: list[wire.Stream], fds: list[int]) -> None:
         )
     sys.stdin, sys.stdout, sys.stderr = made
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = made  # type: ignore[misc]
+    from launcher.console import TolerantStream
+
+    sys.stderr = TolerantStream(made[2])  # a reader gone never ends the command
 
 
 def _run(conn: socket.socket) -> int:

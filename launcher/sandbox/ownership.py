@@ -87,6 +87,8 @@ def claim(state_dir: Path, vmids: list[int]) -> Marker:
     A directory that holds anything else and no marker is not a sandbox's: refused, nothing
     written. One that a sandbox made before markers existed (its `lxc/` and `bin/pct`) is
     claimed with the containers it holds."""
+    if state_dir.exists() and not state_dir.is_dir():
+        raise UsageError(f"{state_dir} is not a directory: nothing was changed")
     marker = read(state_dir)
     if marker is None:
         made_dir = not state_dir.exists()
@@ -108,7 +110,7 @@ def claim(state_dir: Path, vmids: list[int]) -> Marker:
 
 def required(state_dir: Path) -> Marker:
     """The marker `down` needs before it touches anything (exit 2 without it)."""
-    marker = read(state_dir)
+    marker = read(state_dir) if state_dir.is_dir() else None
     if marker is None:
         raise UsageError(
             f"refusing to remove {state_dir}: it has no {MARKER}, so launcher sandbox up did "

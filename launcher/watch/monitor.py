@@ -23,6 +23,7 @@ from launcher.config import Target
 from launcher.container import HostConnection
 from launcher.deploy import DeployOptions, deploy
 from launcher.errors import LauncherError, PausedError, RefusedError, RemoteError
+from launcher.job import new_run_id
 from launcher.operate import RunBack, rollback, stop
 from launcher.protocol import RUN_REPLACED, SPEC_NOT_KEPT
 from launcher.verify.lifecycle import State
@@ -239,12 +240,16 @@ class TargetWatch:
         self.record.restarts = [*policy.recent(self.record.restarts, now), time.time()]
         self.record.status = "restarting"
         count = len(self.record.restarts)
-        # Counted before it starts: a watcher killed mid-restart must not get one more.
+        # Counted, and the run it launches named, before it starts: a watcher killed at any
+        # point of the restart leaves the next one (same state file) the count and that run
+        # as its own, not a stranger's run with a fresh budget.
+        run_id = new_run_id()
+        self.runs.expected = self.record.launched = f"{self.target.playbook.spec.session}:{run_id}"
         self.hub.state.update(self.target.name, self.record)
         # Only the crashed run is replaced: a second watcher (any state file) that saw the same
         # crash is refused in the container, under the deploy lock, once the first replaced it.
         try:
-            launched = self.restart_same_run(count)
+            launched = self.restart_same_run(count, run_id)
         except RefusedError as error:
             if self.record.run is not None and RUN_REPLACED in error.message:
                 self.record.restarts = self.record.restarts[:-1]  # not ours: not counted
@@ -273,11 +278,12 @@ class TargetWatch:
         )
         self.transition("restart", "restarting", reason, run=self.runs.expected)
 
-    def restart_same_run(self, count: int) -> str | None:
+    def restart_same_run(self, count: int, run_id: str) -> str | None:
         """The crashed run again, as it was: its script or release, command, env and overrides
         from the spec the container kept, its checkpoints left in place (never archived); the
         record says `restarted by watch (N/M)`. A run launched before specs were kept is
-        redeployed from the playbook instead. Returns the new run's marker."""
+        redeployed from the playbook instead. `run_id`: the new run's, written to the state
+        file before this call. Returns the new run's marker."""
         by = f"watch ({count}/{self.settings.policy.max_restarts})"
         back = RunBack(
             to_run=self.record.run,
@@ -287,11 +293,20 @@ class TargetWatch:
             record={"restarted_by": by},
         )
         try:
-            done = rollback(self.target, self.conn, restart=True, keep_checkpoints=True, back=back)
+            done = rollback(
+                self.target,
+                self.conn,
+                restart=True,
+                keep_checkpoints=True,
+                back=back,
+                run_id=run_id,
+            )
         except RefusedError as error:
             if SPEC_NOT_KEPT not in error.message:
                 raise
-            options = dataclasses.replace(RESTART_OPTIONS, expect_run=self.record.run)
+            options = dataclasses.replace(
+                RESTART_OPTIONS, expect_run=self.record.run, run_id=run_id
+            )
             return deployed_run(deploy(self.target, self.conn, options).to_json())
         return deployed_run(done.to_json())
 

@@ -7,6 +7,8 @@ Each case is one a user or a hostile tester produced; on the code before, each l
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -122,7 +124,8 @@ def clean_ct(project: Project) -> Iterator[Project]:
 ARCHIVES_WORKDIR = "/root/safety4-archives"
 DISK_WORKDIR = "/root/safety4-disk"
 COMMAND_WORKDIR = "/root/safety4-command"
-WORKDIRS = (ARCHIVES_WORKDIR, DISK_WORKDIR, COMMAND_WORKDIR)
+EDGE_WORKDIR = "/root/safety4-edges"
+WORKDIRS = (ARCHIVES_WORKDIR, DISK_WORKDIR, COMMAND_WORKDIR, "/root/safety4-watch", EDGE_WORKDIR)
 
 
 def checkpointer(project: Project, name: str, workdir: str, **overrides: Any) -> dict[str, Any]:
@@ -266,3 +269,157 @@ def test_a_project_commands_script_is_looked_for_in_the_new_release(clean_ct: Pr
     assert pane_pid(project, "proj") == before
     fixed = project.launcher("deploy", "--restart", "--command", "python3 train.py")
     assert fixed.returncode == 0, fixed.stderr
+
+
+# -- 9. a watcher killed mid-restart leaves its count to the next
+
+
+def watch_record(state_home: Path, target: str) -> dict[str, Any]:
+    for path in (state_home / "launcher" / "watch").glob("*.json"):
+        try:
+            found: dict[str, Any] = json.loads(path.read_text())["targets"].get(target) or {}
+        except (OSError, ValueError):
+            continue  # being replaced
+        return found
+    return {}
+
+
+def test_a_watcher_killed_mid_restart_leaves_its_count_to_the_next(
+    clean_ct: Project, tmp_path: Path
+) -> None:
+    """--max-restarts 1: the first watcher's restart is under way (the old run ignores C-c, so
+    the stop waits its grace) when it is killed; the deploy finishes in the container. The next
+    watcher counts the run it launched as the first's, so the next failure is the budget's end
+    (left stopped), not a third deploy."""
+    project = clean_ct
+    book = project.playbook(
+        "wkill", workdir="/root/safety4-watch", gpus=0, stop_grace=4,
+        env={"DEMO_MODE": "nan", "DEMO_NAN_AFTER": "4", "DEMO_IGNORE_SIGINT": "1"},
+        verify={"wait": 1, "interval": 1, "successes": 1, "failure_threshold": 2},
+    )  # fmt: skip
+    project.write({"wkill": (VMID, book)})
+    assert project.launcher("deploy", "--restart").returncode == 0
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    argv = project.argv("watch", "--restart-on-failure", "--max-restarts", "1")
+    argv += ["--restart-backoff", "0", "--for", "40"]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        project.wait_for(
+            lambda: watch_record(tmp_path / "state", "wkill").get("status") == "restarting",
+            40,
+            "the first watcher's restart",
+        )
+        time.sleep(1)  # in the stop's grace: the deploy is under way in the container
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+
+    def records() -> list[Any]:
+        found: list[Any] = json_out(project.launcher("history", "--json"))["records"]
+        return found
+
+    project.wait_for(lambda: len(records()) == 2, 30, "the killed watcher's restart to finish")
+    second = subprocess.run(
+        [*argv[:-1], "25"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    found = records()
+    assert len(found) == 2, (found, second.stderr)  # the deploy and the one restart allowed
+    assert "redeployed" not in second.stderr, second.stderr
+    assert "restarts in" in second.stderr and "the limit" in second.stderr, second.stderr
+
+
+# -- 9. closed or broken output streams, odd project trees
+
+
+def with_closed(redirection: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """argv run with a standard stream closed by the shell (`>&-`, `2>&-`)."""
+    return subprocess.run(
+        ["bash", "-c", f'"$@" {redirection}', "bash", *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_closed_stdout_or_stderr_leaves_the_commands_own_exit_code(clean_ct: Project) -> None:
+    project = clean_ct
+    book = project.playbook("edges", workdir=EDGE_WORKDIR, gpus=0)
+    project.write({"edges": (VMID, book)})
+    deployed = with_closed(">&-", project.argv("deploy", "--restart"))
+    assert deployed.returncode == 0, deployed.stderr
+    assert "Traceback" not in deployed.stderr and "deployed edges" not in deployed.stdout
+    assert pane_pid(project, "edges")  # it did launch
+    project.wait_for(lambda: project.launcher("status").returncode == 0, 30, "a healthy run")
+    for redirection in (">&-", "2>&-", ">&- 2>&-", "<&-"):
+        status = with_closed(redirection, project.argv("status", "--json"))
+        assert status.returncode == 0, (redirection, status.stderr)
+        assert "Traceback" not in status.stderr
+    missing = with_closed(">&- 2>&-", project.argv("logs", "-t", "nosuchtarget"))
+    assert missing.returncode == 2  # a usage error stays one
+
+
+def test_a_reader_of_stderr_that_goes_away_does_not_end_a_deploy(clean_ct: Project) -> None:
+    """Progress goes to stderr: its reader leaving (`2>&1 | head -1` in a script) drops the
+    lines, the deploy goes on to its end and exits 0."""
+    project = clean_ct
+    book = project.playbook("edges", workdir=EDGE_WORKDIR, gpus=0, stop_grace=3)
+    project.write({"edges": (VMID, book)})
+    assert project.launcher("deploy", "--restart").returncode == 0
+    before = pane_pid(project, "edges")
+    child = subprocess.Popen(
+        project.argv("deploy", "--restart"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stderr is not None and child.stdout is not None
+    child.stderr.read(1)
+    child.stderr.close()  # the reader goes away after the first byte
+    out = child.stdout.read().decode()
+    assert child.wait(timeout=120) == 0, out
+    assert "deployed edges" in out
+    assert pane_pid(project, "edges") != before  # the new run is the one running
+
+
+def test_a_symlink_loop_in_a_project_is_a_usage_error_naming_it(clean_ct: Project) -> None:
+    project = clean_ct
+    src = project.root / "looped"
+    src.mkdir(parents=True)
+    (src / "main.py").write_text(CHECKPOINTER)
+    (src / "data").mkdir()
+    os.symlink("b.txt", src / "data" / "a.txt")
+    os.symlink("a.txt", src / "data" / "b.txt")
+    book = project.playbook("looped", workdir=EDGE_WORKDIR, gpus=0)
+    del book["script"]
+    book["project"] = {"source": str(src)}
+    book["command"] = "python3 main.py"
+    project.write({"looped": (VMID, book)})
+    deployed = project.launcher("deploy", "--restart")
+    assert deployed.returncode == 2, deployed.stderr
+    assert "'data/a.txt' cannot be read: " in deployed.stderr
+    assert "Traceback" not in deployed.stderr
+
+
+def test_a_reader_of_stdout_gone_before_the_result_keeps_the_deploys_exit_code(
+    clean_ct: Project,
+) -> None:
+    """`launcher deploy --restart --json | true`: the deploy is done when its result is
+    printed; the reader's leaving loses the document, not the exit code (0, not 141)."""
+    project = clean_ct
+    book = project.playbook("edges", workdir=EDGE_WORKDIR, gpus=0, stop_grace=3)
+    project.write({"edges": (VMID, book)})
+    for args in (("deploy", "--restart", "--json"), ("deploy", "--restart")):
+        child = subprocess.Popen(
+            project.argv(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        child.stdout.close()  # the reader is gone before anything is printed
+        _, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err.decode()
+        assert b"Traceback" not in err
+        assert pane_pid(project, "edges")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import calendar
+import os
 from typing import Any
 
-from launcher.agent.archives import archives_of, choose_prunes
+from launcher.agent.archives import archives_of, choose_prunes, run_seconds
+from launcher.agent.paths import exit_path
 
 DAY = 86400.0
 
@@ -71,3 +74,14 @@ def test_only_names_a_deploy_gives_are_archives(tmp_path: Any) -> None:
         "ckpt.archived-20260101T000000Z",
         "ckpt.archived-20250101T000000Z",
     ]
+
+
+def test_a_runs_length_is_from_its_run_id_to_its_exit_file(tmp_path: Any) -> None:
+    start = calendar.timegm((2026, 1, 1, 0, 0, 0, 0, 0, 0))
+    exit_file = exit_path(str(tmp_path), "s")
+    os.makedirs(os.path.dirname(exit_file))
+    with open(exit_file, "w") as handle:
+        handle.write("1\n")
+    os.utime(exit_file, (start + 5400, start + 5400))  # it crashed 1.5 h in
+    assert run_seconds(str(tmp_path), "s", "s:20260101T000000Z-0123abcd") == 5400.0
+    assert run_seconds(str(tmp_path), "s", "s:not-a-run-id") is None

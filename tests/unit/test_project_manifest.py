@@ -77,6 +77,44 @@ def test_a_symlink_inside_the_project_travels_as_its_file(tmp_path: Path) -> Non
     assert manifest.by_path()["alias.py"].sha256 == manifest.by_path()["pkg/model.py"].sha256
 
 
+def test_a_symlink_loop_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    os.symlink("b.py", root / "a.py")
+    os.symlink("a.py", root / "b.py")
+    with pytest.raises(UsageError, match=r"'a\.py' cannot be read: .*(loop|levels)"):
+        build_manifest(root, exclude=["outputs"], gitignore=False, limits=LIMITS)
+
+
+def test_a_project_source_that_loops_is_a_usage_error(tmp_path: Path) -> None:
+    os.symlink(tmp_path / "src", tmp_path / "src")
+    with pytest.raises(UsageError, match=r"project.source .*src cannot be resolved"):
+        build_manifest(tmp_path / "src", limits=LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("act", "needle"),
+    [
+        (lambda f: f.unlink(), r"'pkg/model\.py' vanished or became unreadable .* No such file"),
+        (lambda f: f.write_text("X = 22\n"), r"'pkg/model\.py' changed while the manifest"),
+    ],
+    ids=["removed", "rewritten"],
+)
+def test_a_file_that_goes_while_the_manifest_is_built_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, act: object, needle: str
+) -> None:
+    """Listed, then removed or rewritten before it is hashed (a trainer writing in the tree):
+    between the walk and the hashing, where the .gitignore is asked."""
+    root = tree(tmp_path)
+
+    def meanwhile(root: Path, candidates: list[str]) -> set[str]:
+        act(root / "pkg" / "model.py")  # type: ignore[operator]
+        return set()
+
+    monkeypatch.setattr("launcher.project._git_ignored", meanwhile)
+    with pytest.raises(UsageError, match=needle):
+        build_manifest(root, exclude=["outputs"], gitignore=True, limits=LIMITS)
+
+
 def test_path_problem() -> None:
     assert path_problem("a/b.py") is None
     for bad in ("", "/abs", "a/../b", "a//b", "./a", "a\nb", "a\x1bb"):

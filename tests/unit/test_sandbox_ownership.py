@@ -88,3 +88,12 @@ def test_a_users_files_survive_and_are_named(tmp_path: Path) -> None:
     assert not (state / "lxc" / "200").exists() and not (state / "gpus").exists()
     assert (tmp_path / "elsewhere").read_text() == "not followed\n"
     assert ownership.read(state) == marker  # still marked: a second down finds it again
+
+
+def test_a_file_is_no_state_dir(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("mine\n")
+    with pytest.raises(UsageError, match="is not a directory"):
+        ownership.claim(tmp_path / "file", [200])
+    with pytest.raises(UsageError, match=r"has no \.launcher-sandbox"):
+        ownership.required(tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine\n"
