@@ -1,0 +1,170 @@
+"""No request acts after its client gave up, and a frozen CT is paused, not down: the red team's
+cases on the sandbox (a `pct` stalled on the host, a CT frozen by a backup mid-deploy).
+
+The stall and the freeze are the sandbox's own (`launcher sandbox stall`, `launcher sandbox
+freeze`): the stand-in `pct` waits on the host before doing anything, so the host's shell has
+stamped the request when it reaches the container much later; a freeze sets `lock: backup` and
+freezes the CT's cgroup as vzdump's suspend mode does, and `pct exec` hangs in it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.project import Project
+
+pytestmark = pytest.mark.e2e
+
+MAY_COMPLETE = "may still complete in the container"
+PAUSED = "is locked (backup) — the run is paused, not down"
+
+
+def run_marker(project: Project, vmid: int, session: str) -> str:
+    """The run marker of the session's run, read in the container (no launcher involved)."""
+    out = project.ct_text(vmid, "tmux", "show-options", "-v", "-t", f"={session}:", "@launcher_run")
+    return out.strip()
+
+
+def healthy(project: Project, name: str) -> bool:
+    return project.launcher("status", "-t", name, "--json").returncode == 0
+
+
+def agents(project: Project, vmid: int) -> list[str]:
+    return project.processes(vmid, "launcher_agent")
+
+
+@pytest.fixture
+def thawed(project: Project) -> Iterator[list[int]]:
+    """CTs a test froze, thawed (and unlocked) whatever happens: a frozen CT would hang the
+    next test's every call."""
+    frozen: list[int] = []
+    yield frozen
+    for vmid in frozen:
+        project.sandbox.thaw(vmid)
+
+
+def test_an_abandoned_stop_never_kills_the_run_deployed_after_it(project: Project) -> None:
+    """The red team's F-high: `stop` gave up (exit 3) while `pct` was blocked 70 s on the host;
+    the operator redeployed; at second 70 the abandoned stop killed the new run. Now the stop
+    names the run it is for and carries a deadline: it is refused in the container."""
+    name = "abandon"
+    project.deploy_healthy(name, 200, host=project.host(command_timeout=3))
+    old = run_marker(project, 200, name)
+    # The stop's first look (a poll) passes; its own call waits 70 s on the host.
+    project.sandbox.stall_pct(70, skip=1)
+    started = time.monotonic()
+    stop = project.launcher("stop", "-t", name, "--grace", "1", timeout=90)
+    gave_up = time.monotonic() - started
+    assert stop.returncode == 3, stop.stderr
+    assert f"the stop {MAY_COMPLETE}" in stop.stderr and "launcher status" in stop.stderr
+    assert gave_up < 1 + 30 + 3 + 10  # its own deadline (grace + 30 + command_timeout), then out
+    assert run_marker(project, 200, name) == old  # nothing happened yet: the stop is on its way
+
+    redeployed = project.launcher("deploy", "-t", name, "--restart")
+    assert redeployed.returncode == 0, redeployed.stderr
+    new = run_marker(project, 200, name)
+    assert new != old
+    project.wait_for(lambda: healthy(project, name), timeout=30, what="the new run healthy")
+    # The stalled call reaches the container at second 70; give its agent time to answer.
+    time.sleep(max(0.0, started + 70 + 6 - time.monotonic()))
+    project.wait_for(lambda: not agents(project, 200), timeout=20, what="the late stop to end")
+    assert run_marker(project, 200, name) == new
+    assert project.processes(200, "train_demo.py"), "the new run was killed"
+    assert healthy(project, name)
+
+
+def hold_deploy_lock(project: Project, vmid: int) -> int:
+    """The CT's deploy lock, held from the host (so a freeze of the CT does not freeze its
+    holder): another deploy, as far as the agent can tell."""
+    init = subprocess.run(
+        ["lxc-info", "-n", str(vmid), "-P", str(project.sandbox.lxcpath), "-p", "-H"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    root = Path(f"/proc/{init}/root/run/launcher")
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "deploy.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    holder = {"operator": "backup-test", "from_host": "host", "since": "now"}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(holder).encode())
+    return fd
+
+
+def test_a_deploy_frozen_mid_transaction_does_not_go_on_after_the_thaw(
+    project: Project, thawed: list[int]
+) -> None:
+    """The red team's frozen deploy: a vzdump suspend backup froze the CT while the transaction
+    ran its checks; launcher gave up (exit 3) and, after the thaw, the transaction stopped the
+    old run and launched a new one. Now it is refused at its first change: the old run stays."""
+    name = "frozen"
+    project.deploy_healthy(name, 201, host=project.host(command_timeout=4))
+    old = run_marker(project, 201, name)
+    lock = hold_deploy_lock(project, 201)
+    try:
+        deploy = subprocess.Popen(
+            project.argv("deploy", "-t", name, "--restart", "--wait-lock", "10"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Mid-transaction: its agent is in the container, waiting for the lock (a check).
+        project.wait_for(lambda: agents(project, 201), timeout=30, what="the deploy's agent")
+        time.sleep(1.0)
+        project.sandbox.freeze(201)
+        thawed.append(201)
+    finally:
+        os.close(lock)  # the other deploy ends while the CT is frozen
+    _, err = deploy.communicate(timeout=60)
+    assert deploy.returncode == 3, err
+    assert f"CT 201 {PAUSED}" in err
+    assert f"the deploy {MAY_COMPLETE}" in err
+    project.sandbox.thaw(201)
+    thawed.clear()
+    project.wait_for(lambda: not agents(project, 201), timeout=30, what="the deploy to end")
+    assert run_marker(project, 201, name) == old, "the abandoned deploy replaced the run"
+    history = project.launcher("history", "-t", name, "--json")
+    records = json.loads(history.stdout)["records"]
+    assert [r["run"] for r in records[:1]] == [old]  # no deploy recorded after the old run's
+    assert healthy(project, name)
+
+
+def test_a_frozen_ct_is_paused_for_status_and_watch_never_restarts_it(
+    project: Project, thawed: list[int], tmp_path: Path
+) -> None:
+    name = "paused"
+    project.deploy_healthy(name, 200, host=project.host(command_timeout=5))
+    old = run_marker(project, 200, name)
+    project.sandbox.freeze(200)
+    thawed.append(200)
+
+    started = time.monotonic()
+    status = project.launcher("status", "-t", name, timeout=60)
+    took = time.monotonic() - started
+    assert status.returncode == 3, status.stderr
+    assert f"CT 200 {PAUSED}" in status.stderr + status.stdout
+    assert took < 5 + 4  # its deadline (command_timeout), plus starting the CLI
+
+    watch = project.launcher(
+        "watch", "-t", name, "--restart-on-failure", "--for", "14", "--interval", "1",
+        "--state", str(tmp_path / "watch.json"), "--json", timeout=90,
+    )  # fmt: skip
+    kinds = [json.loads(line)["kind"] for line in watch.stdout.splitlines() if line.strip()]
+    assert "paused" in kinds, (watch.stdout, watch.stderr)
+    assert "restart" not in kinds and "unreachable" not in kinds and "unhealthy" not in kinds
+    assert watch.returncode == 0, watch.stderr
+
+    project.sandbox.thaw(200)
+    thawed.clear()
+    assert run_marker(project, 200, name) == old
+    project.wait_for(lambda: healthy(project, name), timeout=30, what="the run after the thaw")
