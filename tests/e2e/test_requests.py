@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,25 @@ def test_a_frozen_ct_is_paused_for_status_and_watch_never_restarts_it(
     thawed.clear()
     assert run_marker(project, 200, name) == old
     project.wait_for(lambda: healthy(project, name), timeout=30, what="the run after the thaw")
+
+
+def test_the_sandbox_pct_sees_a_frozen_ct_as_proxmox_does(
+    project: Project, thawed: list[int], ssh: Any
+) -> None:
+    """Frozen and locked: still `running` for pct (its LXC monitor answers), `lock: backup` in
+    its config and in `pct status --verbose`, and `pct exec` hangs instead of failing."""
+    sb = project.sandbox
+    sb.freeze(201)
+    thawed.append(201)
+    verbose = ssh("pct", "status", "201", "--verbose").stdout.decode()
+    assert "status: running\n" in verbose and "lock: backup\n" in verbose
+    assert "lock: backup\n" in ssh("pct", "config", "201").stdout.decode()
+    assert "backup" in ssh("pct", "list").stdout.decode()
+    with pytest.raises(subprocess.TimeoutExpired):
+        ssh("pct", "exec", "201", "--", "true", timeout=3)
+    sb.thaw(201)
+    thawed.clear()
+    assert ssh("pct", "exec", "201", "--", "true").returncode == 0
+    assert "lock:" not in ssh("pct", "status", "201", "--verbose").stdout.decode()
+    refused = ssh("pct", "set", "201", "--lock", "nonsense")
+    assert refused.returncode == 255 and b"enumeration" in refused.stderr
