@@ -320,3 +320,18 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
         threading.Event().wait(0.05)
     assert agent.poll(request, timeout=300.0)["session"]["exists"] is False  # type: ignore[arg-type]
     host.assert_done()
+
+
+def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
+    """A watcher that gives up on run A stops A, not what someone deployed since: it names A
+    and the poll is not needed."""
+    from launcher.operate import stop
+    from tests.unit.projectfiles import load_target
+    from tests.unit.test_operate import stop_report
+
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    host.expect_agent("stop", lambda request: seen.update(request) or stop_report())
+    stop(load_target(tmp_path), host, expect_run="dflash:A")  # type: ignore[arg-type]
+    host.assert_done()
+    assert seen["expect_run"] == "dflash:A"
