@@ -146,6 +146,9 @@ DIAGNOSIS_LIMIT = 8.0
 # waiting: the time between the client's start and the host's shell starting the command (a
 # channel opened, a free SSH session waited for), which the host's clock does not see.
 SEND_MARGIN = 2.0
+# A read that has not answered after this many seconds is asked about on the host while it
+# waits (a frozen CT answers nothing until the backup ends, which can take an hour).
+EARLY_LOOK = 5.0
 
 
 def split_timeout(timeout: float | None) -> tuple[float | None, float]:
@@ -279,6 +282,26 @@ class _Known:
 _known = _Known()
 
 
+class _Waiting:
+    """Per process: the read left waiting in each container (a frozen CT's), until it ends.
+    Keyed as _Known."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[tuple[int, int], tuple[object, threading.Event]] = {}
+
+    def busy(self, container: Container) -> bool:
+        entry = self._state.get((id(container.host), container.vmid))
+        return entry is not None and entry[0] is container.host and not entry[1].is_set()
+
+    def left(self, container: Container, done: threading.Event) -> None:
+        with self._lock:
+            self._state[(id(container.host), container.vmid)] = (container.host, done)
+
+
+_waiting = _Waiting()
+
+
 def check_answer(label: str, op: object, answer: object) -> dict[str, Any]:
     """`answer` as the protocol says `op`'s answer is, or ProtocolError; an answer that carries
     an error becomes that error (AgentFailure). The envelope is checked first, so an error is
@@ -362,10 +385,58 @@ class AgentClient:
         """Run `send`; a call that does not answer in time becomes an error saying why, as far
         as the host can tell in `reserve` seconds (a CT frozen or locked by a backup: paused),
         and, for a request that changes something, what may still happen."""
-        try:
-            send()
-        except CommandTimeout:
-            raise self._no_answer(str(op), timeout, reserve) from None
+        early = timeout is not None and timeout > EARLY_LOOK + 2 * reserve and reserve > 0
+        if op in CHANGING_OPS or not early:
+            try:
+                send()
+            except CommandTimeout:
+                raise self._no_answer(str(op), timeout, reserve) from None
+            return
+        self._answering_or_paused(str(op), timeout, reserve, send)
+
+    def _answering_or_paused(
+        self, op: str, timeout: float | None, reserve: float, send: Callable[[], None]
+    ) -> None:
+        """A read (it changes nothing, so it may be left behind) that has not answered after
+        EARLY_LOOK s: the host is asked while it waits, and a CT frozen or locked by a backup
+        is said at once instead of after the whole timeout. One read left waiting per
+        container at most: while it waits, the next read asks the host first (a watcher's
+        polls of a frozen CT must not pile up on the host's SSH sessions)."""
+        if _waiting.busy(self.container):
+            state = ctstate.ct_state(self.container.host, self.container.vmid, reserve)
+            if state.paused:
+                raise self._paused(op, state)
+        outcome: list[BaseException | None] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                send()
+                outcome.append(None)
+            except BaseException as exc:  # handed over to the caller's thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name=f"agent-{op}", daemon=True).start()
+        if not done.wait(EARLY_LOOK):
+            state = ctstate.ct_state(self.container.host, self.container.vmid, reserve)
+            if not done.is_set() and state.paused:
+                _waiting.left(self.container, done)
+                raise self._paused(op, state)
+            done.wait()
+        error = outcome[0]
+        if isinstance(error, CommandTimeout):
+            raise self._no_answer(op, timeout, reserve) from None
+        if error is not None:
+            raise error
+
+    def _paused(self, op: str, state: ctstate.CtState) -> PausedError:
+        return PausedError(
+            f"{self.label}: agent op {op!r} does not answer; {state.sentence()}",
+            hint=f"try again once the backup is over (`pct config {self.container.vmid}` "
+            "shows its lock)",
+        )
 
     def _no_answer(self, op: str, timeout: float | None, reserve: float) -> LauncherError:
         vmid = self.container.vmid

@@ -37,25 +37,24 @@ def freezer(pid):
         lines = open("/proc/%s/cgroup" % pid).read().splitlines()
     except OSError:
         return None
+    places = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if "freezer" in controllers.split(","):
-            places = [("/sys/fs/cgroup/freezer" + path + "/freezer.state", None)]
+        if "freezer" in controllers.split(","):  # a v1 freezer is the one LXC uses, if any
+            places.insert(0, ("/sys/fs/cgroup/freezer" + path + "/freezer.state", None))
         elif controllers == "":
-            places = [("/sys/fs/cgroup" + path + "/cgroup.events", "frozen"),
-                      ("/sys/fs/cgroup/unified" + path + "/cgroup.events", "frozen")]
-        else:
+            places += [("/sys/fs/cgroup" + path + "/cgroup.events", "frozen"),
+                       ("/sys/fs/cgroup/unified" + path + "/cgroup.events", "frozen")]
+    for name, key in places:
+        try:
+            text = open(name).read()
+        except OSError:
             continue
-        for name, key in places:
-            try:
-                text = open(name).read()
-            except OSError:
-                continue
-            if key is None:
-                return text.strip().lower()
-            for row in text.splitlines():
-                if row.startswith(key + " "):
-                    return "frozen" if row.split()[1] == "1" else "thawed"
+        if key is None:
+            return text.strip().lower()
+        for row in text.splitlines():
+            if row.startswith(key + " "):
+                return "frozen" if row.split()[1] == "1" else "thawed"
     return None
 try:
     proc = subprocess.Popen(["pct", "status", vmid, "--verbose"], stdin=subprocess.DEVNULL,

@@ -296,9 +296,16 @@ def stop_row(ctx: Context, result: StopResult) -> Outcome:
     return Outcome(ctx.target.name, result.exit_code, result.line, value=result)
 
 
-def stop(target: Target, conn: HostConnection, *, grace: float | None = None) -> StopResult:
+def stop(
+    target: Target,
+    conn: HostConnection,
+    *,
+    grace: float | None = None,
+    expect_run: str | None = None,
+) -> StopResult:
     """The deploy's graceful stop on its own: C-c, wait, kill the session and what is left of
-    the run's processes, confirm they (and their GPUs) are gone. Checkpoints are not touched."""
+    the run's processes, confirm they (and their GPUs) are gone. Checkpoints are not touched.
+    Only the run `expect_run` names is stopped (None: the one live now, as a poll sees it)."""
     spec = target.playbook.spec
     wait = spec.stop_grace if grace is None else grace
     agent = AgentClient(container_for(target, conn))
@@ -313,7 +320,7 @@ def stop(target: Target, conn: HostConnection, *, grace: float | None = None) ->
         "operator": operator_info(),
         # The run live now is the one this stop is for: one that replaced it meanwhile (a
         # deploy while this request was held up on the way) is not touched.
-        "expect_run": live_run(agent, target, conn.endpoint.command_timeout),
+        "expect_run": expect_run or live_run(agent, target, conn.endpoint.command_timeout),
     }
     answer = agent.stop(request, timeout=wait + 30 + conn.endpoint.command_timeout)
     report: dict[str, Any] = dict(answer["stopped"])

@@ -154,6 +154,9 @@ SUCCESSES = Count(1, 1000)
 PARALLEL = Count(1, 256)
 LINES = Count(0, 1_000_000)  # logs --tail, history --limit
 SANDBOX_GPUS = Count(0, 64)
+SANDBOX_STALL = Duration(0, DAY)  # `sandbox stall`: how long a pct call waits on the host
+PCT_CALLS = Count(0, 1_000_000)
+STALL_CALLS = Count(1, 1_000_000)
 # buckets plan: the lower bounds of --budget, --buckets, --max-len and --epochs are checked by
 # the command itself, with messages that say why.
 TOKENS = Count(None, 2**40)

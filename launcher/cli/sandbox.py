@@ -1,4 +1,5 @@
-"""`launcher sandbox up|down|status`: the local staging host (sshd + LXC + pct stand-in)."""
+"""`launcher sandbox up|down|status|freeze|thaw|stall`: the local staging host (sshd + LXC + pct
+stand-in) and the faults of a real node it can play."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launcher.cli.params import SANDBOX_GPUS
+from launcher.cli.params import PCT_CALLS, SANDBOX_GPUS, SANDBOX_STALL, STALL_CALLS
 from launcher.errors import UsageError
 
 if TYPE_CHECKING:
@@ -248,6 +249,76 @@ def status(state_dir: Path | None) -> None:
     click.echo(f"inventory:  {sb.inventory_path}")
     if not st.healthy:
         click.echo("repair with: launcher sandbox up")
+
+
+VZDUMP_LOCKS = ("backup", "snapshot", "none")
+
+
+@sandbox.command("freeze")
+@click.argument("vmid", type=click.IntRange(100, 999_999_999))
+@click.option(
+    "--lock",
+    type=click.Choice(VZDUMP_LOCKS),
+    default="backup",
+    show_default=True,
+    help="The lock set in the CT's config first, as vzdump does (none: freeze only).",
+)
+@state_dir_option
+def freeze(vmid: int, lock: str, state_dir: Path | None) -> None:
+    """Freeze a container as a vzdump backup in suspend mode does: `lock: backup` in its
+    config, then its cgroup frozen. Every `pct exec` into it then hangs until `thaw`.
+
+    \b
+    Example:
+      sudo launcher sandbox freeze 200
+      launcher status          # exit 3: CT 200 is locked (backup) — the run is paused
+      sudo launcher sandbox thaw 200
+    Exit codes: 0 frozen, 2 not root, 3 the container could not be frozen.
+    """
+    sb = _sandbox(state_dir)
+    sb.freeze(vmid, None if lock == "none" else lock)
+    click.echo(f"CT {vmid} frozen" + ("" if lock == "none" else f", lock: {lock}"))
+
+
+@sandbox.command("thaw")
+@click.argument("vmid", type=click.IntRange(100, 999_999_999))
+@click.option("--keep-lock", is_flag=True, help="Thaw only; leave the lock in the config.")
+@state_dir_option
+def thaw(vmid: int, keep_lock: bool, state_dir: Path | None) -> None:
+    """Thaw a container and clear its lock, as the end of a backup does.
+
+    \b
+    Example:
+      sudo launcher sandbox thaw 200
+    Exit codes: 0 thawed, 2 not root.
+    """
+    sb = _sandbox(state_dir)
+    sb.thaw(vmid, unlock=not keep_lock)
+    click.echo(f"CT {vmid} thawed" + ("" if keep_lock else ", lock cleared"))
+
+
+@sandbox.command("stall")
+@click.argument("seconds", type=SANDBOX_STALL)
+@click.option("--skip", type=PCT_CALLS, default=0, help="Let this many pct calls pass first.")
+@click.option("--calls", type=STALL_CALLS, default=1, show_default=True,
+              help="How many pct calls stall.")  # fmt: skip
+@state_dir_option
+def stall(seconds: float, skip: int, calls: int, state_dir: Path | None) -> None:
+    """Make the next pct call(s) on the sandbox's host wait SECONDS before doing anything, as a
+    `pct` held up on a busy node does (0 ends a stall not yet served).
+
+    \b
+    Example:
+      sudo launcher sandbox stall 70 --skip 1   # the stop's own call, after its first look
+      launcher stop --grace 1                   # exit 3: the stop may still complete …
+    Exit codes: 0 set, 2 not root.
+    """
+    sb = _sandbox(state_dir)
+    sb.stall_pct(seconds, skip=skip, calls=calls)
+    if seconds > 0:
+        click.echo(f"pct calls {skip + 1} to {skip + calls} from now wait {seconds:g} s")
+    else:
+        click.echo("no pct call stalls")
 
 
 def _containers(states: Mapping[int, str], sb: Sandbox) -> str:

@@ -228,8 +228,26 @@ def start(lxcpath: Path, vmids: Sequence[int], timeout: float = 15.0) -> None:
     raise ContainerError("could not start sandbox container(s):\n" + "\n".join(details))
 
 
+def freeze(lxcpath: Path, vmid: int) -> None:
+    """Freeze the container's processes (LXC's freezer: the cgroup v2 `cgroup.freeze` or the
+    v1 freezer, as `PVE::LXC::freeze` has it done)."""
+    result = subprocess.run(
+        ["lxc-freeze", "-n", str(vmid), "-P", str(lxcpath)], capture_output=True, check=False
+    )
+    if result.returncode != 0:
+        raise ContainerError(f"could not freeze container {vmid}: {result.stderr.decode()}")
+
+
+def thaw(lxcpath: Path, vmid: int) -> None:
+    subprocess.run(
+        ["lxc-unfreeze", "-n", str(vmid), "-P", str(lxcpath)], capture_output=True, check=False
+    )
+
+
 def stop(lxcpath: Path, vmids: Sequence[int]) -> None:
-    """Kill containers (in parallel); stopping a stopped one is not an error."""
+    """Kill containers (in parallel); stopping a stopped one is not an error. A frozen one is
+    thawed first: its processes could not die of the kill while frozen."""
+    _run_all([["lxc-unfreeze", "-n", str(v), "-P", str(lxcpath)] for v in vmids])
     _run_all([["lxc-stop", "-n", str(v), "-P", str(lxcpath), "-k"] for v in vmids])
     still = [v for v, s in states(lxcpath, vmids).items() if s != "STOPPED"]
     if still:

@@ -170,7 +170,7 @@ class Sandbox:
             pid,
             port,
             ok,
-            {v: "running" if s == "RUNNING" else "stopped" for v, s in states.items()},
+            {v: _state_word(s) for v, s in states.items()},
         )
 
     def info(self) -> SandboxInfo:
@@ -205,6 +205,49 @@ class Sandbox:
         }
         tmp = self.state_dir / "faults.json.tmp"
         tmp.write_text(json.dumps(faults) + "\n")
+        tmp.replace(self.state_dir / "faults.json")
+
+    def stall_pct(self, seconds: float, *, skip: int = 0, calls: int = 1) -> None:
+        """After `skip` more pct calls, the next `calls` wait `seconds` on the host before
+        doing anything (pct.py, `stall`); 0 seconds ends the stall."""
+        faults = self._faults()
+        faults.pop("pct_stall", None)
+        if seconds > 0:
+            first = self.pct_calls() + skip
+            faults["pct_stall"] = {"seconds": seconds, "from": first, "count": calls}
+        self._write_faults(faults)
+
+    def freeze(self, vmid: int, lock: str | None = "backup") -> None:
+        """Freeze the CT as a vzdump backup in suspend mode does: the lock first, then the
+        cgroup (pve-container src/PVE/VZDump/LXC.pm: `lock_vm`, then `suspend_vm` →
+        `PVE::LXC::freeze`); calls into it then hang until `thaw`."""
+        if lock is not None:
+            self._pct("set", str(vmid), "--lock", lock)
+        containers.freeze(self.lxcpath, vmid)
+
+    def thaw(self, vmid: int, *, unlock: bool = True) -> None:
+        """Thaw the CT and clear its lock, as the backup's end does (`resume_vm`, then
+        `unlock_vm`)."""
+        containers.thaw(self.lxcpath, vmid)
+        if unlock:
+            self._pct("unlock", str(vmid))
+
+    def _pct(self, *args: str) -> None:
+        """The sandbox's own pct, here (a lock is a config change, as `pct set` makes it)."""
+        subprocess.run(
+            [str(self.state_dir / "bin" / "pct"), *args], check=True, capture_output=True
+        )
+
+    def _faults(self) -> dict[str, object]:
+        try:
+            found = json.loads((self.state_dir / "faults.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def _write_faults(self, faults: Mapping[str, object]) -> None:
+        tmp = self.state_dir / "faults.json.tmp"
+        tmp.write_text(json.dumps(dict(faults)) + "\n")
         tmp.replace(self.state_dir / "faults.json")
 
     def stop_container(self, vmid: int) -> None:
@@ -415,6 +458,11 @@ class Sandbox:
                 if mount_point == str(self.state_dir) or mount_point.startswith(prefix):
                     found.append(mount_point)
         return found
+
+
+def _state_word(state: str) -> str:
+    """running | frozen (a backup's freeze: still running for Proxmox) | stopped."""
+    return {"RUNNING": "running", "FROZEN": "frozen", "FREEZING": "frozen"}.get(state, "stopped")
 
 
 def _require_root() -> None:

@@ -5,12 +5,21 @@
 Installed as <state_dir>/bin/pct; the state dir is found from this file's location.
 Every call appends one line to <state_dir>/pct-calls.log. <state_dir>/faults.json, if
 present, injects faults: {"pct_latency": seconds, "partial_push": true, "push_error": "No
-space left on device", "keep_env": false} (the last: `pct exec`'s default when --keep-env is not
-given, see attach_command); partial_push may also be a list of the VMIDs whose pushes it cuts.
+space left on device", "keep_env": false, "pct_stall": {"seconds": S, "from": N, "count": C}}.
+keep_env: `pct exec`'s default when --keep-env is not given, see attach_command; partial_push
+may also be a list of the VMIDs whose pushes it cuts; pct_stall: calls number N to N+C-1,
+counted from 0 in pct-calls.log, wait S seconds on the host before doing anything (a `pct` held
+up on the host).
 
-Verbs: exec, push, pull, status, list, start, stop (the subset launcher uses).
+A CT's Proxmox config (what /etc/pve/lxc/VMID.conf holds beyond LXC's own) is
+<lxcpath>/VMID/pve.conf, `key: value` lines; the sandbox keeps only `lock` there (`pct set
+--lock`, `pct unlock`, and `launcher sandbox freeze`, which sets it as vzdump does).
+
+Verbs: exec, push, pull, status [--verbose], config, set --lock, unlock, list, start, stop (the
+subset launcher and its tests use).
 """
 
+import fcntl
 import json
 import os
 import subprocess
@@ -75,9 +84,26 @@ def die(message):
 
 
 def log_call(argv):
+    """Append this call to pct-calls.log; its number there (counted from 0)."""
     line = json.dumps({"time": round(time.time(), 3), "pid": os.getpid(), "argv": argv})
-    with open(os.path.join(STATE_DIR, "pct-calls.log"), "a") as f:
+    with open(os.path.join(STATE_DIR, "pct-calls.log"), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # concurrent calls get numbers of their own
+        f.seek(0)
+        number = sum(1 for _ in f)
         f.write(line + "\n")
+    return number
+
+
+def stall(faults, number):
+    """The host-side stall: this call waits before doing anything, as a `pct` held up on the
+    host does (a busy pmxcfs, a slow storage probe), so the host's shell has already stamped
+    the request (launcher.container.STAMPED_EXEC) when the container sees it much later."""
+    spec = faults.get("pct_stall")
+    if not isinstance(spec, dict):
+        return
+    first = int(spec.get("from", 0))
+    if first <= number < first + int(spec.get("count", 1)):
+        time.sleep(float(spec.get("seconds", 0)))
 
 
 def load_faults():
@@ -106,14 +132,50 @@ def check_vmid(vmid):
         die("Configuration file 'nodes/%s/lxc/%s.conf' does not exist" % (NODE, vmid))
 
 
-def is_running(vmid):
+# LXC's states of a running container. A frozen CT runs as far as Proxmox is concerned:
+# `check_running` asks whether its LXC monitor answers (pve-container src/PVE/LXC.pm,
+# `check_running` → `list_active_containers`), not whether its processes are thawed; so `pct
+# exec` on a frozen CT does not refuse, it hangs (lxc-attach joins the frozen cgroup).
+RUNNING_STATES = (b"RUNNING", b"FROZEN", b"FREEZING", b"THAWED")
+
+
+def lxc_state(vmid, what="-s"):
     result = subprocess.run(
-        ["lxc-info", "-n", vmid, "-P", LXC_PATH, "-s", "-H"],
+        ["lxc-info", "-n", vmid, "-P", LXC_PATH, what, "-H"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         check=False,
     )
-    return result.stdout.strip() == b"RUNNING"
+    return result.stdout.strip()
+
+
+def is_running(vmid):
+    return lxc_state(vmid) in RUNNING_STATES
+
+
+def pve_config_path(vmid):
+    return os.path.join(LXC_PATH, vmid, "pve.conf")
+
+
+def pve_config(vmid):
+    """The CT's Proxmox config lines as a dict (here: its lock, if set)."""
+    found = {}
+    try:
+        with open(pve_config_path(vmid)) as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and value.strip():
+                    found[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return found
+
+
+def write_pve_config(vmid, config):
+    path = pve_config_path(vmid)
+    with open(path + ".tmp", "w") as f:
+        f.write("".join("%s: %s\n" % (k, v) for k, v in sorted(config.items())))
+    os.replace(path + ".tmp", path)
 
 
 def check_running(vmid):
@@ -134,8 +196,10 @@ def hostname(vmid):
     return "CT" + vmid
 
 
-def parse(args, positional, options=()):
-    """Split args like Perl's Getopt::Long: named options anywhere, `--` ends options."""
+def parse(args, positional, options=(), flags=()):
+    """Split args like Perl's Getopt::Long: named options anywhere, `--` ends options. A boolean
+    (`flags`) takes an optional value, as pve-common's JSONSchema `get_options` declares them
+    (`name:s`): `--verbose` alone is true."""
     pos, opts, rest = [], {}, None
     i = 0
     while i < len(args):
@@ -145,9 +209,13 @@ def parse(args, positional, options=()):
             break
         if arg.startswith("-") and arg != "-":
             name, _, value = arg.lstrip("-").partition("=")
-            if name not in options:
+            if name not in options and name not in flags:
                 die("Unknown option: %s" % name)
-            if not value:
+            if not value and name in flags:
+                following = args[i + 1] if i + 1 < len(args) else ""
+                value = following if following in ("0", "1") else "1"
+                i += following in ("0", "1")
+            elif not value:
                 if i + 1 >= len(args):
                     die("Option %s requires an argument" % name)
                 i += 1
@@ -257,11 +325,79 @@ def cmd_pull(args):
 
 
 def cmd_status(args):
+    """`status: running`; with --verbose, as pve-container's `vmstatus` sees the CT, sorted
+    (src/PVE/CLI/pct.pm, `status`): among them `lock` (copied from the config) and `pid` (the
+    CT's init, a host PID), not whether it is frozen."""
+    (vmid,), opts, rest = parse(args, ["vmid"], flags=("verbose",))
+    if rest:
+        die("too many arguments")
+    check_vmid(vmid)
+    running = is_running(vmid)
+    stat = {"status": "running" if running else "stopped"}
+    if opts.get("verbose") == "1":
+        stat.update({"vmid": vmid, "name": hostname(vmid), "type": "lxc"})
+        lock = pve_config(vmid).get("lock")
+        if lock:
+            stat["lock"] = lock
+        pid = lxc_state(vmid, "-p").decode() if running else ""
+        if pid.isdigit():
+            stat["pid"] = pid
+    for key in sorted(stat):
+        print("%s: %s" % (key, stat[key]))
+    return 0
+
+
+def cmd_config(args):
+    """The CT's config as `pct config` prints it (the few keys the sandbox has)."""
     (vmid,), _, rest = parse(args, ["vmid"])
     if rest:
         die("too many arguments")
     check_vmid(vmid)
-    print("status: %s" % ("running" if is_running(vmid) else "stopped"))
+    config = {"arch": "amd64", "hostname": hostname(vmid), "ostype": "debian"}
+    config.update(pve_config(vmid))
+    for key in sorted(config):
+        print("%s: %s" % (key, config[key]))
+    return 0
+
+
+LOCKS = (
+    "backup",
+    "create",
+    "destroyed",
+    "disk",
+    "fstrim",
+    "migrate",
+    "mounted",
+    "rollback",
+    "snapshot",
+    "snapshot-delete",
+)  # fmt: skip  (pve-container src/PVE/LXC/Config.pm)
+
+
+def cmd_set(args):
+    """`pct set VMID --lock NAME`: the only option the sandbox keeps."""
+    (vmid,), opts, rest = parse(args, ["vmid"], ("lock",))
+    if rest:
+        die("too many arguments")
+    check_vmid(vmid)
+    if "lock" in opts:
+        if opts["lock"] not in LOCKS:
+            die("lock: value '%s' does not have a value in the enumeration '%s'"
+                % (opts["lock"], ", ".join(LOCKS)))  # fmt: skip
+        config = pve_config(vmid)
+        config["lock"] = opts["lock"]
+        write_pve_config(vmid, config)
+    return 0
+
+
+def cmd_unlock(args):
+    (vmid,), _, rest = parse(args, ["vmid"])
+    if rest:
+        die("too many arguments")
+    check_vmid(vmid)
+    config = pve_config(vmid)
+    config.pop("lock", None)
+    write_pve_config(vmid, config)
     return 0
 
 
@@ -275,7 +411,7 @@ def cmd_list(args):
     fmt = "%-10s %-10s %-12s %-20s"
     print(fmt % ("VMID", "Status", "Lock", "Name"))
     for vmid, state in rows:
-        print(fmt % (vmid, state, "", hostname(vmid)))
+        print(fmt % (vmid, state, pve_config(vmid).get("lock", ""), hostname(vmid)))
     return 0
 
 
@@ -303,7 +439,10 @@ USAGE = """USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct exec <vmid> [<extra-args>]
        pct push <vmid> <file> <destination> [--perms MODE] [--user U] [--group G]
        pct pull <vmid> <path> <destination>
-       pct status <vmid>
+       pct status <vmid> [--verbose]
+       pct config <vmid>
+       pct set <vmid> --lock <lock>
+       pct unlock <vmid>
        pct list
        pct start <vmid>
        pct stop <vmid>
@@ -311,8 +450,9 @@ USAGE = """USAGE: pct <COMMAND> [ARGS] [OPTIONS]
 
 
 def main(argv):
-    log_call(argv)
+    number = log_call(argv)
     faults = load_faults()
+    stall(faults, number)
     latency = faults.get("pct_latency") or 0
     if latency > 0:
         time.sleep(float(latency))
@@ -325,6 +465,9 @@ def main(argv):
         "push": lambda a: cmd_push(a, faults),
         "pull": cmd_pull,
         "status": cmd_status,
+        "config": cmd_config,
+        "set": cmd_set,
+        "unlock": cmd_unlock,
         "list": cmd_list,
         "start": cmd_start,
         "stop": cmd_stop,

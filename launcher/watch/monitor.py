@@ -316,7 +316,8 @@ class TargetWatch:
         self.record.gave_up_run = run
         note = ""
         try:
-            stopped = stop(self.target, self.conn)
+            # The run it gave up on, not one someone deployed meanwhile.
+            stopped = stop(self.target, self.conn, expect_run=run)
             note = f"; {stopped.summary}"
         except LauncherError as error:
             note = f"; stopping it failed: {error.message}"

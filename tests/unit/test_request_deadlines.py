@@ -282,3 +282,56 @@ def test_watch_reports_a_frozen_ct_as_paused_and_never_restarts_it(
     kinds = [e.kind for e in events]
     assert kinds == ["paused"]  # once, however long it lasts; not "unreachable"
     assert events[0].reason == paused.message and watch.record.reachable
+
+
+def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll that hangs (a frozen CT) is asked about on the host while it waits: paused
+    after EARLY_LOOK, not after the whole timeout; while it is left waiting, the next poll only
+    asks the host (no second call hangs in the CT)."""
+    import threading
+
+    from launcher import agentclient
+    from tests.unit.projectfiles import NO_SESSION
+    from tests.unit.test_operate import poll_answer
+
+    monkeypatch.setattr(agentclient, "EARLY_LOOK", 0.05)
+    thawed = threading.Event()
+
+    def hanging(request: dict[str, Any]) -> dict[str, Any]:
+        thawed.wait(10)
+        return poll_answer(NO_SESSION)
+
+    host = StrictFakeHost()
+    host.expect_agent("poll", hanging)
+    host.expect("host", probe_answer(lock="backup", freezer="frozen"))
+    host.expect("host", probe_answer(lock="backup", freezer="frozen"))
+    agent = AgentClient(Container(host, 200, label="sandbox"))  # type: ignore[arg-type]
+    request = {"op": "poll", "workdir": "/w", "session": "demo"}
+    for _ in range(2):
+        with pytest.raises(PausedError, match=r"CT 200 is locked \(backup\) — the run is paused"):
+            agent.poll(request, timeout=300.0)  # type: ignore[arg-type]
+    thawed.set()
+    host.expect_agent("poll", poll_answer(NO_SESSION))
+    deadline = 0
+    while agentclient._waiting.busy(agent.container) and deadline < 100:
+        deadline += 1
+        threading.Event().wait(0.05)
+    assert agent.poll(request, timeout=300.0)["session"]["exists"] is False  # type: ignore[arg-type]
+    host.assert_done()
+
+
+def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
+    """A watcher that gives up on run A stops A, not what someone deployed since: it names A
+    and the poll is not needed."""
+    from launcher.operate import stop
+    from tests.unit.projectfiles import load_target
+    from tests.unit.test_operate import stop_report
+
+    host = StrictFakeHost()
+    seen: dict[str, Any] = {}
+    host.expect_agent("stop", lambda request: seen.update(request) or stop_report())
+    stop(load_target(tmp_path), host, expect_run="dflash:A")  # type: ignore[arg-type]
+    host.assert_done()
+    assert seen["expect_run"] == "dflash:A"
