@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from launcher.agent.base import AgentError, Started, as_int, run, which
@@ -49,11 +50,20 @@ def tmux_version_tuple(text):
     return (int(match.group(1)), int(match.group(2))) if match else (99, 0)
 
 
-def tmux(args, timeout=15.0):
+def tmux(args, timeout=15.0, env=None):
+    """tmux with `args`; env: the client's environment (None: the agent's). A server this
+    starts takes the client's environment as its global one. Every call talks to the same
+    server: the agent's own TMUX_TMPDIR (or none: /tmp/tmux-UID/default), never one from
+    `env` or an enclosing $TMUX."""
     binary = which("tmux")
     if not binary:
         raise AgentError("missing", "tmux is not installed in the container")
-    return run([binary, *args], timeout=timeout)
+    env = dict(os.environ if env is None else env)
+    env.pop("TMUX", None)
+    env.pop("TMUX_TMPDIR", None)
+    if os.environ.get("TMUX_TMPDIR"):
+        env["TMUX_TMPDIR"] = os.environ["TMUX_TMPDIR"]
+    return run([binary, *args], timeout=timeout, env=env)
 
 
 def tmux_arg(text):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import SshRunner
 from tests.e2e.project import DEMO_TRAINER, Project
 from tests.e2e.test_releases import book as project_book
 from tests.e2e.test_releases import make_package
@@ -98,3 +99,61 @@ def test_a_push_that_fails_and_exits_0_is_reported_and_stops_nothing(project: Pr
     leftovers = project.ct_text(VMID, "sh", "-c", f"ls -a /root/{name} | grep launcher- || true")
     assert leftovers.strip() == ""
     project.kill_session(VMID, name)
+
+
+# ------------------------------------------------------------------ 2. the run's environment
+
+ENV_CT = 203
+# A root SSH session on a Proxmox node (the sandbox's sshd sets them as PAM would) and sshd's.
+NODE_SESSION = ("XDG_RUNTIME_DIR", "XDG_SESSION_ID", "MOTD_SHOWN", "SSH_CONNECTION", "SSH_CLIENT")
+PER_RUN = ("LAUNCHER_RUN", "TMUX", "TMUX_PANE", "PWD")  # the run's marker, pane, workdir
+
+
+def env_of(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def run_environment(project: Project, keep_env: bool) -> tuple[dict[str, str], str]:
+    """The environment a fresh run gets, and its tmux server's global environment, with
+    `pct exec` keeping (today's default) or clearing the node session's environment."""
+    project.sandbox.set_faults(keep_env=keep_env)
+    project.ct(ENV_CT, "tmux", "kill-server")  # a server started by this deploy
+    name = fresh("envrun")
+    book = project.playbook(name, command="env > run.env; exec python3 train_demo.py", gpus=0)
+    project.write({name: (ENV_CT, book)})
+    ok(project.launcher("deploy"))
+    project.wait_for(
+        lambda: project.ct(ENV_CT, "test", "-s", f"/root/{name}/run.env").returncode == 0,
+        what="the run's environment",
+    )
+    env = env_of(project.ct_text(ENV_CT, "cat", f"/root/{name}/run.env"))
+    server = project.ct_text(ENV_CT, "tmux", "show-environment", "-g")
+    project.kill_session(ENV_CT, name)
+    return env, server
+
+
+def test_the_runs_environment_is_the_same_under_keep_env_and_clear_env(
+    project: Project, ssh: SshRunner
+) -> None:
+    # The leak is real: under keep-env, what pct exec starts has the node session's variables.
+    project.sandbox.set_faults(keep_env=True)
+    leaked = env_of(ssh("pct", "exec", ENV_CT, "--", "env").stdout.decode())
+    assert leaked["XDG_RUNTIME_DIR"] == "/run/user/0" and leaked["LANG"] == "en_US.UTF-8"
+    project.sandbox.set_faults(keep_env=False)
+    cleared = env_of(ssh("pct", "exec", ENV_CT, "--", "env").stdout.decode())
+    assert "XDG_RUNTIME_DIR" not in cleared and cleared["container"] == "lxc"
+
+    kept_env, kept_server = run_environment(project, keep_env=True)
+    clear_env, clear_server = run_environment(project, keep_env=False)
+    for var in PER_RUN:
+        kept_env.pop(var, None)
+        clear_env.pop(var, None)
+    assert kept_env == clear_env
+    assert not set(NODE_SESSION) & set(kept_env), kept_env
+    assert kept_env.get("LANG") != "en_US.UTF-8"  # the container's locale, not the node's
+    assert kept_env["HOME"] == "/root" and "/usr/local/bin" in kept_env["PATH"].split(":")
+    for key, value in project.playbook("x")["env"].items():  # the playbook's env, as given
+        assert kept_env[key] == str(value)
+    for server in (kept_server, clear_server):
+        assert "SSH_" not in server and "XDG_RUNTIME_DIR" not in server, server
+        assert "LANG=en_US.UTF-8" not in server, server

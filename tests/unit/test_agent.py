@@ -1274,3 +1274,22 @@ def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
     assert "checkpoints archived to " + str(ckpt) + ".archived-" in error["message"]
     assert any("retrying once" in w for w in result["warnings"])
     assert target.state()["exists"] is False
+
+
+def test_login_env_is_a_login_shells_not_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `pct exec --keep-env` brings from the node's session stays out of the base a run
+    starts from; what the container's login profile exports is in it."""
+    from launcher.agent import base
+
+    (tmp_path / ".profile").write_text("export FROM_PROFILE=yes\n")
+    account = {"HOME": str(tmp_path), "SHELL": "/bin/sh", "PATH": base.LOGIN_PATH}
+    monkeypatch.setattr(base, "account_env", lambda: dict(account, USER="root"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/0")
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.9 50000 10.0.0.1 22")
+    env = base.read_login_env()
+    assert env["FROM_PROFILE"] == "yes" and env["HOME"] == str(tmp_path)
+    assert not {"XDG_RUNTIME_DIR", "SSH_CONNECTION", "PWD", "SHLVL"} & set(env)
+    account["SHELL"] = str(tmp_path / "no-such-shell")  # then /bin/sh, still a login shell
+    assert base.read_login_env()["FROM_PROFILE"] == "yes"
