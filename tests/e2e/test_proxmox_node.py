@@ -42,8 +42,8 @@ def big_script(project: Project, name: str) -> Path:
     return path
 
 
-def pids(project: Project, pattern: str) -> set[str]:
-    return set(project.ct_text(VMID, "pgrep", "-f", pattern).split())
+def pids(project: Project, pattern: str, vmid: int = VMID) -> set[str]:
+    return set(project.ct_text(vmid, "pgrep", "-f", pattern).split())
 
 
 # ------------------------------------------------------------------ 1. pct push exits 0
@@ -157,3 +157,48 @@ def test_the_runs_environment_is_the_same_under_keep_env_and_clear_env(
     for server in (kept_server, clear_server):
         assert "SSH_" not in server and "XDG_RUNTIME_DIR" not in server, server
         assert "LANG=en_US.UTF-8" not in server, server
+
+
+# ------------------------------------------------------------------ 4. tmux's socket removed
+
+
+def tmux_servers(project: Project, vmid: int) -> list[str]:
+    return project.ct_text(vmid, "pgrep", "-x", "tmux: server").split()
+
+
+def delete_socket_under_a_live_run(project: Project, vmid: int) -> None:
+    """Deploy a run, then remove tmux's socket and its directory as systemd-tmpfiles does to
+    /tmp files nobody touched for 10 days (tmux/tmux#4640); the server and the run live on."""
+    name = fresh("aged")
+    project.write({name: (vmid, project.playbook(name))})
+    ok(project.launcher("deploy"))
+    project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the run")
+    assert project.ct(vmid, "rm", "-rf", "/tmp/tmux-0").returncode == 0
+    assert project.ct(vmid, "tmux", "has-session").returncode == 1  # tmux's own client is lost
+    assert len(tmux_servers(project, vmid)) == 1
+
+
+def check_the_run_is_found_and_never_doubled(project: Project, vmid: int) -> None:
+    trainers = pids(project, "train_demo.py", vmid)
+    status = project.launcher("status")
+    assert status.returncode == 0, status.stdout + status.stderr  # the live run, not ABSENT
+    assert project.ct(vmid, "test", "-S", "/tmp/tmux-0/default").returncode == 0
+    project.ct(vmid, "rm", "-rf", "/tmp/tmux-0")  # and again, before the deploys
+    refused = project.launcher("deploy")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "is running; use --restart" in refused.stderr
+    project.ct(vmid, "rm", "-rf", "/tmp/tmux-0")
+    ok(project.launcher("deploy", "--restart"))
+    project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the new run")
+    assert len(tmux_servers(project, vmid)) == 1, "the old server is gone, one run left"
+    after = pids(project, "train_demo.py", vmid)
+    assert after and not after & trainers, "the old run stopped, exactly one new one"
+
+
+def test_a_run_whose_tmux_socket_was_removed_is_found_and_never_doubled(
+    project: Project,
+) -> None:
+    vmid = 202
+    project.ct(vmid, "tmux", "kill-server")
+    delete_socket_under_a_live_run(project, vmid)
+    check_the_run_is_found_and_never_doubled(project, vmid)

@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1293,3 +1294,22 @@ def test_login_env_is_a_login_shells_not_the_callers(
     assert not {"XDG_RUNTIME_DIR", "SSH_CONNECTION", "PWD", "SHLVL"} & set(env)
     account["SHELL"] = str(tmp_path / "no-such-shell")  # then /bin/sh, still a login shell
     assert base.read_login_env()["FROM_PROFILE"] == "yes"
+
+
+def test_a_removed_tmux_socket_is_made_again_for_its_live_server(target: Target) -> None:
+    """systemd-tmpfiles may remove tmux's socket (and its directory) under a live server
+    (tmux/tmux#4640): the run is found by its server's listening socket, SIGUSR1 restores it,
+    and the poll says so; a second deploy is refused, not started next to it."""
+    assert target.apply()["ok"] is True
+    server = tmux_format(target, "#{pid}")
+    path = agent_tmux.socket_path()
+    shutil.rmtree(os.path.dirname(path))  # the socket and its directory, as tmpfiles does
+    polled = target.poll()
+    assert polled["session"]["exists"] is True, polled
+    note = f"had been removed under its live server (pid {server};"
+    assert any(note in w for w in polled["warnings"]), polled["warnings"]
+    assert os.path.exists(path) and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    refused = target.apply()
+    assert refused["ok"] is False and refused["error"]["kind"] == "refused", refused["error"]
+    assert tmux_format(target, "#{pid}") == server
+    assert agent_tmux.restore_socket() is None  # the socket is there: nothing to do
