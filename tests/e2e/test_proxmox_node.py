@@ -171,7 +171,7 @@ def delete_socket_under_a_live_run(project: Project, vmid: int) -> None:
     """Deploy a run, then remove tmux's socket and its directory as systemd-tmpfiles does to
     /tmp files nobody touched for 10 days (tmux/tmux#4640); the server and the run live on."""
     name = fresh("aged")
-    project.write({name: (vmid, project.playbook(name))})
+    project.write({name: (vmid, project.playbook(name, gpus=2))})
     ok(project.launcher("deploy"))
     project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the run")
     assert project.ct(vmid, "rm", "-rf", "/tmp/tmux-0").returncode == 0
