@@ -110,11 +110,13 @@ def ignore_hangup(signum, frame):
     SIGPIPE, which Python ignores, subprocess restores in the child itself."""
 
 
-def run(argv, timeout=30.0, input=None):
-    """Run argv (no shell); return (returncode, stdout, stderr). A missing binary is rc 127."""
+def run(argv, timeout=30.0, input=None, env=None):
+    """Run argv (no shell); return (returncode, stdout, stderr). A missing binary is rc 127.
+    env: the command's whole environment (None: the agent's own)."""
     try:
         proc = subprocess.run(
             argv,
+            env=env,
             input=input,
             stdin=subprocess.DEVNULL if input is None else None,
             stdout=subprocess.PIPE,
@@ -128,6 +130,87 @@ def run(argv, timeout=30.0, input=None):
     out = proc.stdout.decode("utf-8", "replace")
     err = proc.stderr.decode("utf-8", "replace")
     return proc.returncode, out, err
+
+
+# --------------------------------------------------------------------------- login environment
+
+# `pct exec` keeps the host's environment by default (pve-container src/PVE/CLI/pct.pm: `exec`,
+# `--keep-env` defaults to 1, a FIXME announces 0) or clears it (lxc src/lxc/attach.c:
+# lxc_attach_set_environment sets PATH and container=lxc only): the agent's own environment is
+# the SSH session's on the node (LANG, XDG_RUNTIME_DIR, SSH_*) or nearly nothing. What a run
+# gets is neither: what a login in the container starts with (pam_env's locale file, the
+# account's HOME and shell, the login shell's profile), the same under both.
+LOCALE_FILES = ("/etc/default/locale", "/etc/locale.conf")  # pam_env (Debian), systemd
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHELL_OWN = ("PWD", "OLDPWD", "SHLVL", "_")  # the dumping shell's, not the login's
+LOGIN_MARK = "launcher-login-env"
+LOGIN_TIMEOUT = 10.0
+_LOGIN_ENV: list[dict[str, str]] = []  # computed once per agent call
+
+
+def login_env():
+    """The environment a login shell in the container has (a copy)."""
+    if not _LOGIN_ENV:
+        _LOGIN_ENV.append(read_login_env())
+    return dict(_LOGIN_ENV[0])
+
+
+def account_env():
+    """What login(1)/sshd set before the shell starts: the account's HOME, USER, LOGNAME,
+    SHELL, a standard PATH, and the locale pam_env reads from the system's locale file."""
+    import pwd
+
+    entry = pwd.getpwuid(os.getuid())
+    env = {
+        "HOME": entry.pw_dir or "/",
+        "USER": entry.pw_name,
+        "LOGNAME": entry.pw_name,
+        "SHELL": entry.pw_shell or "/bin/sh",
+        "PATH": LOGIN_PATH,
+    }
+    env.update(locale_settings())
+    return env
+
+
+def locale_settings():
+    for path in LOCALE_FILES:
+        try:
+            with open(path) as f:
+                text = f.read(65536)
+        except (OSError, UnicodeDecodeError):
+            continue
+        found = {}
+        for line in text.splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and (key in ("LANG", "LANGUAGE") or key.startswith("LC_")):
+                found[key] = value.strip().strip("\"'")
+        return found
+    return {}
+
+
+def read_login_env():
+    """account_env() passed through the account's login shell (`-l`: /etc/profile, ~/.profile
+    and what they source), read back with `env -0`; account_env() alone if that fails."""
+    env = account_env()
+    shell = env["SHELL"] if os.access(env["SHELL"], os.X_OK) else "/bin/sh"
+    home = env["HOME"] if os.path.isdir(env["HOME"]) else "/"
+    argv = [shell, "-l", "-c", 'printf "\\n%s\\n" "$0"; exec env -0', LOGIN_MARK]
+    try:
+        proc = subprocess.run(
+            argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, timeout=LOGIN_TIMEOUT,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return env
+    mark = ("\n%s\n" % LOGIN_MARK).encode()
+    if proc.returncode != 0 or mark not in proc.stdout:
+        return env
+    found = {}
+    for item in proc.stdout.rsplit(mark, 1)[1].split(b"\0"):
+        key, sep, value = item.decode("utf-8", "replace").partition("=")
+        if sep and key and key not in SHELL_OWN:
+            found[key] = value
+    return found if "PATH" in found else env
 
 
 class Started:

@@ -35,6 +35,7 @@ from launcher.agent.base import (
     emit_event,
     ignore_hangup,
     list_dir,
+    login_env,
     new_run_id,
     random_hex,
     remove_quietly,
@@ -138,9 +139,14 @@ RUN_WINDOW = "run"
 # tmux format; the exit file ($2) and the shell ($3) arrive as positional parameters, never glued
 # into this text. The trap keeps the runner alive through C-c / SIGHUP so it can still write the
 # exit code; caught signals are reset to default in the command, unlike ignored ones.
+# The command starts from an empty environment (`env -i`) plus the run file (the container's
+# login environment and the playbook's env) and the pane's own TERM, TMUX, TMUX_PANE: nothing of
+# the tmux server's global environment, which is whatever its first client had.
 RUNNER = (
     "trap : INT TERM HUP\n"
-    'if [ -r "$1" ]; then . "$1"; "$3" -c "$LAUNCHER_COMMAND"; code=$?\n'
+    'if [ -r "$1" ]; then env -i ${TERM:+"TERM=$TERM"} ${TMUX:+"TMUX=$TMUX"} '
+    '${TMUX_PANE:+"TMUX_PANE=$TMUX_PANE"} "$3" -c \'. "$1" && exec "$2" -c "$LAUNCHER_COMMAND"\' '
+    'launcher-run "$1" "$3"; code=$?\n'
     'else echo "launcher: cannot read the run file $1" >&2; code=126; fi\n'
     'printf "%s\\n" "$code" > "$2.tmp" && mv -f "$2.tmp" "$2"\nexit "$code"\n'
 )
@@ -785,7 +791,9 @@ class Deploy:
         os.makedirs(state_dir(self.workdir), exist_ok=True)
         marker = "%s:%s" % (self.session, self.run_id)
         self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
-        text = run_file_text(marker, self.command, self.env, self.run_env())
+        env = login_env()  # the base: a login's in this container, not the node's session
+        env.update(self.env)
+        text = run_file_text(marker, self.command, env, self.run_env())
         write_private(self.run_file_next, text)
         self.dry_launch()
         self.check_command()
@@ -978,7 +986,9 @@ class Deploy:
         # The log is appended across runs: mark where this one starts.
         with open(log_path(self.workdir, self.session), "a") as log:
             log.write("\n=== launcher run %s at %s ===\n" % (marker, utc_iso()))
-        rc, out, err = tmux(self.launch_args(marker))
+        # A server this starts gets the login environment as its global one, and the new
+        # session copies nothing of the node's session (tmux's update-environment: SSH_*).
+        rc, out, err = tmux(self.launch_args(marker), env=login_env())
         if rc != 0:
             # Once more, on a clean slate: the old run is already stopped, so giving up here
             # leaves nothing running. What the failed chain created of the session goes first.
@@ -986,7 +996,7 @@ class Deploy:
             if session_state(self.session)["exists"]:
                 kill_session(self.session, self.warnings)
             time.sleep(LAUNCH_RETRY_PAUSE)
-            rc, out, err = tmux(self.launch_args(marker))
+            rc, out, err = tmux(self.launch_args(marker), env=login_env())
         if rc != 0:
             raise AgentError("failed", "tmux could not start the session: %s" % err.strip())
         parts = out.strip().split()

@@ -15,6 +15,7 @@ from launcher.agent.poll import op_poll
 from launcher.agent.preflight import op_preflight
 from launcher.agent.release import dispatching, op_releases
 from launcher.agent.stop import op_stop
+from launcher.agent.tmux import NOTES
 from launcher.protocol import OPS, STREAMING_OPS
 
 # A request with a release runs the release transaction; apply and rollback without one, a
@@ -42,6 +43,13 @@ def envelope(op, error, warnings, data):
 
 def run_local(request):
     """Run one op and return its envelope (no printing): what main prints, for tests."""
+    result = run_op(request)
+    result["warnings"].extend(NOTES)  # what the agent mended on its way (tmux's socket)
+    del NOTES[:]
+    return result
+
+
+def run_op(request):
     warnings: list[str] = []
     op = request.get("op") if isinstance(request, dict) else None
     if op not in HANDLERS:

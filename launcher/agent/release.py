@@ -37,6 +37,7 @@ from launcher.agent.base import (
     AgentError,
     emit_event,
     list_dir,
+    login_env,
     new_run_id,
     remove_quietly,
     sha256_file,
@@ -605,7 +606,7 @@ class ReleaseDeploy(Deploy):
         """One setup command in the new release, its output streamed as progress lines (each
         cut at LINE_LIMIT bytes, so an endless line costs neither memory nor time); it and its
         children are killed at the deadline (a session of their own)."""
-        env = dict(os.environ)
+        env = login_env()  # as the run's: a login's in this container, then the playbook's
         env.update(self.env)
         env["PATH"] = env.get("PATH", "") + ":/usr/local/bin:/usr/bin:/bin"
         proc = subprocess.Popen(

@@ -4,13 +4,14 @@ Each container has its own rootfs directory under <lxcpath>/<vmid>/rootfs, of on
 
 - `host` (fast): a small tree; the host's /usr is bind-mounted read-only into it, /bin, /lib and
   /lib64 are symlinks into /usr, and /sbin is a real directory holding the container's init
-  (ctinit) and the nvidia-smi stand-in.
+  (ctinit, which also brings the loopback interface up) and the nvidia-smi stand-in.
 - a Debian release (`bookworm`, ...): a root filesystem debootstrap built (see rootfs.py) with
-  the container's directory over it (an overlay): its own /etc, /usr, python3 and tmux, as a
-  CT made from a Proxmox template. The rootfs directory holds only what the container changed.
+  the container's directory over it (an overlay): its own /etc, /usr, python3 and tmux, booting
+  its own systemd, as a CT made from a Proxmox template. The rootfs directory holds only what
+  the container changed.
 
-Both get what Proxmox sets up in a CT: the hostname in /etc/hostname and /etc/hosts, and (by
-ctinit) the loopback interface up.
+Both get what Proxmox sets up in a CT: the hostname in /etc/hostname and /etc/hosts, and the
+loopback interface up.
 """
 
 from __future__ import annotations
@@ -77,12 +78,22 @@ def config_text(lxcpath: Path, vmid: int, distro: str = rootfs.HOST) -> str:
             "lxc.apparmor.profile = unconfined",
             "lxc.pty.max = 64",
             "lxc.tty.max = 0",
-            "lxc.init.cmd = /sbin/ctinit",
+            *init_config(distro),
             f"lxc.log.file = {ct_dir / 'lxc.log'}",
             "lxc.log.level = WARN",
             "",
         ]
     )
+
+
+def init_config(distro: str) -> list[str]:
+    """A distribution's container boots its own init, systemd, as a Proxmox CT made from a
+    template does (lxc.signal.halt: systemd halts on SIGRTMIN+3, not LXC's default SIGPWR;
+    systemd brings `lo` up itself). A `host` container, whose /usr is this machine's, runs
+    ctinit: the host's systemd is not the container's to boot."""
+    if distro == rootfs.HOST:
+        return ["lxc.init.cmd = /sbin/ctinit"]
+    return ["lxc.init.cmd = /sbin/init", "lxc.signal.halt = SIGRTMIN+3"]
 
 
 def _write(path: Path, text: str | bytes, mode: int = 0o644) -> None:

@@ -232,11 +232,19 @@ def parse(args, positional, options=(), flags=()):
     return pos, opts, rest
 
 
-def attach_command(vmid, argv):
-    """lxc-attach argv (no shell added) and environment: the caller's, with the CT's PATH."""
+def attach_command(vmid, argv, keep_env=True):
+    """lxc-attach argv (no shell added) and environment, as pve-container's `exec` builds them
+    (src/PVE/CLI/pct.pm): pct runs with PATH=/sbin:/bin:/usr/sbin:/usr/bin (pve-common
+    src/PVE/CLIHandler.pm: run_cli_handler), drops SSL_CERT_FILE and SSL_CERT_DIR
+    (clean_environment), then hands lxc-attach --keep-env (the caller's environment goes in)
+    or --clear-env (lxc-attach keeps nothing but sets PATH and container=lxc: lxc
+    src/lxc/attach.c, lxc_attach_set_environment)."""
     env = dict(os.environ)
     env["PATH"] = CONTAINER_PATH
-    return [LXC_ATTACH, "-n", vmid, "-P", LXC_PATH, "--keep-env", "--", *argv], env
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        env.pop(name, None)
+    mode = "--keep-env" if keep_env else "--clear-env"
+    return [LXC_ATTACH, "-n", vmid, "-P", LXC_PATH, mode, "--", *argv], env
 
 
 def attach(vmid, argv, **kwargs):
@@ -244,13 +252,18 @@ def attach(vmid, argv, **kwargs):
     return subprocess.run(cmd, env=env, check=False, **kwargs)
 
 
-def cmd_exec(args):
-    (vmid,), _, rest = parse(args, ["vmid"])
+def cmd_exec(args, faults):
+    """`--keep-env` defaults to 1 today ("FIXME: switch to default 0 with pve 9"); the
+    sandbox's default is the faults' keep_env, so both kinds of node can be tried."""
+    (vmid,), opts, rest = parse(args, ["vmid"], ("keep-env",))
+    keep = opts.get("keep-env", "1" if faults.get("keep_env", True) else "0")
+    if keep not in ("0", "1"):
+        die("invalid value for keep-env: '%s'" % keep)
     check_running(vmid)
     if not rest:
         die("missing command")
     sys.stdout.flush()
-    cmd, env = attach_command(vmid, rest)
+    cmd, env = attach_command(vmid, rest, keep_env=keep == "1")
     os.execve(LXC_ATTACH, cmd, env)
 
 
@@ -436,7 +449,7 @@ def cmd_stop(args):
 
 
 USAGE = """USAGE: pct <COMMAND> [ARGS] [OPTIONS]
-       pct exec <vmid> [<extra-args>]
+       pct exec <vmid> [<extra-args>] [--keep-env 0|1]
        pct push <vmid> <file> <destination> [--perms MODE] [--user U] [--group G]
        pct pull <vmid> <path> <destination>
        pct status <vmid> [--verbose]
@@ -461,7 +474,7 @@ def main(argv):
         return 0 if argv else 255
     verb, args = argv[0], argv[1:]
     handlers = {
-        "exec": cmd_exec,
+        "exec": lambda a: cmd_exec(a, faults),
         "push": lambda a: cmd_push(a, faults),
         "pull": cmd_pull,
         "status": cmd_status,

@@ -36,7 +36,12 @@ DISTROS: Mapping[str, str] = {
     "trixie": "Debian 13: Python 3.13, tmux 3.5a",
 }
 CHOICES = (HOST, *DISTROS)
-PACKAGES = ("python3", "tmux", "procps")
+# What launcher's agent needs, and the init a Proxmox template boots: systemd (as PID 1, with
+# journald, logind and systemd-tmpfiles, which ages /tmp), and the D-Bus logind talks over.
+PACKAGES = ("python3", "tmux", "procps", "systemd", "systemd-sysv", "dbus")
+# A cached tree is never changed: one built with other packages has another name (the trees of
+# an older launcher, without systemd, stay where they are, unused).
+FLAVOUR = "systemd"
 DEFAULT_CACHE = Path("/var/cache/launcher-sandbox/rootfs")
 CACHE_ENV = "LAUNCHER_SANDBOX_CACHE"
 MIRROR_ENV = "LAUNCHER_SANDBOX_MIRROR"
@@ -79,16 +84,16 @@ def cached(distro: str, cache: Path | None = None) -> Path:
     if distro not in DISTROS:
         raise UsageError(f"unknown distribution {distro!r}: use one of {', '.join(CHOICES)}")
     cache = cache or cache_dir()
-    final = cache / distro
+    final = lower_dir(distro, cache)
     if final.is_dir():
         return final
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / f".{distro}.lock"):
+    with _locked(cache / f".{final.name}.lock"):
         if final.is_dir():  # another sandbox built it while this one waited
             return final
-        for stale in cache.glob(f".{distro}.build-*"):
+        for stale in cache.glob(f".{final.name}.build-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        build = Path(tempfile.mkdtemp(prefix=f".{distro}.build-", dir=cache))
+        build = Path(tempfile.mkdtemp(prefix=f".{final.name}.build-", dir=cache))
         try:
             _debootstrap(distro, build)
             build.chmod(0o755)
@@ -134,7 +139,7 @@ def _debootstrap(distro: str, target: Path) -> None:
 
 def lower_dir(distro: str, cache: Path | None = None) -> Path:
     """Where `distro`'s cached root filesystem is (built or not)."""
-    return (cache or cache_dir()) / distro
+    return (cache or cache_dir()) / f"{distro}-{FLAVOUR}"
 
 
 def real_path(lower: Path, name: str) -> str:

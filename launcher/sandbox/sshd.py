@@ -50,6 +50,20 @@ def ensure_key(path: Path, comment: str) -> bool:
     return True
 
 
+# What a root SSH session on a Proxmox node has besides sshd's own SSH_* (sshd runs with
+# UsePAM yes there): pam_systemd's XDG_* (logind's session and runtime directory), pam_env's
+# LANG from /etc/default/locale (or the client's, through Debian's `AcceptEnv LANG LC_*`),
+# pam_motd's MOTD_SHOWN. Not the sandbox containers' locale (C.UTF-8), so a leak shows.
+NODE_SESSION_ENV = (
+    "LANG=en_US.UTF-8",
+    "XDG_SESSION_ID=7",
+    "XDG_RUNTIME_DIR=/run/user/0",
+    "XDG_SESSION_TYPE=tty",
+    "XDG_SESSION_CLASS=user",
+    "MOTD_SHOWN=pam",
+)
+
+
 def config_text(
     state_dir: Path,
     port: int,
@@ -61,7 +75,7 @@ def config_text(
     """sshd_config for the sandbox's sshd (or another one on `address`, e.g. a jump host that
     lets in the keys of `authorized_keys`). `home`: the sessions' HOME (see stock_home)."""
     session_path = f"{state_dir / 'bin'}:{SESSION_PATH_TAIL}"
-    session_env = [_quote("PATH=" + session_path)]
+    session_env = [_quote("PATH=" + session_path), *map(_quote, NODE_SESSION_ENV)]
     if home is not None:
         session_env.append(_quote(f"HOME={home}"))
     keys = authorized_keys or state_dir / "authorized_keys"

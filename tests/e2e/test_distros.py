@@ -20,6 +20,10 @@ from launcher.sandbox import Sandbox, SandboxInfo, rootfs
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
 from tests.e2e.project import DEMO_TRAINER, Project, json_out, verify_json
 from tests.e2e.test_operate import lines_of, ok, popen, wait_line
+from tests.e2e.test_proxmox_node import (
+    check_the_run_is_found_and_never_doubled,
+    delete_socket_under_a_live_run,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -192,3 +196,38 @@ def test_sandbox_up_distro_on_the_command_line(tmp_path: Path) -> None:
     finally:
         assert sandbox("down").returncode == 0
     assert not Path(state).exists()
+
+
+@pytest.mark.parametrize("distro", list(MATRIX))
+def test_the_container_boots_systemd_as_a_proxmox_ct_does(
+    distro_sandbox: tuple[Sandbox, SandboxInfo], distro: str
+) -> None:
+    """PID 1 is the distribution's systemd, with journald, logind and the timer that ages /tmp
+    (systemd-tmpfiles-clean), as in a CT made from a Proxmox template."""
+    sb, _ = distro_sandbox
+    vmid = MATRIX[distro][0]
+    assert sb.ct_exec(vmid, ["cat", "/proc/1/comm"]).stdout == b"systemd\n"
+    state = sb.ct_exec(vmid, ["systemctl", "is-system-running", "--wait"]).stdout.decode()
+    assert state.strip() in ("running", "degraded"), state
+    for unit in ("systemd-journald.service", "systemd-tmpfiles-clean.timer"):
+        active = sb.ct_exec(vmid, ["systemctl", "is-active", unit]).stdout.decode().strip()
+        assert active == "active", (unit, active)
+
+
+def test_watch_on_a_systemd_container(distro_project: Project) -> None:
+    project = distro_project
+    vmid = MATRIX["trixie"][0]
+    project.write({"watched": (vmid, project.playbook("watched", gpus=2))})
+    ok(project.launcher("deploy", "--restart"))
+    watched = project.launcher("watch", "--for", "8", "--interval", "2", "--wait", "3", "--json")
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert project.processes(vmid, "train_demo.py"), "watch left the healthy run alone"
+
+
+def test_a_systemd_containers_removed_tmux_socket(distro_project: Project) -> None:
+    """Debian 13's systemd-tmpfiles ages /tmp, where tmux keeps its socket (tmux/tmux#4640):
+    deleted under a live run, the run is still found and never doubled."""
+    project = distro_project
+    vmid = MATRIX["trixie"][0]
+    delete_socket_under_a_live_run(project, vmid)
+    check_the_run_is_found_and_never_doubled(project, vmid)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.project import DEMO_TRAINER, Project
+from tests.e2e.conftest import SshRunner
+from tests.e2e.project import DEMO_TRAINER, Project, verify_json
 from tests.e2e.test_releases import book as project_book
 from tests.e2e.test_releases import make_package
 
@@ -41,8 +43,8 @@ def big_script(project: Project, name: str) -> Path:
     return path
 
 
-def pids(project: Project, pattern: str) -> set[str]:
-    return set(project.ct_text(VMID, "pgrep", "-f", pattern).split())
+def pids(project: Project, pattern: str, vmid: int = VMID) -> set[str]:
+    return set(project.ct_text(vmid, "pgrep", "-f", pattern).split())
 
 
 # ------------------------------------------------------------------ 1. pct push exits 0
@@ -98,3 +100,179 @@ def test_a_push_that_fails_and_exits_0_is_reported_and_stops_nothing(project: Pr
     leftovers = project.ct_text(VMID, "sh", "-c", f"ls -a /root/{name} | grep launcher- || true")
     assert leftovers.strip() == ""
     project.kill_session(VMID, name)
+
+
+# ------------------------------------------------------------------ 2. the run's environment
+
+ENV_CT = 203
+# A root SSH session on a Proxmox node (the sandbox's sshd sets them as PAM would) and sshd's.
+NODE_SESSION = ("XDG_RUNTIME_DIR", "XDG_SESSION_ID", "MOTD_SHOWN", "SSH_CONNECTION", "SSH_CLIENT")
+PER_RUN = ("LAUNCHER_RUN", "TMUX", "TMUX_PANE", "PWD")  # the run's marker, pane, workdir
+
+
+def env_of(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def run_environment(project: Project, keep_env: bool) -> tuple[dict[str, str], str]:
+    """The environment a fresh run gets, and its tmux server's global environment, with
+    `pct exec` keeping (today's default) or clearing the node session's environment."""
+    project.sandbox.set_faults(keep_env=keep_env)
+    project.ct(ENV_CT, "tmux", "kill-server")  # a server started by this deploy
+    name = fresh("envrun")
+    book = project.playbook(name, command="env > run.env; exec python3 train_demo.py", gpus=0)
+    project.write({name: (ENV_CT, book)})
+    ok(project.launcher("deploy"))
+    project.wait_for(
+        lambda: project.ct(ENV_CT, "test", "-s", f"/root/{name}/run.env").returncode == 0,
+        what="the run's environment",
+    )
+    env = env_of(project.ct_text(ENV_CT, "cat", f"/root/{name}/run.env"))
+    server = project.ct_text(ENV_CT, "tmux", "show-environment", "-g")
+    project.kill_session(ENV_CT, name)
+    return env, server
+
+
+def test_the_runs_environment_is_the_same_under_keep_env_and_clear_env(
+    project: Project, ssh: SshRunner
+) -> None:
+    # The leak is real: under keep-env, what pct exec starts has the node session's variables.
+    project.sandbox.set_faults(keep_env=True)
+    leaked = env_of(ssh("pct", "exec", ENV_CT, "--", "env").stdout.decode())
+    assert leaked["XDG_RUNTIME_DIR"] == "/run/user/0" and leaked["LANG"] == "en_US.UTF-8"
+    project.sandbox.set_faults(keep_env=False)
+    cleared = env_of(ssh("pct", "exec", ENV_CT, "--", "env").stdout.decode())
+    assert "XDG_RUNTIME_DIR" not in cleared and cleared["container"] == "lxc"
+
+    kept_env, kept_server = run_environment(project, keep_env=True)
+    clear_env, clear_server = run_environment(project, keep_env=False)
+    for var in PER_RUN:
+        kept_env.pop(var, None)
+        clear_env.pop(var, None)
+    assert kept_env == clear_env
+    assert not set(NODE_SESSION) & set(kept_env), kept_env
+    assert kept_env.get("LANG") != "en_US.UTF-8"  # the container's locale, not the node's
+    assert kept_env["HOME"] == "/root" and "/usr/local/bin" in kept_env["PATH"].split(":")
+    for key, value in project.playbook("x")["env"].items():  # the playbook's env, as given
+        assert kept_env[key] == str(value)
+    for server in (kept_server, clear_server):
+        assert "SSH_" not in server and "XDG_RUNTIME_DIR" not in server, server
+        assert "LANG=en_US.UTF-8" not in server, server
+
+
+# ------------------------------------------------------------------ 4. tmux's socket removed
+
+
+def tmux_servers(project: Project, vmid: int) -> list[str]:
+    return project.ct_text(vmid, "pgrep", "-x", "tmux: server").split()
+
+
+def delete_socket_under_a_live_run(project: Project, vmid: int) -> None:
+    """Deploy a run, then remove tmux's socket and its directory as systemd-tmpfiles does to
+    /tmp files nobody touched for 10 days (tmux/tmux#4640); the server and the run live on."""
+    name = fresh("aged")
+    project.write({name: (vmid, project.playbook(name, gpus=2))})
+    ok(project.launcher("deploy"))
+    project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the run")
+    assert project.ct(vmid, "rm", "-rf", "/tmp/tmux-0").returncode == 0
+    assert project.ct(vmid, "tmux", "has-session").returncode == 1  # tmux's own client is lost
+    assert len(tmux_servers(project, vmid)) == 1
+
+
+def check_the_run_is_found_and_never_doubled(project: Project, vmid: int) -> None:
+    trainers = pids(project, "train_demo.py", vmid)
+    status = project.launcher("status")
+    assert status.returncode == 0, status.stdout + status.stderr  # the live run, not ABSENT
+    assert project.ct(vmid, "test", "-S", "/tmp/tmux-0/default").returncode == 0
+    project.ct(vmid, "rm", "-rf", "/tmp/tmux-0")  # and again, before the deploys
+    refused = project.launcher("deploy")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "is running; use --restart" in refused.stderr
+    project.ct(vmid, "rm", "-rf", "/tmp/tmux-0")
+    ok(project.launcher("deploy", "--restart"))
+    project.wait_for(lambda: project.processes(vmid, "train_demo.py"), what="the new run")
+    assert len(tmux_servers(project, vmid)) == 1, "the old server is gone, one run left"
+    after = pids(project, "train_demo.py", vmid)
+    assert after and not after & trainers, "the old run stopped, exactly one new one"
+
+
+def test_a_run_whose_tmux_socket_was_removed_is_found_and_never_doubled(
+    project: Project,
+) -> None:
+    vmid = 202
+    project.ct(vmid, "tmux", "kill-server")
+    delete_socket_under_a_live_run(project, vmid)
+    check_the_run_is_found_and_never_doubled(project, vmid)
+
+
+# ------------------------------------------------------------------ 6. pct at a real node's cost
+
+# Real pct is a Perl program that loads the PVE modules before it does anything: a few hundred
+# ms a call. The stand-in's latency fault makes each call cost that, so the deadlines these
+# commands use are tried at a real node's pace.
+PCT_COST = 0.4
+SLOW_CT = 201
+WAIT, INTERVAL, THRESHOLD = 3.0, 1.0, 3
+
+
+def slow_project(project: Project, name: str, **overrides: object) -> None:
+    verify = {"wait": WAIT, "interval": INTERVAL, "failure_threshold": THRESHOLD, "window": 20}
+    book = project.playbook(name, verify=verify, **overrides)
+    project.write({name: (SLOW_CT, book)})
+    project.sandbox.set_faults(pct_latency=PCT_COST)
+
+
+@pytest.mark.timing
+def test_deploy_verify_status_stop_at_a_real_nodes_pct_cost(project: Project) -> None:
+    name = fresh("slow")
+    slow_project(project, name)
+    calls = project.sandbox.pct_calls()
+    started = time.monotonic()
+    ok(project.launcher("deploy", "--restart"))
+    deployed = time.monotonic() - started
+    assert project.sandbox.pct_calls() - calls == 1 and deployed < PCT_COST + 8, deployed
+
+    code, report, elapsed = verify_json(project)
+    assert code == 0, report["reason"]
+    assert elapsed < WAIT + 20 + 2 * 4, elapsed  # within its window, polls at a real cost
+
+    started = time.monotonic()
+    status = project.launcher("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert time.monotonic() - started < PCT_COST + 6
+
+    started = time.monotonic()
+    ok(project.launcher("stop"))
+    assert time.monotonic() - started < PCT_COST + 3 + 8  # the playbook's grace, then a kill
+    assert not project.processes(SLOW_CT, "train_demo.py")
+
+
+@pytest.mark.timing
+def test_a_crash_fails_verify_within_its_threshold_at_a_real_nodes_pct_cost(
+    project: Project,
+) -> None:
+    name = fresh("slowcrash")
+    slow_project(project, name, env={"DEMO_MODE": "crash", "DEMO_CRASH_AFTER": "2"})
+    ok(project.launcher("deploy", "--restart"))
+    code, report, _ = verify_json(project)
+    assert code == 1, report
+    # Each poll costs a pct call more than on the suite's instant stand-in: the threshold's
+    # polls still end it within wait + threshold x (interval + that cost) + the usual slack.
+    duration = report["timings"]["duration"]
+    assert duration < WAIT + THRESHOLD * (INTERVAL + PCT_COST) + 4, (duration, report["reason"])
+
+
+@pytest.mark.timing
+def test_first_deploy_of_a_6mib_script_at_a_real_nodes_pct_cost(project: Project) -> None:
+    """Four pct calls (workdir, push, its check, the transaction), each at a real node's cost:
+    within the node's default command deadline."""
+    name = fresh("slowbig")
+    slow_project(project, name)
+    book = project.playbook(name)
+    book["script"]["source"] = str(big_script(project, name))
+    project.write({name: (SLOW_CT, book)})
+    calls = project.sandbox.pct_calls()
+    started = time.monotonic()
+    ok(project.launcher("deploy", "--restart"))
+    assert project.sandbox.pct_calls() - calls == 4
+    assert time.monotonic() - started < 4 * PCT_COST + 10

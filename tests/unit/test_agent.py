@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1296,3 +1297,41 @@ def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
     assert "checkpoints archived to " + str(ckpt) + ".archived-" in error["message"]
     assert any("retrying once" in w for w in result["warnings"])
     assert target.state()["exists"] is False
+
+
+def test_login_env_is_a_login_shells_not_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `pct exec --keep-env` brings from the node's session stays out of the base a run
+    starts from; what the container's login profile exports is in it."""
+    from launcher.agent import base
+
+    (tmp_path / ".profile").write_text("export FROM_PROFILE=yes\n")
+    account = {"HOME": str(tmp_path), "SHELL": "/bin/sh", "PATH": base.LOGIN_PATH}
+    monkeypatch.setattr(base, "account_env", lambda: dict(account, USER="root"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/0")
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.9 50000 10.0.0.1 22")
+    env = base.read_login_env()
+    assert env["FROM_PROFILE"] == "yes" and env["HOME"] == str(tmp_path)
+    assert not {"XDG_RUNTIME_DIR", "SSH_CONNECTION", "PWD", "SHLVL"} & set(env)
+    account["SHELL"] = str(tmp_path / "no-such-shell")  # then /bin/sh, still a login shell
+    assert base.read_login_env()["FROM_PROFILE"] == "yes"
+
+
+def test_a_removed_tmux_socket_is_made_again_for_its_live_server(target: Target) -> None:
+    """systemd-tmpfiles may remove tmux's socket (and its directory) under a live server
+    (tmux/tmux#4640): the run is found by its server's listening socket, SIGUSR1 restores it,
+    and the poll says so; a second deploy is refused, not started next to it."""
+    assert target.apply()["ok"] is True
+    server = tmux_format(target, "#{pid}")
+    path = agent_tmux.socket_path()
+    shutil.rmtree(os.path.dirname(path))  # the socket and its directory, as tmpfiles does
+    polled = target.poll()
+    assert polled["session"]["exists"] is True, polled
+    note = f"had been removed under its live server (pid {server};"
+    assert any(note in w for w in polled["warnings"]), polled["warnings"]
+    assert os.path.exists(path) and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    refused = target.apply()
+    assert refused["ok"] is False and refused["error"]["kind"] == "refused", refused["error"]
+    assert tmux_format(target, "#{pid}") == server
+    assert agent_tmux.restore_socket() is None  # the socket is there: nothing to do

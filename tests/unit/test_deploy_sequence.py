@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def run_deploy(tmp_path: Path, host: StrictFakeHost, **options: Any) -> tuple[li
 
 def expect_upload(host: StrictFakeHost, push_code: int = 0, task_error: str = "") -> None:
     host.expect("push", lambda argv: (push_code, task_error))
-    if not push_code and not task_error:
+    if not push_code:
         host.expect("verify")
 
 
@@ -107,8 +108,30 @@ def test_push_that_exits_zero_with_a_task_error_is_a_failed_push(tmp_path: Path)
     host.expect("exec", lambda argv: removed.append(argv))
     with pytest.raises(ContainerError, match=r"pct push to .* failed: failed to create file"):
         run_deploy(tmp_path, host)
-    assert host.calls == ["agent:preflight", "push", "exec"]  # no transaction
+    assert host.calls == ["agent:preflight", "push", "verify", "exec"]  # no transaction
     assert removed[0][:3] == ["rm", "-f", "--"]
+
+
+@pytest.mark.usefixtures("push_path")
+def test_perls_locale_warnings_on_a_push_that_worked_are_not_an_error(tmp_path: Path) -> None:
+    """A node with a broken locale: every Perl program (pct) warns on stderr; the file is right."""
+    host = StrictFakeHost()
+    host.expect_agent("preflight", preflight())
+    warning = "perl: warning: Setting locale failed.\nperl: warning: Falling back to C\n"
+    host.expect("push", lambda argv: (0, warning))
+    host.expect("verify")
+    host.expect_agent("apply", APPLIED)
+    real_run = host.run
+
+    def run(command: str, **kwargs: Any) -> Any:
+        result = real_run(command, **kwargs)
+        if "launcher-push" in command:  # the file was written despite the warning
+            host.pushed[shlex.split(command)[5]] = kwargs["stdin"]
+        return result
+
+    host.run = run  # type: ignore[method-assign]
+    run_deploy(tmp_path, host)
+    assert host.calls == ["agent:preflight", "push", "verify", "agent:apply"]
 
 
 @pytest.mark.usefixtures("push_path")

@@ -43,6 +43,9 @@ OTHER_FLAGS = {
     "--dist": "pytest -n 2 --dist loadfile",
     "--query-gpu": "nvidia-smi --query-gpu=…",
     "--query-compute-apps": "nvidia-smi --query-compute-apps=…",
+    "--keep-env": "pct exec --keep-env",
+    "--clear-env": "lxc-attach --clear-env",
+    "--group": "pct push --group",
 }
 HELP = ("--help", "-h")  # click's own, on every command
 

@@ -43,19 +43,24 @@ def calls(tmp: Path) -> list[str]:
 def test_built_once_then_reused(fake: Path) -> None:
     cache = fake / "cache"
     built = rootfs.cached("bullseye", cache)
-    assert built == cache / "bullseye"
+    assert built == cache / "bullseye-systemd"
     assert (built / "etc" / "os-release").read_text() == "VERSION_CODENAME=bullseye\n"
     (line,) = calls(fake)
-    assert line.startswith("--variant=minbase --include=python3,tmux,procps bullseye ")
+    # what the agent needs, and systemd to boot as the container's init, as a Proxmox CT's
+    include = "--include=python3,tmux,procps,systemd,systemd-sysv,dbus"
+    assert line.startswith(f"--variant=minbase {include} bullseye ")
     assert line.endswith(" http://mirror.invalid/debian")
     assert rootfs.cached("bullseye", cache) == built
     assert len(calls(fake)) == 1
-    assert sorted(p.name for p in cache.iterdir()) == [".bullseye.lock", "bullseye"]
+    assert sorted(p.name for p in cache.iterdir()) == [
+        ".bullseye-systemd.lock",
+        "bullseye-systemd",
+    ]
 
 
 def test_a_killed_build_leaves_no_cache_and_is_redone(fake: Path) -> None:
     cache = fake / "cache"
-    half = cache / ".trixie.build-abc123"  # what a build killed half-way leaves
+    half = cache / ".trixie-systemd.build-abc123"  # what a build killed half-way leaves
     (half / "usr").mkdir(parents=True)
     built = rootfs.cached("trixie", cache)
     assert built.is_dir() and not half.exists()
@@ -67,7 +72,7 @@ def test_a_failed_build_leaves_nothing_and_says_why(fake: Path) -> None:
     (fake / "fail").touch()
     with pytest.raises(rootfs.RootfsError, match="Couldn't download packages"):
         rootfs.cached("bookworm", cache)
-    assert sorted(p.name for p in cache.iterdir()) == [".bookworm.lock"]
+    assert sorted(p.name for p in cache.iterdir()) == [".bookworm-systemd.lock"]
 
 
 def test_concurrent_sandboxes_build_once(fake: Path) -> None:
@@ -82,7 +87,7 @@ def test_concurrent_sandboxes_build_once(fake: Path) -> None:
         time.sleep(0.05)
     for thread in threads:
         thread.join()
-    assert results == [cache / "bookworm"] * 3
+    assert results == [cache / "bookworm-systemd"] * 3
     assert len(calls(fake)) == 1
 
 
@@ -131,9 +136,13 @@ def test_config_of_each_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     host = containers.config_text(tmp_path, 200)
     assert f"lxc.rootfs.path = dir:{tmp_path}/200/rootfs" in host
     assert "lxc.mount.entry = /usr usr none bind,ro 0 0" in host
+    assert "lxc.init.cmd = /sbin/ctinit" in host
     trixie = containers.config_text(tmp_path, 222, "trixie")
-    assert f"lxc.rootfs.path = overlay:{tmp_path}/cache/trixie:{tmp_path}/222/rootfs" in trixie
+    lower = f"{tmp_path}/cache/trixie-systemd"
+    assert f"lxc.rootfs.path = overlay:{lower}:{tmp_path}/222/rootfs" in trixie
     assert "lxc.mount.entry" not in trixie
+    # a distribution's container boots its own systemd, which halts on SIGRTMIN+3
+    assert "lxc.init.cmd = /sbin/init\nlxc.signal.halt = SIGRTMIN+3\n" in trixie
     assert "127.0.1.1\tsandbox-222\n" in containers.hosts_text(222)
 
 

@@ -13,12 +13,15 @@ def setenv_lines(text: str) -> list[str]:
 
 
 def test_the_machines_home_by_default_and_a_stock_one_on_request(tmp_path: Path) -> None:
+    # A Proxmox node's root session: PAM's variables too (sshd_config's SetEnv stands in).
+    node = " ".join(f'"{var}"' for var in sshd.NODE_SESSION_ENV)
+    assert '"XDG_RUNTIME_DIR=/run/user/0"' in node and '"LANG=en_US.UTF-8"' in node
     assert setenv_lines(sshd.config_text(tmp_path, 2222)) == [
-        f'SetEnv "PATH={tmp_path}/bin:{sshd.SESSION_PATH_TAIL}"'
+        f'SetEnv "PATH={tmp_path}/bin:{sshd.SESSION_PATH_TAIL}" {node}'
     ]
     home = tmp_path / "home"
     assert setenv_lines(sshd.config_text(tmp_path, 2222, home=home)) == [
-        f'SetEnv "PATH={tmp_path}/bin:{sshd.SESSION_PATH_TAIL}" "HOME={home}"'
+        f'SetEnv "PATH={tmp_path}/bin:{sshd.SESSION_PATH_TAIL}" {node} "HOME={home}"'
     ]
 
 
