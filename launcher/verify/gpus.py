@@ -118,6 +118,11 @@ def judge(sample: GpuSample, spec: GpuCheckSpec, *, printing: bool) -> GpuJudgem
             f"{len(idle)} of the run's {len(held)} GPUs below {floor} busy while it prints "
             f"status lines: {shown}{more}{aged}"
         )
+        if sample.age is not None:
+            # An earlier query's facts (nvidia-smi is slow or hung) may predate the status
+            # lines, and the same answer comes back poll after poll: not a measurement of now.
+            return GpuJudgement(None, observed + "; not judged on an earlier answer", expected,
+                                warn=True)  # fmt: skip
         return GpuJudgement(False, observed, expected)
     if unknown:
         observed = (

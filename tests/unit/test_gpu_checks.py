@@ -72,6 +72,11 @@ def test_facts_from_an_earlier_query_say_their_age_and_watchers_are_named() -> N
     assert found.ok is True and "(GPU facts 21 s old)" in found.observed
     text = status_text(sample)
     assert text.endswith("· 21 s old · nvtop (pid 812) watches GPUs 0-7"), text
+    # Idle on an earlier answer (a slow or hung nvidia-smi: the same one poll after poll, maybe
+    # from before the status lines): a warning, never a failure.
+    idle = GpuSample(2, (0, 1), {0: 0, 1: 0}, {}, age=21.4)
+    found = judge(idle, GpuCheckSpec(), printing=True)
+    assert found.ok is None and found.warn and "not judged on an earlier answer" in found.observed
 
 
 def test_sample_from_answer_and_status_text() -> None:
