@@ -30,7 +30,7 @@ STATE_DIR = "/run/launcher/gpu"
 LOCK_NAME = "nvidia-smi.lock"
 RUN_LIMIT = 45.0  # s one nvidia-smi may run before it is killed (slow hosts take up to 30)
 ANSWER_LIMIT = 64 * 1024  # bytes of an answer: 8 GPUs' rows take < 1 KB
-LOCK_PAUSE = 0.05  # s between two looks at a busy lock
+LOCK_PAUSE = 0.01  # s between two looks at a busy lock
 ANSWER_PAUSE = 0.02  # s between two looks for an answer
 
 # The runner, started detached with the lock's descriptor: stdlib only, any python3.

@@ -37,6 +37,7 @@ OTHER_FLAGS = {
     "--dist": "pytest -n 2 --dist loadfile",
     "--query-gpu": "nvidia-smi --query-gpu=…",
     "--query-compute-apps": "nvidia-smi --query-compute-apps=…",
+    "--no-kernel-module": "the NVIDIA driver installer, run in a container",
 }
 HELP = ("--help", "-h")  # click's own, on every command
 
