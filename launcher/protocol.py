@@ -166,13 +166,18 @@ class GpuReport(TypedDict):
     outside: list[GpuOutside]
 
 
-class PollGpus(TypedDict):
-    """A poll's GPUs: those the run's processes hold, per GPU [index, util %, used MiB]."""
+class PollGpus(TypedDict, total=False):
+    """A poll's GPUs: those the run's processes use, per GPU [index, util %, used MiB] (None:
+    unknown); `age`: the device facts are an earlier query's, this many seconds old (the
+    current nvidia-smi still runs); `watchers`: [pid, name, GPUs] of processes with device
+    files open and no GPU in use (nvtop, NVML monitors)."""
 
-    want: int
-    held: list[int]
-    devices: list[list[int | None]]
-    error: str | None
+    want: Required[int]
+    held: Required[list[int]]
+    devices: Required[list[list[int | None]]]
+    error: Required[str | None]
+    age: float
+    watchers: list[list[Any]]
 
 
 class LockState(TypedDict, total=False):

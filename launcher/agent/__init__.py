@@ -13,6 +13,7 @@ The package, one job a module (each imports only the ones before it in MODULES):
 
     base       AgentError, running commands, time, hashes, small file helpers
     processes  the container's processes from /proc: a run's tree, signals, waits
+    nvsmi      nvidia-smi run detached, bounded, one at a time; its failures named
     gpus       GPUs: nvidia-smi for device facts, /proc/<pid>/fd for who holds a device
     lock       the deploy lock
     params     a request's values, checked
@@ -51,6 +52,7 @@ from __future__ import annotations
 MODULES = (
     "base",
     "processes",
+    "nvsmi",
     "gpus",
     "lock",
     "params",

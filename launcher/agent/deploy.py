@@ -30,7 +30,6 @@ from launcher.agent.archives import (
 from launcher.agent.base import (
     PYTHON_VERSION,
     AgentError,
-    Started,
     as_int,
     emit_event,
     ignore_hangup,
@@ -48,9 +47,11 @@ from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.gpus import (
     describe_holders,
     describe_outside,
+    describe_watchers,
     gpu_contexts,
-    gpu_device_holders,
     gpu_devices,
+    gpu_holders,
+    gpu_names,
     gpu_report,
     holder_entries,
     shared_from_outside,
@@ -196,7 +197,8 @@ class Deploy:
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
         self.foreign_holders: list[dict[str, Any]] = []
-        self.queries: dict[str, Started | None] = {}
+        self.queries: dict[str, Any] = {}
+        self.wanted: set[int] = set()
         self.query_flags = (False, False, False)
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
@@ -320,7 +322,10 @@ class Deploy:
             checks = self.checks()
             names = [name for name, _ in checks]
             # nvidia-smi and tmux -V answer while the checks before their own run (they read).
-            self.query_flags = ("resources" in names, "gpus" in names, "gpus" in names)
+            # -L only when CUDA_VISIBLE_DEVICES names MIG devices: it lists them under their GPU.
+            mig = "MIG-" in self.env.get("CUDA_VISIBLE_DEVICES", "")
+            asked = "gpus" in names
+            self.query_flags = (asked and mig, asked or "resources" in names, asked)
             self.start_queries()
             for name, check in checks:
                 try:
@@ -538,7 +543,7 @@ class Deploy:
     def check_disk_and_gpus(self):
         free = free_bytes(self.workdir)
         # Who holds the GPUs is judged once the old run's processes are known (check_gpu_holders).
-        gpus = gpu_report(self.gpus, holders=False, started=self.queries.get("names"))
+        gpus = gpu_report(self.gpus, holders=False, devices_started=self.queries.get("devices"))
         self.result["preflight"] = {
             "python": PYTHON_VERSION,
             "free_bytes": free,
@@ -546,10 +551,16 @@ class Deploy:
         }
         if free is not None and free < self.need_bytes:
             raise AgentError("missing", "only %d bytes free under %s" % (free, self.workdir))
+        if self.gpus > 0 and gpus["error"]:
+            # A driver that fails (version mismatch, a lost GPU, a hung nvidia-smi): refused
+            # here, before anything is stopped.
+            kind = "missing" if "nvidia-smi not found" in gpus["error"] else "refused"
+            raise AgentError(kind, "playbook wants %d GPUs: %s" % (self.gpus, gpus["error"]))
         room = self.check_room_for_the_new_run()
         if self.gpus > 0 and gpus["visible"] < self.gpus:
-            reason = gpus["error"] or "%d visible" % gpus["visible"]
-            raise AgentError("missing", "playbook wants %d GPUs, %s" % (self.gpus, reason))
+            raise AgentError(
+                "missing", "playbook wants %d GPUs, %d visible" % (self.gpus, gpus["visible"])
+            )
         detail = "python %s, %d MiB free" % (
             PYTHON_VERSION,
             (free or 0) // 2**20,
@@ -602,22 +613,28 @@ class Deploy:
         )  # fmt: skip
 
     def check_gpu_holders(self):
-        """Refuse to launch onto GPUs held by processes that are not the old run's (a child
+        """Refuse to launch onto GPUs used by processes that are not the old run's (a child
         that double-forked out of the run, another job): stopping the run would not free them.
-        Holders are this container's processes with /dev/nvidia<N> open; a GPU with memory in
-        use and no holder here is used from outside (another CT, the host): nothing done here
-        can free it, so that refuses whatever the options."""
-        wanted = wanted_gpus(self.gpus, self.env)
-        devices, held, contexts, outside = self.gpus_used_outside(
-            wanted, self.queries.get("devices"), self.queries.get("contexts")
+        Users are this container's processes with /dev/nvidia-uvm and /dev/nvidia<N> open (a
+        CUDA context); watchers (device files only: nvtop, NVML monitors) never count. A GPU
+        with memory in use and no user here is used from outside (another CT, the host):
+        nothing done here can free it, so that refuses whatever the options."""
+        devices, held, watchers, contexts = self.gpu_facts(
+            self.queries.get("devices"), self.queries.get("contexts")
         )
+        listing = ""
+        if "MIG-" in self.env.get("CUDA_VISIBLE_DEVICES", ""):
+            listing = gpu_names(self.queries.get("names"))[2]
+        self.wanted = wanted = wanted_gpus(self.gpus, self.env, devices, listing)
+        outside = self.outside_of(wanted, devices, held, contexts)
         # A run that has just exited (a crash a watcher restarts at once) still shows its
         # memory for a moment, with no process here holding the device: the driver frees it
         # after the process ends. Look again for a moment before calling it someone else's.
         deadline = time.monotonic() + OUTSIDE_GRACE
         while outside and time.monotonic() < deadline:
             time.sleep(OUTSIDE_RECHECK)
-            devices, held, contexts, outside = self.gpus_used_outside(wanted, warn=False)
+            devices, held, watchers, contexts = self.gpu_facts(warn=False)
+            outside = self.outside_of(wanted, devices, held, contexts)
         if outside:
             raise AgentError(
                 "refused",
@@ -644,27 +661,34 @@ class Deploy:
             )
         # Not this run's GPUs, but worth saying (doctor shows it): others use them from outside.
         rest = set(d["index"] for d in devices) - wanted
-        elsewhere = used_outside(devices, held, rest)
-        elsewhere += shared_from_outside(devices, held, rest, contexts)
+        elsewhere = self.outside_of(rest, devices, held, contexts)
         note = "; used from outside, not by this run: %s" % describe_outside(elsewhere)
         note = note if elsewhere else ""
+        others = {p: g for p, g in watchers.items() if p not in self.old_pids}
+        if others:  # never blocks, never killed: said so
+            note += "; %s (no GPU in use, left alone)" % describe_watchers(others)
         if ours:
             return "ok", "held by the old run (%s)%s" % (describe_holders(ours), note)
         return "ok", "free" + note
 
-    def gpus_used_outside(self, wanted, devices_query=None, contexts_query=None, warn=True):
-        """(devices, holders here, contexts, GPUs used from outside) from the queries started
-        (None: query now)."""
+    def gpu_facts(self, devices_query=None, contexts_query=None, warn=True):
+        """(devices, users here, watchers here, contexts) from the queries started (None:
+        query now). nvidia-smi failing (a driver fault, a lost GPU, no answer) refuses."""
         devices, error = gpu_devices(devices_query)
         if error:
-            raise AgentError("missing", "cannot read the GPUs: %s" % error)
-        held = gpu_device_holders()
-        outside = used_outside(devices, held, wanted)
+            raise AgentError("refused", "cannot read the GPUs: %s" % error)
+        held, watchers = gpu_holders(devices=devices)
         contexts, contexts_error = gpu_contexts(contexts_query)
         if contexts_error and warn:
             self.warnings.append("cannot count the GPUs' contexts: %s" % contexts_error)
-        outside += shared_from_outside(devices, held, wanted, contexts)
-        return devices, held, contexts, outside
+        return devices, held, watchers, contexts
+
+    @staticmethod
+    def outside_of(wanted, devices, held, contexts):
+        """GPUs of `wanted` used from outside: memory and no user here, or more contexts than
+        users here."""
+        outside = used_outside(devices, held, wanted)
+        return outside + shared_from_outside(devices, held, wanted, contexts)
 
     def check_active(self):
         self.old_state = session_state(self.session)
@@ -889,7 +913,7 @@ class Deploy:
             self.warnings,
             extra_pids=extra,
             progress=progress,
-            wanted=wanted_gpus(self.gpus, self.env) if self.gpus > 0 else (),
+            wanted=self.wanted if self.gpus > 0 else (),
         )
         self.result["stopped"] = report
         if report["gpu_others"]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from launcher.agent.base import Started, which
-from launcher.agent.gpus import GPU_QUERY_ARGS, poll_gpus
+from launcher.agent.base import which
+from launcher.agent.gpus import poll_gpus, poll_query
 from launcher.agent.lock import lock_state
 from launcher.agent.params import param, session_param, workdir_param
 from launcher.agent.paths import (
@@ -29,9 +29,9 @@ def op_poll(request, warnings):
     session = session_param(request)
     lines = param(request, "lines", int, default=200)
     gpus = param(request, "gpus", int, default=0)
-    # nvidia-smi can take a second on 8 GPUs: it runs while the pane is captured, bounded.
-    binary = which("nvidia-smi") if gpus > 0 else None
-    started = Started([binary, *GPU_QUERY_ARGS], POLL_GPU_TIMEOUT) if binary else None
+    # nvidia-smi can take a second on 8 GPUs, 30 without the persistence daemon, or hang: it
+    # runs detached while the pane is captured, and the poll waits POLL_GPU_TIMEOUT at most.
+    query = poll_query() if gpus > 0 else None
     state, capture = no_session(), ""
     if which("tmux"):
         target = "=%s:" % session
@@ -62,7 +62,9 @@ def op_poll(request, warnings):
         "checkpoint_age": tree_age(param(request, "checkpoints", str)),
         # A deploy in progress: verify then waits for the new run instead of calling it dead.
         "lock": lock_state(param(request, "lock_path", str, default=LOCK_PATH)),
-        "gpus": poll_gpus(gpus, run_pids(state["pane_pid"], session), started) if gpus else None,
+        "gpus": poll_gpus(gpus, run_pids(state["pane_pid"], session), query, POLL_GPU_TIMEOUT)
+        if query is not None
+        else None,
     }
 
 

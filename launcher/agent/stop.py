@@ -9,12 +9,14 @@ import os
 import signal
 import time
 
-from launcher.agent.base import AgentError, Started, as_int, utc_iso, write_atomic
+from launcher.agent.base import AgentError, as_int, utc_iso, write_atomic
 from launcher.agent.gpus import (
     GPU_RELEASE_WAIT,
-    gpu_device_holders,
     gpu_devices,
+    gpu_holders,
+    gpu_names,
     holder_entries,
+    scan_device_files,
     start_gpu_queries,
     used_outside,
     wanted_gpus,
@@ -64,7 +66,7 @@ def stop_run(session, grace, gpus, warnings, extra_pids=(), progress=None, wante
     report = stop_report(pane_active(state) or bool(seen), state["exists"], seen)
     if not state["exists"] and not seen:
         return report
-    holders: dict[str, Started] = {}
+    holders: dict[str, Any] = {}
     confirming: list[bool] = []  # once
 
     def confirm():
@@ -217,11 +219,15 @@ def gpu_release(pids, wanted, warnings, timeout=GPU_RELEASE_WAIT, started=None):
     first = [started]
 
     def released():
-        held = gpu_device_holders()
-        found["ours"] = {pid: g for pid, g in held.items() if pid in pids}
-        found["others"] = {pid: g for pid, g in held.items() if pid not in pids and wanted & set(g)}
         devices, found["error"] = gpu_devices(first.pop() if first else None)
-        found["outside"] = used_outside(devices, held, wanted)
+        scan = scan_device_files()
+        users, watchers = gpu_holders(None, devices, scan)
+        # The run's own processes must close every device file, a watcher of its too; of the
+        # others only those using a GPU (a CUDA context) keep it from the next run.
+        found["ours"] = {pid: g for pid, g in users.items() if pid in pids}
+        found["ours"].update((pid, g) for pid, g in watchers.items() if pid in pids)
+        found["others"] = {p: g for p, g in users.items() if p not in pids and wanted & set(g)}
+        found["outside"] = used_outside(devices, users, wanted)
         return found["error"] is not None or not (found["ours"] or found["outside"])
 
     begun = time.monotonic()
@@ -256,7 +262,7 @@ def op_stop(request, warnings):
     gpus = param(request, "gpus", int, default=0)
     # The GPUs the playbook's run uses, so that `stop` says whether they are free for the next.
     visible = param(request, "cuda_visible_devices", str, default="")
-    wanted = wanted_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}) if gpus > 0 else ()
+    wanted = stop_wanted(gpus, visible, warnings) if gpus > 0 else ()
     lock = DeployLock(param(request, "lock_path", str, default=LOCK_PATH), request.get("operator"))
     deadline = deadline_param(request)
     check_deadline(deadline, "the stop")
@@ -288,6 +294,21 @@ def check_expected_run(request, session):
             "session '%s' %s %s (now %s): not stopped"
             % (session, RUN_REPLACED, expected or "what the client saw", current),
         )
+
+
+def stop_wanted(gpus, visible, warnings):
+    """The GPUs the playbook's run uses; UUIDs and MIG ids need nvidia-smi's answer."""
+    needs_devices = any(not e.strip().isdigit() for e in visible.split(",") if e.strip())
+    devices, listing = [], ""
+    if needs_devices:
+        queries = start_gpu_queries(True, True)
+        listing = gpu_names(queries["names"])[2]
+        devices = gpu_devices(queries["devices"])[0]
+    try:
+        return wanted_gpus(gpus, {"CUDA_VISIBLE_DEVICES": visible}, devices, listing)
+    except AgentError as exc:
+        warnings.append("%s: judging the first %d GPUs" % (exc.message, gpus))
+        return set(range(gpus))
 
 
 def mark_stopped(workdir, session, operator, warnings):

@@ -153,7 +153,32 @@ WINDOW = Duration(0, WEEK)
 SUCCESSES = Count(1, 1000)
 PARALLEL = Count(1, 256)
 LINES = Count(0, 1_000_000)  # logs --tail, history --limit
-SANDBOX_GPUS = Count(0, 64)
+
+
+class GpuSlice(click.ParamType):  # type: ignore[type-arg]
+    """`8`: that many GPUs (the host's 0..7); `6,7` or `6-7`: those of the host's GPUs, by minor
+    number, as a CI staging CT is given a slice of the host."""
+
+    name = "gpus"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | list[int]:
+        if isinstance(value, int | list):
+            return value
+        text = str(value).strip()
+        if text.isdigit() and int(text) <= 64:
+            return int(text)
+        minors: list[int] = []
+        for part in text.split(","):
+            low, dash, high = part.strip().partition("-")
+            if not low.isdigit() or (dash and not high.isdigit()):
+                self.fail(f"{value!r} is neither a count (8) nor minor numbers (6,7 or 6-7)")
+            minors += range(int(low), int(high if dash else low) + 1)
+        if not minors or max(minors) > 255:
+            self.fail(f"{value!r}: minor numbers are 0..255")
+        return sorted(set(minors))
+
+
+SANDBOX_GPUS = GpuSlice()
 SANDBOX_STALL = Duration(0, DAY)  # `sandbox stall`: how long a pct call waits on the host
 PCT_CALLS = Count(0, 1_000_000)
 STALL_CALLS = Count(1, 1_000_000)

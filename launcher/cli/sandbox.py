@@ -79,7 +79,9 @@ def sandbox() -> None:
     type=SANDBOX_GPUS,
     default=8,
     show_default=True,
-    help="Fake GPUs per container (0 makes nvidia-smi fail like a missing driver).",
+    help="Fake GPUs per container: a count (0 makes nvidia-smi fail like a missing driver), or "
+    "which of the host's GPUs by minor number (6,7: /dev/nvidia6 and /dev/nvidia7, nvidia-smi "
+    "index 0 and 1, as a CI staging CT given a slice of the host).",
 )
 @click.option(
     "--distro",
@@ -107,7 +109,7 @@ def sandbox() -> None:
 @state_dir_option
 def up(
     vmid_values: tuple[str, ...],
-    gpus: int,
+    gpus: int | list[int],
     distro: str | None,
     network: bool,
     hosts: str,
@@ -135,6 +137,7 @@ def up(
     Example:
       sudo launcher sandbox up --vmid 200-203 --gpus 8
       sudo launcher sandbox up --vmid 202 --distro bullseye   # Python 3.9, tmux 3.1c
+      sudo launcher sandbox up --vmid 209 --gpus 6,7   # a staging CT with 2 of the host's 8
       sudo launcher sandbox up --vmid 200,201 --network   # a two-node job
       eval "$(launcher sandbox env)"      # LAUNCHER_INVENTORY for the commands that follow
     Exit codes: 0 up, 2 bad input, not root or no root filesystem, 3 a container or sshd
@@ -164,7 +167,8 @@ def up(
     click.echo(f"sandbox up in {elapsed:.1f}s")
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
     click.echo(f"  containers: {_containers(status.containers, sb)}")
-    click.echo(f"  gpus:       {gpus} fake GPU(s) in {', '.join(map(str, vmids))}")
+    shown = gpus if isinstance(gpus, int) else f"{len(gpus)} (minors {', '.join(map(str, gpus))})"
+    click.echo(f"  gpus:       {shown} fake GPU(s) in {', '.join(map(str, vmids))}")
     if addresses:
         shown = ", ".join(f"{vmid} {address}" for vmid, address in addresses.items())
         click.echo(f"  network:    {shown}")

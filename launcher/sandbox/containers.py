@@ -113,7 +113,7 @@ def hosts_text(vmid: int) -> str:
     return f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 
-def build_rootfs(root: Path, vmid: int, gpus: int, distro: str = rootfs.HOST) -> None:
+def build_rootfs(root: Path, vmid: int, minors: Sequence[int], distro: str = rootfs.HOST) -> None:
     """Create or repair the rootfs of one container; safe to run on a running container."""
     if distro == rootfs.HOST:
         _host_tree(root)
@@ -130,7 +130,8 @@ def build_rootfs(root: Path, vmid: int, gpus: int, distro: str = rootfs.HOST) ->
     _write(etc / "hosts", hosts_text(vmid))
     _write(sbin / "ctinit", (HERE / "ctinit.py").read_bytes(), 0o755)
     _write(sbin / "nvidia-smi", (HERE / "nvidia_smi.py").read_bytes(), 0o755)
-    set_gpus(root, gpus)
+    _write(sbin / "nvtop", (HERE / "nvtop.py").read_bytes(), 0o755)
+    set_gpus(root, minors)
 
 
 def _host_tree(root: Path) -> None:
@@ -172,9 +173,9 @@ def _host_tree(root: Path) -> None:
         _write(etc / "ld.so.cache", ld_cache.read_bytes())
 
 
-def set_gpus(root: Path, gpus: int) -> None:
+def set_gpus(root: Path, minors: Sequence[int]) -> None:
     """The container's GPU files (see launcher/sandbox/gpus.py)."""
-    sandbox_gpus.prepare_rootfs(root, gpus)
+    sandbox_gpus.prepare_rootfs(root, minors)
 
 
 def defined(lxcpath: Path) -> list[int]:

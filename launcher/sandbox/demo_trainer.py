@@ -11,8 +11,16 @@ Environment:
   DEMO_CHECKPOINT_EVERY  write checkpoints/step_<N>.pt every N steps (default 5; 0 = never)
   DEMO_SAVE_SECONDS      each checkpoint save takes this long, printing nothing and writing
                          the file a piece at a time, as a large state dict's does (default 0)
-  DEMO_GPUS              how many GPUs (/dev/nvidiaN) to hold open (default: all of them)
-  DEMO_GPU_INDEXES       which GPUs to hold, e.g. 3 or 0,1 (default: the first DEMO_GPUS)
+  DEMO_GPUS              how many GPUs to use (default: all it can see)
+  DEMO_GPU_INDEXES       which GPUs to use, by index, e.g. 3 or 0,1 (default: the first
+                         DEMO_GPUS). It sees those CUDA_VISIBLE_DEVICES names (indexes or
+                         GPU-… UUIDs; as CUDA, the list ends at the first it cannot resolve),
+                         else all of the container's. Using GPUs is what CUDA does: holding
+                         /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<minor> of each (the
+                         minor, not the index: a container given the host's GPUs 6 and 7 sees
+                         index 0 and 1 as /dev/nvidia6 and /dev/nvidia7)
+  DEMO_GPU_MONITOR=1     start a GPU monitor child, as wandb's system monitor does: it opens
+                         every /dev/nvidia* (NVML) and no /dev/nvidia-uvm (no CUDA context)
   DEMO_CRASH_AFTER       crash: seconds before a RuntimeError traceback, exit 1 (default 5)
   DEMO_STALL_AFTER       stall: seconds before queues drain and steps stop (default 5)
   DEMO_NAN_AFTER         nan: seconds before the loss becomes nan (default 5)
@@ -104,21 +112,103 @@ def env_int(name, default):
         return int(default)
 
 
-def open_gpus(limit=None):
-    """Open /dev/nvidia0..: CUDA keeps one handle per device it uses for the process's life."""
+MINORS_FILE = "/etc/sandbox-gpu-minors"  # the container's slice (launcher/sandbox/gpus.py)
+
+
+def container_minors():
+    """The minors of the container's GPUs in index order: the sandbox's slice, else the
+    /dev/nvidia<N> files there are."""
     try:
-        names = sorted(
-            (n for n in os.listdir("/dev") if n[6:].isdigit() and n.startswith("nvidia")),
-            key=lambda n: int(n[6:]),
-        )
+        with open(MINORS_FILE) as f:
+            text = f.read().strip()
+        if text:
+            return sorted(int(m) for m in text.split(","))
+    except (OSError, ValueError):
+        pass
+    try:
+        return sorted(int(n[6:]) for n in os.listdir("/dev") if is_gpu_file(n))
     except OSError:
         return []
+
+
+def is_gpu_file(name):
+    return name.startswith("nvidia") and name[6:].isdigit()
+
+
+def gpu_uuid(minor):
+    """The UUID the sandbox's nvidia-smi gives the GPU (launcher/sandbox/nvidia_smi.py)."""
+    import uuid
+
+    pool = "host"
+    try:
+        with open("/etc/sandbox-gpu-pool") as f:
+            pool = f.read().strip() or pool
+    except OSError:
+        pass
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, "sandbox-gpu:%s:%d" % (pool, minor)))
+
+
+def visible_minors():
+    """The GPUs CUDA lets this process see, as minors in CUDA's order: CUDA_VISIBLE_DEVICES
+    names them by index or UUID (prefix), and the list ends at the first name that resolves
+    to no GPU (CUDA's documented behaviour); unset, all of the container's."""
+    minors = container_minors()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return minors
+    found = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < len(minors):
+            found.append(minors[int(entry)])
+            continue
+        matches = [m for m in minors if entry.startswith("GPU-") and gpu_uuid(m).startswith(entry)]
+        if len(matches) != 1:
+            break
+        found.append(matches[0])
+    return found
+
+
+def open_gpus(limit=None):
+    """Use GPUs as CUDA does: /dev/nvidiactl, /dev/nvidia-uvm and the device file (by minor
+    number) of each GPU it has a context on, held for the process's life."""
+    minors = visible_minors()
     if limit is not None:
-        names = names[:limit]
+        minors = minors[:limit]
     wanted = os.environ.get("DEMO_GPU_INDEXES")
     if wanted:
-        names = ["nvidia%s" % i.strip() for i in wanted.split(",") if i.strip().isdigit()]
-    return [open(os.path.join("/dev", n), "rb") for n in names]
+        picked = [int(i) for i in wanted.split(",") if i.strip().isdigit()]
+        minors = [visible_minors()[i] for i in picked if i < len(visible_minors())]
+    if not minors:
+        return []
+    names = ["nvidiactl", "nvidia-uvm"] + ["nvidia%d" % m for m in minors]
+    paths = [os.path.join("/dev", n) for n in names]
+    return [open(p, "rb") for p in paths if os.path.exists(p)]
+
+
+MONITOR = """
+import os, time
+parent = os.getppid()
+files = []
+for name in sorted(os.listdir("/dev")):
+    if name.startswith("nvidia") and name != "nvidia-uvm":
+        files.append(open("/dev/" + name, "rb"))
+while os.getppid() == parent:
+    time.sleep(0.5)
+"""
+
+
+def start_monitor():
+    """A GPU monitor child (wandb's, pynvml's): NVML opens every /dev/nvidia* it can see and
+    creates no CUDA context (no /dev/nvidia-uvm). It inherits none of our handles and ends
+    when we do."""
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, "-c", MONITOR, "gpu-monitor"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def start_time(proc, pid):
@@ -157,7 +247,8 @@ class GpuUse:
 
     def __init__(self, files):
         self.files = files
-        self.devices = [int(os.path.basename(f.name)[6:]) for f in files]
+        names = [os.path.basename(f.name) for f in files]
+        self.devices = [int(n[6:]) for n in names if is_gpu_file(n)]
         self.util = None
         self.path = None
         self.record = None
@@ -571,6 +662,8 @@ def main(argv):
     if mode in ("cpu-fallback", "one-gpu"):
         limit = 0 if mode == "cpu-fallback" else min(1, 1 if limit is None else limit)
     Output.gpus = GpuUse(open_gpus(limit))  # the files are held for our lifetime
+    if os.environ.get("DEMO_GPU_MONITOR") == "1":
+        start_monitor()
     if os.environ.get("DEMO_SPAWN_CHILD") == "1":
         spawn_child()
     if os.environ.get("DEMO_IGNORE_SIGINT") == "1":

@@ -89,12 +89,20 @@ class Sandbox:
     # -- lifecycle ------------------------------------------------------------------------
 
     def up(
-        self, vmids: Sequence[int] = (200,), *, gpus: int = 8, distro: str | None = None
+        self,
+        vmids: Sequence[int] = (200,),
+        *,
+        gpus: int | Sequence[int] = 8,
+        distro: str | None = None,
     ) -> SandboxInfo:
         """Create or repair the sandbox; keeps running containers, adds missing ones. New ones
         are made from `distro`'s root filesystem (None: `host`, which bind-mounts this machine's
-        /usr); an existing one keeps its own, and naming another distro for it is refused."""
-        self._preflight(vmids, gpus)
+        /usr); an existing one keeps its own, and naming another distro for it is refused.
+        `gpus`: how many (the host's 0..N-1) or which of the host's GPUs, by minor number (a
+        slice, as a CI staging CT is given 6 and 7); a running container with another slice
+        is restarted."""
+        self._preflight(vmids, gpus if isinstance(gpus, int) else len(gpus))
+        minors = sandbox_gpus.slice_of(gpus)
         if distro is not None and distro not in rootfs.CHOICES:
             raise UsageError(f"unknown --distro {distro!r}: use one of {', '.join(rootfs.CHOICES)}")
         kinds = {v: self._made_from(v) or distro or rootfs.HOST for v in vmids}
@@ -113,13 +121,13 @@ class Sandbox:
             kind = kinds[vmid]
             (ct_dir / "distro").write_text(kind + "\n")
             config_file = ct_dir / "config"
-            if current[vmid] == "RUNNING" and sandbox_gpus.outdated(config_file):
+            if current[vmid] == "RUNNING" and sandbox_gpus.outdated(config_file, minors):
                 containers.stop(self.lxcpath, [vmid])  # mounts change only with a restart
                 current[vmid] = "STOPPED"
-            containers.build_rootfs(ct_dir / "rootfs", vmid, gpus, kind)
+            containers.build_rootfs(ct_dir / "rootfs", vmid, minors, kind)
             if current[vmid] != "RUNNING" or not config_file.is_file():
                 config = containers.config_text(self.lxcpath, vmid, kind)
-                config += sandbox_gpus.config_lines(self.state_dir, gpus)
+                config += sandbox_gpus.config_lines(self.state_dir, minors)
                 config_file.write_text(config)
         odd = [v for v in wanted if current[v] not in ("RUNNING", "STOPPED")]
         if odd:  # half started or stopping after a killed run: reset them
@@ -128,7 +136,7 @@ class Sandbox:
 
         port = self._ensure_sshd()
         all_vmids = self._vmids()
-        self._write_inventory(port, all_vmids, gpus)
+        self._write_inventory(port, all_vmids, len(minors))
         return self._info(port, all_vmids)
 
     def down(self) -> list[Path]:
@@ -317,6 +325,28 @@ class Sandbox:
     def set_gpu_pool(self, vmid: int, pool: str) -> None:
         """Containers with the same pool share their GPUs (the default: all share `host`)."""
         sandbox_gpus.set_pool(self.container_root(vmid), pool)
+
+    def set_gpu_slice(self, vmid: int, gpus: int | Sequence[int]) -> None:
+        """Give the container these of the host's GPUs (by minor number; an int N: 0..N-1), as
+        Proxmox gives a CT device entries: its device files change, so it restarts (what runs
+        in it ends) unless it has this slice already."""
+        minors = sandbox_gpus.slice_of(gpus)
+        config_file = self.lxcpath / str(vmid) / "config"
+        text = config_file.read_text()
+        sandbox_gpus.set_minors(self.container_root(vmid), minors)
+        if sandbox_gpus.config_minors(text) == minors and "dev/nvidia-uvm" in text:
+            return
+        running = containers.states(self.lxcpath, [vmid])[vmid] == "RUNNING"
+        if running:
+            containers.stop(self.lxcpath, [vmid])
+        config_file.write_text(sandbox_gpus.with_slice(text, self.state_dir, minors))
+        if running:
+            containers.start(self.lxcpath, [vmid])
+
+    def set_gpu_fault(self, vmid: int, *faults: str) -> None:
+        """Make the container's driver misbehave (launcher.sandbox.gpus.FAULTS: `mismatch`,
+        `lost 1`, `na`, `delay 20`, `hang`, `no-apps`); none: healthy again."""
+        sandbox_gpus.set_fault(self.container_root(vmid), faults)
 
     def set_gpu_pid_mode(self, vmid: int, mode: str) -> None:
         """What PIDs the container's nvidia-smi reports: `host` (default) or `bare-metal`."""

@@ -29,14 +29,18 @@ class GpuCheckSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=T
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One poll's GPUs: how many the run should hold, which it holds, and per GPU its
-    utilization (%) and memory used (MiB); `error`: nvidia-smi did not answer."""
+    """One poll's GPUs: how many the run should hold, which it uses, and per GPU its
+    utilization (%) and memory used (MiB), None where nvidia-smi did not give them; `error`:
+    nvidia-smi did not answer (or failed); `age`: the facts are an earlier query's, this many
+    seconds old; `watchers`: processes with device files open and no GPU in use."""
 
     want: int
     held: tuple[int, ...]
     util: Mapping[int, int | None] = field(default_factory=dict)
     used_mib: Mapping[int, int | None] = field(default_factory=dict)
     error: str | None = None
+    age: float | None = None
+    watchers: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,31 @@ def sample_from_answer(gpus: Mapping[str, Any] | None) -> GpuSample | None:
             util[row[0]] = row[1] if isinstance(row[1], int) else None
             used[row[0]] = row[2] if isinstance(row[2], int) else None
     error = gpus.get("error")
-    return GpuSample(gpus["want"], held, util, used, str(error) if error else None)
+    age = gpus.get("age")
+    return GpuSample(
+        gpus["want"],
+        held,
+        util,
+        used,
+        str(error) if error else None,
+        float(age) if isinstance(age, int | float) else None,
+        watchers_from(gpus.get("watchers")),
+    )
+
+
+def watchers_from(rows: Any) -> tuple[tuple[int, str, tuple[int, ...]], ...]:
+    found = []
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, list) and len(row) == 3 and isinstance(row[0], int):
+            listed = row[2] if isinstance(row[2], list) else []
+            gpus = tuple(g for g in listed if isinstance(g, int))
+            found.append((row[0], str(row[1]), gpus))
+    return tuple(found)
 
 
 def judge(sample: GpuSample, spec: GpuCheckSpec, *, printing: bool) -> GpuJudgement:
-    """`printing`: the poll brought new status lines (the run claims to be training)."""
+    """`printing`: the poll brought new status lines (the run claims to be training). A value
+    nvidia-smi did not give is unknown: it never fails the check by itself (a warning)."""
     want = sample.want
     floor = f"{spec.min_util:g} %"
     expected = f"the run holds {want} GPU{'' if want == 1 else 's'}, each ≥ {floor} busy"
@@ -80,21 +104,34 @@ def judge(sample: GpuSample, spec: GpuCheckSpec, *, printing: bool) -> GpuJudgem
     if sample.error:
         observed = f"the run holds {len(held)} GPUs; utilization unknown: {sample.error}"
         return GpuJudgement(None, observed, expected, warn=True)
-    busy = [g for g in held if (sample.util.get(g) or 0) >= spec.min_util]
+    aged = f" (GPU facts {sample.age:.0f} s old)" if sample.age is not None else ""
     if not printing:
         observed = f"the run holds {len(held)} GPUs ({span(held)}); no new status line"
         return GpuJudgement(True, observed, expected)
-    if len(busy) < want:
-        idle = [g for g in held if g not in busy]
+    unknown = [g for g in held if sample.util.get(g) is None]
+    busy = [g for g in held if g not in unknown and (sample.util.get(g) or 0) >= spec.min_util]
+    if len(busy) + len(unknown) < want:
+        idle = [g for g in held if g not in busy and g not in unknown]
         shown = ", ".join(f"GPU {g} {util_text(sample.util.get(g))}" for g in idle[:8])
         more = f" and {len(idle) - 8} more" if len(idle) > 8 else ""
         observed = (
             f"{len(idle)} of the run's {len(held)} GPUs below {floor} busy while it prints "
-            f"status lines: {shown}{more}"
+            f"status lines: {shown}{more}{aged}"
         )
+        if sample.age is not None:
+            # An earlier query's facts (nvidia-smi is slow or hung) may predate the status
+            # lines, and the same answer comes back poll after poll: not a measurement of now.
+            return GpuJudgement(None, observed + "; not judged on an earlier answer", expected,
+                                warn=True)  # fmt: skip
         return GpuJudgement(False, observed, expected)
+    if unknown:
+        observed = (
+            f"the run holds {len(held)} GPUs ({span(held)}); utilization unknown for "
+            f"GPU {span(unknown)} (nvidia-smi gave no value){aged}"
+        )
+        return GpuJudgement(None, observed, expected, warn=True)
     mean = sum(sample.util.get(g) or 0 for g in held) / len(held)
-    observed = f"the run holds {len(held)} GPUs ({span(held)}), {mean:.0f} % busy on average"
+    observed = f"the run holds {len(held)} GPUs ({span(held)}), {mean:.0f} % busy on average{aged}"
     return GpuJudgement(True, observed, expected)
 
 
@@ -111,14 +148,24 @@ def span(gpus: tuple[int, ...] | list[int]) -> str:
 
 
 def status_text(sample: GpuSample) -> str:
-    """`GPUs 8/8 held · util % 97 97 … · mem GiB 22.0 22.0 …`: one short line part for status."""
+    """`GPUs 8/8 held · util % 97 97 … · mem GiB 22.0 22.0 …`: one short line part for status;
+    `?` where a value is unknown, the facts' age when they are an earlier query's, watchers."""
     indexes = sorted(sample.util) or sorted(sample.held)
-    held = f"GPUs {len(sample.held)}/{sample.want} held"
-    if sample.error or not indexes:
-        return held + (f" · {sample.error}" if sample.error else "")
-    util = " ".join("?" if sample.util.get(g) is None else str(sample.util[g]) for g in indexes)
-    mem = " ".join(
-        "?" if sample.used_mib.get(g) is None else f"{(sample.used_mib[g] or 0) / 1024:.1f}"
-        for g in indexes
-    )
-    return f"{held} · util % {util} · mem GiB {mem}"
+    text = f"GPUs {len(sample.held)}/{sample.want} held"
+    if sample.error or not sample.util:
+        text += f" · {sample.error}" if sample.error else ""
+    else:
+        util = " ".join("?" if sample.util.get(g) is None else str(sample.util[g]) for g in indexes)
+        mem = " ".join(
+            "?" if sample.used_mib.get(g) is None else f"{(sample.used_mib[g] or 0) / 1024:.1f}"
+            for g in indexes
+        )
+        text += f" · util % {util} · mem GiB {mem}"
+        if sample.age is not None:
+            text += f" · {sample.age:.0f} s old"
+    if sample.watchers:
+        text += " · " + ", ".join(
+            f"{name} (pid {pid}) watches GPU{'' if len(gpus) == 1 else 's'} {span(gpus)}"
+            for pid, name, gpus in sample.watchers
+        )
+    return text

@@ -253,3 +253,202 @@ def test_a_gpu_shared_with_another_container_is_no_reason_to_refuse_a_run_not_us
     doctor = project.launcher("doctor")
     assert "used from outside, not by this run: GPU 3 (22512 MiB in use)" in doctor.stderr
     assert other in holders(project, OTHER)
+
+
+# --------------------------------------------------------------------------- real GPU hosts
+
+
+def ct_lines(project: Project, vmid: int, *argv: str) -> list[str]:
+    return project.ct_text(vmid, *argv).splitlines()
+
+
+def nvidia_smi_count(project: Project, vmid: int) -> int:
+    """nvidia-smi processes in the container now (launcher's, and any other)."""
+    out = project.ct_text(vmid, "ps", "-eo", "comm=")
+    return sum(1 for line in out.splitlines() if line.strip() == "nvidia-smi")
+
+
+@pytest.fixture
+def staging(project: Project) -> Iterator[Project]:
+    """201 as a CI staging CT given the host's GPUs 6 and 7 (it restarts, and back after)."""
+    sb = project.sandbox
+    sb.set_gpu_slice(OTHER, [6, 7])
+    try:
+        yield project
+    finally:
+        sb.set_gpu_slice(OTHER, 8)
+
+
+def test_a_staging_ct_with_the_hosts_gpus_6_and_7_deploys_verifies_and_stops(
+    staging: Project,
+) -> None:
+    """/dev/nvidia6 and /dev/nvidia7 are nvidia-smi's index 0 and 1 there: the run's GPUs are
+    its own, not "used from outside", and its utilization is that of 6 and 7."""
+    project = staging
+    devices = sorted(project.ct_text(OTHER, "ls", "/dev").split())
+    assert [d for d in devices if d.startswith("nvidia")] == [
+        "nvidia-uvm", "nvidia6", "nvidia7", "nvidiactl",
+    ]  # fmt: skip
+    listed = ct_lines(project, OTHER, "nvidia-smi", "-L")
+    assert [line.split(":")[0] for line in listed] == ["GPU 0", "GPU 1"]
+    minors = re.findall(r"Minor Number\s*:\s*(\d+)", project.ct_text(OTHER, "nvidia-smi", "-q"))
+    assert minors == ["6", "7"]
+    book = project.playbook("staging", gpus=2, verify=PROBE)
+    project.write({"staging": (OTHER, book)})
+    first = project.launcher("deploy", "--restart")
+    assert first.returncode == 0, first.stdout + first.stderr
+    project.wait_for(
+        lambda: list(holders(project, OTHER).values()) == [{6, 7}], what="the run on 6 and 7"
+    )
+    again = project.launcher("deploy", "--restart", "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    steps = {s["name"]: s for s in json_out(again)["steps"]}
+    assert "held by the old run" in steps["gpus"]["detail"], steps["gpus"]
+    project.wait_for(
+        lambda: list(holders(project, OTHER).values()) == [{6, 7}], what="the new run on 6, 7"
+    )
+    code, report, _ = verify_json(project)
+    assert code == 0, report
+    gpus = {c["name"]: c for c in report["checks"]}["gpus"]
+    assert gpus["verdict"] == "pass" and "holds 2 GPUs (0, 1)" in gpus["observed"], gpus
+    status = json_out(project.launcher("status", "--json"))["gpus"]
+    assert status["want"] == 2 and status["held"] == [0, 1]
+    assert [row[0] for row in status["devices"]] == [0, 1] and status["devices"][0][1] > 0
+    stopped = project.launcher("stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "✓ gpus" in stopped.stdout + stopped.stderr
+    assert holders(project, OTHER) == {}
+
+
+def test_a_run_of_2_gpus_of_8_with_a_monitor_child_is_healthy(project: Project) -> None:
+    """The run's GPU monitor (wandb's, pynvml's) opens all 8 device files and no nvidia-uvm: the
+    run uses 2 GPUs, busy, and the monitor is named as a watcher, not counted."""
+    deploy(project, "gpumon", gpus=2, env={"DEMO_GPUS": "2", "DEMO_GPU_MONITOR": "1"})
+    project.wait_for(lambda: len(holders(project, VMID)) == 2, what="trainer and monitor")
+    assert sorted(map(sorted, holders(project, VMID).values())) == [[0, 1], list(range(8))]
+    code, report, _ = verify_json(project)
+    assert code == 0, report
+    gpus = {c["name"]: c for c in report["checks"]}["gpus"]
+    assert gpus["verdict"] == "pass" and "holds 2 GPUs (0, 1)" in gpus["observed"], gpus
+    status = json_out(project.launcher("status", "--json"))["gpus"]
+    assert status["held"] == [0, 1]
+    assert [w[2] for w in status["watchers"]] == [list(range(8))], status
+    assert re.search(r"python3 \(pid \d+\) watches GPUs 0-7", project.launcher("status").stdout)
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["plain", "kill-gpu-holders"])
+def test_an_nvtop_in_another_session_neither_blocks_nor_dies(project: Project, kill: bool) -> None:
+    deploy(project, "gpunvtop")
+    project.ct(VMID, "tmux", "new-session", "-d", "-s", "watching", "nvtop")
+    watcher = project.wait_for(
+        lambda: next((p for p, g in holders(project, VMID).items() if len(g) == 8 and
+                      "nvtop" in project.ct_text(VMID, "cat", f"/proc/{p}/comm")), None),
+        what="nvtop with every device open",
+    )  # fmt: skip
+    args = ["--kill-gpu-holders"] if kill else []
+    again = project.launcher("deploy", "--restart", "--json", *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    steps = {s["name"]: s for s in json_out(again)["steps"]}
+    assert f"nvtop (pid {watcher}) watches GPUs 0-7" in steps["gpus"]["detail"], steps["gpus"]
+    assert project.ct(VMID, "test", "-e", f"/proc/{watcher}").returncode == 0, "nvtop was killed"
+    doctor = project.launcher("doctor")
+    assert f"nvtop (pid {watcher}) watches GPUs 0-7" in doctor.stdout + doctor.stderr
+    assert f"nvtop (pid {watcher}) watches GPUs 0-7" in project.launcher("status").stdout
+
+
+@pytest.fixture
+def faulty(project: Project) -> Iterator[Project]:
+    """The container's driver set to fail by the test; healthy again after, with no nvidia-smi
+    of a hung call left holding launcher's nvidia-smi lock."""
+    try:
+        yield project
+    finally:
+        project.sandbox.set_gpu_fault(VMID)
+        project.ct(VMID, "pkill", "-KILL", "-x", "nvidia-smi")
+
+
+@pytest.mark.parametrize(
+    ("fault", "says"),
+    [
+        ("mismatch", "version mismatch: the container's NVIDIA user-space driver"),
+        ("lost 1", "GPU lost: a GPU fell off the bus or became inaccessible: GPU at 0000:19:00.0"),
+    ],
+)
+def test_a_broken_driver_refuses_the_deploy_before_the_stop(
+    faulty: Project, fault: str, says: str
+) -> None:
+    project = faulty
+    deploy(project, "gpufault")
+    project.wait_for(lambda: holders(project, VMID), what="the run's GPUs")
+    before = pane_pid(project, "gpufault")
+    project.sandbox.set_gpu_fault(VMID, fault)
+    refused = project.launcher("deploy", "--restart")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    out = refused.stdout + refused.stderr
+    assert says in out, out
+    assert "✓ stop" not in out
+    assert pane_pid(project, "gpufault") == before, "the old run was stopped"
+    assert list(holders(project, VMID).values()) == [set(range(8))]
+    doctor = project.launcher("doctor")
+    assert doctor.returncode != 0 and says in doctor.stdout + doctor.stderr
+    if fault == "mismatch":
+        assert "--no-kernel-module" in doctor.stdout + doctor.stderr
+    status = project.launcher("status")
+    assert says.split(":")[0] in status.stdout, status.stdout
+
+
+def test_utilization_nvidia_smi_cannot_give_is_unknown_and_the_run_healthy(
+    faulty: Project,
+) -> None:
+    """`[N/A]` (MIG, some boards): unknown, never 0 % busy."""
+    project = faulty
+    project.sandbox.set_gpu_fault(VMID, "na")
+    deploy(project, "gpuna")
+    code, report, _ = verify_json(project)
+    assert code == 0, report
+    gpus = {c["name"]: c for c in report["checks"]}["gpus"]
+    assert gpus["verdict"] == "warn" and "utilization unknown" in gpus["observed"], gpus
+    assert "util % ? ? ? ? ? ? ? ?" in project.launcher("status").stdout
+
+
+def test_a_20_s_nvidia_smi_does_not_slow_verify(faulty: Project) -> None:
+    """Without the persistence daemon each call can take 20 s: verify decides in its usual
+    time, its polls keep their interval, and never two of launcher's nvidia-smi run at once."""
+    project = faulty
+    deploy(project, "gpuslow")
+    project.sandbox.set_gpu_fault(VMID, "delay 20")
+    started = time.monotonic()
+    code, report, elapsed = verify_json(project)
+    assert code == 0, report
+    assert elapsed <= WAIT + THRESHOLD * INTERVAL + SLACK, elapsed
+    assert nvidia_smi_count(project, VMID) <= 1
+    gpus = {c["name"]: c for c in report["checks"]}["gpus"]
+    assert gpus["verdict"] in ("pass", "warn"), gpus
+    # Within one query's time the facts arrive, marked with their age.
+    project.wait_for(
+        lambda: " s old" in project.launcher("status").stdout, timeout=40, what="aged facts"
+    )
+    assert time.monotonic() - started < 60
+    assert nvidia_smi_count(project, VMID) <= 1
+
+
+def test_a_hung_nvidia_smi_neither_stalls_status_nor_piles_up(faulty: Project) -> None:
+    project = faulty
+    deploy(project, "gpuhang", verify={"wait": 50, "window": 60})
+    project.sandbox.set_gpu_fault(VMID, "hang")
+    started = time.monotonic()
+    status = project.launcher("status")
+    assert time.monotonic() - started < 10, "status waited for the hung nvidia-smi"
+    assert "gpus: GPUs 8/8 held" in status.stdout, status.stdout
+    code, report, elapsed = verify_json(project)
+    assert code == 0, report
+    assert elapsed <= 50 + SLACK + THRESHOLD * INTERVAL, elapsed
+    gpus = {c["name"]: c for c in report["checks"]}["gpus"]
+    assert gpus["verdict"] == "warn" and "nvidia-smi" in gpus["observed"], gpus
+    assert nvidia_smi_count(project, VMID) <= 1
+    # The hung call was killed after 45 s and said so; the next one hangs in its place.
+    started = time.monotonic()
+    status = project.launcher("status")
+    assert time.monotonic() - started < 10, "status waited for the hung nvidia-smi"
+    assert "nvidia-smi" in status.stdout, status.stdout
+    assert nvidia_smi_count(project, VMID) <= 1

@@ -19,16 +19,19 @@ pytestmark = pytest.mark.e2e
 
 VMID = 202
 GPU_DEVICE = "/dev/nvidia0"
+UVM_DEVICE = "/dev/nvidia-uvm"
 
 # A trainer whose data-loader helper escaped the run: a double fork into a new session with a
-# cleared environment (`setsid env -i`), holding a GPU. Nothing ties it to the run any more.
+# cleared environment (`setsid env -i`), using a GPU as CUDA does (/dev/nvidia-uvm and the GPU's
+# device file open). Nothing ties it to the run any more.
 ESCAPING_TRAINER = f"""
 import subprocess, time
-CHILD = "import time\\nf = open({GPU_DEVICE!r})\\ntime.sleep(600)\\n"
+CHILD = "import sys,time;f=[open(p) for p in sys.argv[2:]];time.sleep(600)"
 subprocess.Popen(
     # setsid(1) forks when its caller already leads a process group, as here: the holder is
     # reparented away from the run's tree, and for a moment setsid's own pid matches too.
-    ["setsid", "env", "-i", "/usr/bin/python3", "-c", CHILD, "escaped-gpu-holder"],
+    ["setsid", "env", "-i", "/usr/bin/python3", "-c", CHILD, "escaped-gpu-holder",
+     {GPU_DEVICE!r}, {UVM_DEVICE!r}],
     start_new_session=True,
     stdin=subprocess.DEVNULL,
     stdout=subprocess.DEVNULL,
@@ -37,6 +40,7 @@ subprocess.Popen(
 print("step=1 loss=1.0", flush=True)
 time.sleep(600)
 """
+HOLDER_WAIT = 60.0  # s: a bound for the holder to appear on a loaded machine, not a pause
 
 
 def ct_ok(project: Project, *argv: str) -> str:
@@ -46,16 +50,18 @@ def ct_ok(project: Project, *argv: str) -> str:
 
 
 def gpu_holder(project: Project, pattern: str) -> str | None:
-    """The one process matching pattern once it has the GPU device open, else None."""
+    """The one process matching pattern once it uses the GPU (its device file and
+    /dev/nvidia-uvm open), else None."""
     found = ct_ok(
         project,
         "sh",
         "-c",
-        'for p in $(pgrep -f "$1"); do '
-        'ls -l /proc/$p/fd 2>/dev/null | grep -q "$2" && echo $p; done; true',
+        'for p in $(pgrep -f "$1"); do fds=$(ls -l /proc/$p/fd 2>/dev/null); '
+        'case "$fds" in *"$2"*) case "$fds" in *"$3"*) echo $p;; esac;; esac; done; true',
         "sh",
         pattern,
         GPU_DEVICE,
+        UVM_DEVICE,
     ).split()
     return found[0] if len(found) == 1 else None
 
@@ -176,7 +182,9 @@ def test_gpus_held_from_outside_the_run_refuse_the_deploy(clean_ct: Project) -> 
     project.write({"escaper": (VMID, book)})
     assert project.launcher("deploy").returncode == 0
     holder = project.wait_for(
-        lambda: gpu_holder(project, "escaped-gpu-holder"), what="the escaped holder"
+        lambda: gpu_holder(project, "escaped-gpu-holder"),
+        timeout=HOLDER_WAIT,
+        what="the escaped holder",
     )
     pid = pane_pid(project, "escaper")
 

@@ -32,6 +32,7 @@ from launcher.agent import base as agent_base
 from launcher.agent import deploy as agent_deploy
 from launcher.agent import gpus as agent_gpus
 from launcher.agent import main as agent_main
+from launcher.agent import nvsmi as agent_nvsmi
 from launcher.agent import paths as agent_paths
 from launcher.agent import poll as agent_poll
 from launcher.agent import processes as agent_processes
@@ -136,6 +137,12 @@ class Target:
 
     def state_file(self, name: str) -> Path:
         return self.workdir / ".launcher" / name
+
+
+@pytest.fixture(autouse=True)
+def gpu_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """nvidia-smi's kept answers and its lock in this test's directory, not this machine's /run."""
+    monkeypatch.setattr(agent_nvsmi, "STATE_DIR", str(tmp_path / "gpu-state"))
 
 
 @pytest.fixture(autouse=True)
@@ -784,10 +791,13 @@ def test_failure_after_install_still_answers_with_steps(
 
 # Inside a container nvidia-smi's process list has host PIDs: asking for it is a bug.
 FAKE_NVIDIA_SMI = """#!/bin/sh
+[ "$1" = -q ] && { printf 'GPU 00000000:18:00.0\\n  Minor Number : 0\\n'
+  printf 'GPU 00000000:19:00.0\\n  Minor Number : 1\\n'; exit 0; }
 case "$1" in
   -L) echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
-  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu)
-    echo "0, GPU-1, 22512, 81559, 97"; echo "1, GPU-2, 3, 81559, 0";;
+  --query-gpu=index,uuid,pci.bus_id,memory.used,memory.total,utilization.gpu,name)
+    echo "0, GPU-1, 00000000:18:00.0, 22512, 81559, 97, NVIDIA Fake 80GB"
+    echo "1, GPU-2, 00000000:19:00.0, 3, 81559, 0, NVIDIA Fake 80GB";;
   *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
 esac
 """
@@ -802,7 +812,7 @@ def test_preflight_lists_gpus_and_what_is_used_from_outside(
     real_which = agent_base.which
     patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
     # This machine's /proc may show a sandbox container's GPU holders: none here.
-    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
     gpus = preflight(target, create=False, gpus=2)["gpus"]
     assert gpus["visible"] == 2 and gpus["names"] == ["NVIDIA Fake 80GB"] * 2
     assert gpus["error"] is None
@@ -810,13 +820,6 @@ def test_preflight_lists_gpus_and_what_is_used_from_outside(
     # are the driver's own.
     assert gpus["holders"] == []
     assert gpus["outside"] == [{"index": 0, "used_mib": 22512}]
-
-
-def test_wanted_gpus_follow_cuda_visible_devices() -> None:
-    assert agent_gpus.wanted_gpus(2) == {0, 1}
-    assert agent_gpus.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "4,5"}) == {4, 5}
-    # UUIDs or nothing usable: the first `gpus`
-    assert agent_gpus.wanted_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == {0, 1}
 
 
 def test_used_outside_ignores_gpus_held_here_and_idle_ones() -> None:
@@ -1059,18 +1062,20 @@ def test_compile_error_with_another_interpreter_quotes_the_new_script(target: Ta
 
 SLOW_NVIDIA_SMI = """#!/bin/sh
 log=%(log)s
+[ "$1" = -q ] && { printf 'GPU 00000000:18:00.0\\n  Minor Number : 0\\n'
+  printf 'GPU 00000000:19:00.0\\n  Minor Number : 1\\n'; exit 0; }
 case "$1" in
   -L)
     echo "names start" >> "$log"; sleep 0.5; echo "names end" >> "$log"
     echo "GPU 0: NVIDIA Fake 80GB (UUID: GPU-1)"; echo "GPU 1: NVIDIA Fake 80GB (UUID: GPU-2)";;
-  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu|\
+  --query-gpu=index,uuid,pci.bus_id,memory.used,memory.total,utilization.gpu,name|\
   --query-compute-apps=gpu_uuid,used_memory)
-    what=devices; [ "$1" = --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu ] ||
-      what=contexts
+    what=devices; case "$1" in --query-compute-apps*) what=contexts;; esac
     echo "$what start $$" >> "$log"
     [ -e %(hang)s ] && exec sleep 30
     sleep 0.5; echo "$what end" >> "$log"
-    [ $what = devices ] && echo "0, GPU-1, 0, 81559, 0" && echo "1, GPU-2, 0, 81559, 0";;
+    [ $what = devices ] && echo "0, GPU-1, 00000000:18:00.0, 0, 81559, 0, Fake" &&
+      echo "1, GPU-2, 00000000:19:00.0, 0, 81559, 0, Fake";;
   *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
 esac
 exit 0
@@ -1087,21 +1092,23 @@ def slow_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     real_which = agent_base.which
     patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
     # This machine's /proc may show a sandbox container's GPU holders: none here.
-    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
     return log, hang
 
 
-def test_gpu_queries_run_side_by_side_before_their_checks(
+def test_gpu_queries_run_one_at_a_time_started_before_their_checks(
     target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The nvidia-smi queries start with the transaction and answer while the checks before
-    theirs run: each starts before the first ends. Their answers are still judged."""
+    """The nvidia-smi queries start with the transaction, one after the other (never two of
+    launcher's nvidia-smi at once in a container), and answer while the checks before theirs
+    run. Their answers are still judged."""
     log, _ = slow_nvidia_smi(tmp_path, monkeypatch)
     result = target.apply(gpus=2, check_resources=True)
     assert result["ok"] is True, result["error"]
     events = [line.split()[:2] for line in log.read_text().splitlines()]
-    starts = [["contexts", "start"], ["devices", "start"], ["names", "start"]]
-    assert sorted(events[:3]) == starts, events
+    assert events == [
+        ["devices", "start"], ["devices", "end"], ["contexts", "start"], ["contexts", "end"],
+    ], events  # fmt: skip
     steps = {s["name"]: s for s in result["steps"]}
     assert steps["resources"]["detail"].endswith(", 2 GPUs")
     assert steps["gpus"]["status"] == "ok" and steps["gpus"]["detail"] == "free"
@@ -1126,22 +1133,23 @@ def test_a_refused_deploy_leaves_no_gpu_query_running(
     lines = [line.split() for line in log.read_text().splitlines()[first:]]
     hung = [words for words in lines if words[0] in ("devices", "contexts")]
     assert all(words[1] == "start" for words in hung), lines  # none ran to its end
-    for _, _, pid in hung:
-        with pytest.raises(ProcessLookupError):
-            os.kill(int(pid), 0)
+    # Killed with the runner's process group: gone, or a zombie its new parent has yet to reap.
+    assert not [pid for _, _, pid in hung if pid_alive(int(pid))], hung
 
 
 # A driver that frees GPU 0's memory at the time (epoch seconds) in the file `freed_at`; every
 # query is one line in `log`.
 RELEASING_NVIDIA_SMI = """#!/bin/sh
+[ "$1" = -q ] && { printf 'GPU 00000000:18:00.0\\n  Minor Number : 0\\n'
+  printf 'GPU 00000000:19:00.0\\n  Minor Number : 1\\n'; exit 0; }
 echo query >> %(log)s
 case "$1" in
-  --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu) ;;
+  --query-gpu=index,uuid,pci.bus_id,memory.used,memory.total,utilization.gpu,name) ;;
   *) echo "unexpected nvidia-smi $*" >&2; exit 99;;
 esac
 used=$(python3 -c 'import sys, time
 print(0 if time.time() >= float(open(sys.argv[1]).read()) else 40000)' %(freed_at)s)
-echo "0, GPU-1, $used, 81559, 0"
+echo "0, GPU-1, 00000000:18:00.0, $used, 81559, 0, Fake"
 """
 
 
@@ -1160,7 +1168,7 @@ def releasing_nvidia_smi(
     fake.chmod(0o755)
     real_which = agent_base.which
     patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
-    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
     return log, when
 
 
@@ -1193,7 +1201,7 @@ def gpu_clock(monkeypatch: pytest.MonkeyPatch, freed: float) -> GpuClock:
     clock = GpuClock(freed)
     monkeypatch.setattr(agent_stop, "time", clock)
     patch_agent(monkeypatch, "gpu_devices", clock.devices)
-    patch_agent(monkeypatch, "gpu_device_holders", lambda pids=None: {})
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
     return clock
 
 

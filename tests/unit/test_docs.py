@@ -46,6 +46,7 @@ OTHER_FLAGS = {
     "--keep-env": "pct exec --keep-env",
     "--clear-env": "lxc-attach --clear-env",
     "--group": "pct push --group",
+    "--no-kernel-module": "the NVIDIA driver installer, run in a container",
 }
 HELP = ("--help", "-h")  # click's own, on every command
 

@@ -46,6 +46,39 @@ def test_unknown_utilization_is_a_warning_not_a_pass_or_fail() -> None:
     assert found.ok is None and found.warn and "timed out" in found.observed
 
 
+def test_a_value_nvidia_smi_did_not_give_never_fails_the_check() -> None:
+    """[N/A] (MIG, some boards), ERR!, a missing row: unknown, never read as 0 % busy."""
+    spec = GpuCheckSpec()
+    na = GpuSample(8, ALL, {i: None for i in range(8)}, {i: None for i in range(8)})
+    found = judge(na, spec, printing=True)
+    assert found.ok is None and found.warn and "utilization unknown for GPU 0-7" in found.observed
+    missing_rows = GpuSample(8, ALL, {0: 97, 1: 97}, {})
+    assert judge(missing_rows, spec, printing=True).ok is None
+    # Known idle GPUs still fail, unknown ones are not counted against the run.
+    mixed = GpuSample(8, ALL, {0: 0, 1: 0, **{i: None for i in range(2, 8)}}, {})
+    failed = judge(mixed, spec, printing=True)
+    assert failed.ok is False and "2 of the run's 8 GPUs below 10 %" in failed.observed
+    assert "GPU 0 0 %, GPU 1 0 %" in failed.observed
+
+
+def test_facts_from_an_earlier_query_say_their_age_and_watchers_are_named() -> None:
+    answer = {
+        "want": 2, "held": [0, 1], "devices": [[0, 97, 22512], [1, 95, 22512]],
+        "error": None, "age": 21.4, "watchers": [[812, "nvtop", list(range(8))]],
+    }  # fmt: skip
+    sample = sample_from_answer(answer)
+    assert sample is not None and sample.age == 21.4
+    found = judge(sample, GpuCheckSpec(), printing=True)
+    assert found.ok is True and "(GPU facts 21 s old)" in found.observed
+    text = status_text(sample)
+    assert text.endswith("· 21 s old · nvtop (pid 812) watches GPUs 0-7"), text
+    # Idle on an earlier answer (a slow or hung nvidia-smi: the same one poll after poll, maybe
+    # from before the status lines): a warning, never a failure.
+    idle = GpuSample(2, (0, 1), {0: 0, 1: 0}, {}, age=21.4)
+    found = judge(idle, GpuCheckSpec(), printing=True)
+    assert found.ok is None and found.warn and "not judged on an earlier answer" in found.observed
+
+
 def test_sample_from_answer_and_status_text() -> None:
     answer = {"want": 2, "held": [0, 1], "devices": [[0, 97, 22512], [1, None, 2048]]}
     sample = sample_from_answer(answer)
