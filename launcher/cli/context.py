@@ -190,11 +190,32 @@ known_hosts_option = click.option(
     "ssh_config's (env LAUNCHER_KNOWN_HOSTS; for CI: a file written from a secret).",
 )
 
+IDENTITY_ENV = "LAUNCHER_IDENTITY"
+
+
+def _set_identity(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # Through the environment, as --known-hosts: every place that resolves an endpoint reads it.
+    if value:
+        os.environ[IDENTITY_ENV] = os.path.abspath(os.path.expanduser(value))
+
+
+identity_option = click.option(
+    "--identity",
+    metavar="FILE",
+    envvar=IDENTITY_ENV,
+    expose_value=False,
+    callback=_set_identity,
+    help="Private key for every host and jump host, instead of the inventory's identity_file "
+    "and ssh_config's (env LAUNCHER_IDENTITY). Without it, a missing identity_file falls back "
+    "to the keys ssh-agent holds.",
+)
+
 
 def global_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """-i, --debug and -q, accepted after the command name too (`launcher deploy --debug`)."""
     for option in (
         known_hosts_option,
+        identity_option,
         click.option(
             "-q",
             "--quiet",

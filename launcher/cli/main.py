@@ -20,6 +20,7 @@ from launcher.cli.context import (
     TARGET_HELP,
     AppContext,
     complete_targets,
+    identity_option,
     known_hosts_option,
     print_error,
 )
@@ -87,6 +88,7 @@ class LauncherGroup(click.Group):
     help="No progress lines on stderr (errors and results still print).",
 )
 @known_hosts_option
+@identity_option
 @click.pass_context
 def cli(
     ctx: click.Context,
