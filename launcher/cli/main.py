@@ -115,6 +115,8 @@ def cli(
     # main() passes an AppContext in, so that it can still see the command after a Ctrl-C.
     app = ctx.obj if isinstance(ctx.obj, AppContext) else AppContext(inventory_option)
     app.inventory_option = inventory_option
+    source = ctx.get_parameter_source("inventory_option")
+    app.inventory_from_env = source == click.core.ParameterSource.ENVIRONMENT
     app.target_names[:0] = target_names
     app.debug = app.debug or debug
     app.quiet = app.quiet or quiet

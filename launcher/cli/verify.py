@@ -248,6 +248,7 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     """
     from launcher.commands import COMMANDS
 
+    app.say_inventory_from_env()
     COMMANDS["status"].run(app, {"json": as_json, "verbose": verbose})
 
 
