@@ -164,3 +164,14 @@ def test_identity_option_names_the_key_the_inventory_does_not_have(project: Proj
     status = project.launcher("--identity", str(project.info.identity_file), "status")
     assert status.returncode in (0, 1), status.stderr  # reached: judged, not unreachable
     assert "identity" not in status.stderr
+
+
+def test_a_wrong_vmid_lists_the_containers_the_host_has(project: Project) -> None:
+    project.write({"typo": (299, project.playbook("typo"))})
+    status = project.launcher("status")
+    assert status.returncode == 3, status.stderr
+    assert "container 299 does not exist on the host" in status.stderr
+    listed = "hint: containers on this host: 200 (running, sandbox-200), 201 (running"
+    assert listed in status.stderr
+    doctor = project.launcher("doctor")
+    assert doctor.returncode == 3 and "fix: containers on this host: 200 (running" in doctor.stderr
