@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -273,6 +274,7 @@ def _report(
     verbose: bool = False,
 ) -> None:
     from launcher.cli.targets import emit_json
+    from launcher.ui import coloured_verdicts
     from launcher.verify.report import render_status, render_text, to_junit
 
     targets = {t.name: t for t in app.targets()}
@@ -296,7 +298,7 @@ def _report(
                 text = render_status(outcome.target, probe, queues, outcome.data, verbose=verbose)
             else:
                 text = render_text(outcome.target, probe, queues, verbose=verbose)
-            click.echo(text)
+            click.echo(coloured_verdicts(text, sys.stdout))
     if junit:
         junit.write_text(to_junit(runs), encoding="utf-8")
     if as_json:
