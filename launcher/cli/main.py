@@ -143,6 +143,7 @@ SUBCOMMANDS: dict[str, str] = {
     "disconnect": "launcher.cli.operate:disconnect_command",
     "buckets": "launcher.cli.buckets:buckets",
     "status-format": "launcher.cli.statusformat:status_format",
+    "init": "launcher.cli.init:init_command",
     "completion": "launcher.cli.completion:completion_command",
     "watch": "launcher.cli.watch:watch_command",
     "job": "launcher.cli.job:job",
