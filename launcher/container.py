@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from launcher.errors import ContainerError
+from launcher.errors import ContainerError, LauncherError
 from launcher.transport.endpoint import CommandResult, Endpoint
 
 NOT_RUNNING = re.compile(
@@ -289,7 +289,10 @@ class Container:
                 hint=f"start it with: pct start {self.vmid}",
             )
         if NO_CONFIG.search(text):
-            raise ContainerError(f"{self.label}: container {self.vmid} does not exist on the host")
+            raise ContainerError(
+                f"{self.label}: container {self.vmid} does not exist on the host",
+                hint=missing_container_hint(self.host, self.vmid),
+            )
         if result.exit_code == 127 and "pct" in text and "not found" in text:
             raise ContainerError(
                 f"{self.label}: `pct` not found on the host: is it a Proxmox node?"
@@ -300,3 +303,40 @@ def host_command(argv: Sequence[str]) -> str:
     """A plain command line for the host's shell (not in a container), quoted once."""
     _check_argv(argv)
     return shlex.join(argv)
+
+
+# `pct list` answers from the node's own config files: seconds at most.
+LIST_TIMEOUT = 15.0
+LIST_SHOWN = 20  # containers named in a hint; the rest are counted
+
+
+def host_containers(host: HostShell, timeout: float = LIST_TIMEOUT) -> list[tuple[str, ...]] | None:
+    """The host's containers as `pct list` prints them: (vmid, status, name) each, or None
+    when it cannot say. Its columns are VMID, Status, Lock (often blank) and Name
+    (pve-container src/PVE/CLI/pct.pm, `list`)."""
+    try:
+        result = host.run(host_command(["pct", "list"]), timeout=timeout)
+    except LauncherError:
+        return None
+    if not result.ok:
+        return None
+    rows: list[tuple[str, ...]] = []
+    for line in result.out.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit():
+            rows.append((parts[0], parts[1], parts[-1] if len(parts) >= 3 else ""))
+    return rows
+
+
+def missing_container_hint(host: HostShell, vmid: int) -> str:
+    """What to do about a VMID the host does not have: the ones it has (`pct list`)."""
+    rows = host_containers(host)
+    if rows is None:
+        return f"check the vmid ({vmid}) in the inventory against `pct list` on the host"
+    if not rows:
+        return "the host has no containers (`pct list` is empty): create one, or check the host"
+    shown = ", ".join(
+        f"{ct} ({status}{', ' + name if name else ''})" for ct, status, name in rows[:LIST_SHOWN]
+    )
+    more = f" and {len(rows) - LIST_SHOWN} more" if len(rows) > LIST_SHOWN else ""
+    return f"containers on this host: {shown}{more}; set the target's vmid to one of them"

@@ -147,7 +147,9 @@ def deploy(
 
     if options.dry_run:
         # The transaction itself in plan mode: every check the deploy would run, nothing changed.
+        # A person's dry run (not a job's check phase) shows the plan past an active run.
         request = plan_request(target, script, options, grace)
+        request["preview"] = options.job is None
         if prepared is not None:
             request["release"] = prepared.spec
         run_transaction(container, request, emit, timeout=conn.endpoint.command_timeout)
@@ -511,6 +513,8 @@ def run_deploy(ctx: Context, request: DeployOptions) -> DeployReport:
     report = deploy(target, ctx.conn, request, on_step=ctx.step)
     if request.dry_run:
         report.summary = f"dry run: nothing was changed on {target.label}"
+        if any(s.name == "active_check" and s.status == "warning" for s in report.steps):
+            report.summary += "; a deploy needs --restart (the run is active)"
     elif "release" in report.result:
         info = report.result["release"]
         report.summary = (

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from launcher.agentclient import ERROR_KINDS, AgentClient, AgentFailure, container_for
 from launcher.config import Target
-from launcher.container import HostConnection, host_command
+from launcher.container import HostConnection, host_command, missing_container_hint
 from launcher.deploy import DeployOptions, plan_request, read_script
 from launcher.errors import (
     AuthError,
@@ -180,7 +180,7 @@ def _container(target: Target, conn: HostConnection, checks: _Checks) -> bool:
         checks.fail(
             "container",
             f"CT {vmid}: {text.splitlines()[-1] if text else 'pct status failed'}",
-            "check the vmid in the inventory against `pct list` on the host",
+            missing_container_hint(conn, vmid),
         )
         checks.skip(CT_CHECKS[1:], f"CT {vmid} not found")
         return False

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.config import HostSpec, Inventory
-from launcher.transport.resolve import known_hosts_override
+from launcher.transport.resolve import agent_holds_a_key, identity_override, known_hosts_override
 
 
 def hosts_of(inventory: Inventory) -> Iterator[tuple[tuple[str, ...], HostSpec]]:
@@ -30,10 +30,17 @@ def key_file_findings(inventory: Inventory) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     warnings: list[str] = []
     document = inventory.document
+    override = identity_override()
+    if override:  # --identity: the one key file every host uses, checked once
+        problem, warning = _identity_finding(Path(override))
+        problems += [f"--identity: {problem}"] if problem else []
+        warnings += [f"--identity: {warning}"] if warning else []
     for where, host in hosts_of(inventory):
-        if host.identity_file:
+        if host.identity_file and not override:
             loc = (*where, "identity_file")
             problem, warning = _identity_finding(Path(os.path.expanduser(host.identity_file)))
+            if problem and problem.startswith(NOT_FOUND) and agent_holds_a_key():
+                problem, warning = None, f"{problem}: the keys ssh-agent holds are used instead"
             if problem:
                 problems.append(document.problem(loc, problem))
             if warning:
@@ -54,11 +61,14 @@ def key_file_findings(inventory: Inventory) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+NOT_FOUND = "identity file not found"
+
+
 def _identity_finding(path: Path) -> tuple[str | None, str | None]:
     try:
         info = path.stat()
     except FileNotFoundError:
-        return f"identity file not found: {path}", None
+        return f"{NOT_FOUND}: {path}", None
     except OSError as exc:
         return f"cannot read identity file {path}: {exc.strerror or exc}", None
     if not stat.S_ISREG(info.st_mode):

@@ -335,6 +335,9 @@ class TransactionRequest(TypedDict, total=False):
     release: ReleaseSpec | None
     plan: bool  # run every check, change nothing, answer the planned steps
     keep_going: bool  # with plan: go on after a failed check (doctor shows them all)
+    # with plan, for a person (deploy --dry-run): an active run without restart is a warning
+    # and the plan goes on as --restart would, instead of a refusal (a job's checks refuse)
+    preview: bool
     wait_lock: float  # seconds to wait for another deploy's lock before refusing (0: at once)
     # Replace only this run (its marker): refused when the session runs another one by now.
     # Two watchers that saw the same crash both ask; under the deploy lock only one acts.

@@ -35,6 +35,7 @@ COMMON: dict[str, str] = {
     "target": TARGET_HELP,
     "inventory": "Inventory file (default: $LAUNCHER_INVENTORY, else ./inventory.yaml).",
     "known_hosts": "known_hosts file for every host (default: $LAUNCHER_KNOWN_HOSTS).",
+    "identity": "Private key for every host (default: $LAUNCHER_IDENTITY, else the inventory's).",
     "quiet": "No progress lines on stderr (errors and the result still print).",
     "debug": "Show tracebacks for errors.",
 }
@@ -46,6 +47,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "target": None,
     "inventory": None,
     "known_hosts": None,
+    "identity": None,
     "quiet": False,
     "debug": False,
     "all": False,
@@ -65,12 +67,14 @@ def _default(param: Param) -> Any:
 
 def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
     """The app context as the CLI's global options fill it."""
-    from launcher.cli.context import KNOWN_HOSTS_ENV
+    from launcher.cli.context import IDENTITY_ENV, KNOWN_HOSTS_ENV
     from launcher.cli.params import PARALLEL
 
-    known_hosts = given.pop("known_hosts")
-    if known_hosts:  # as the CLI's --known-hosts: through the environment
-        os.environ[KNOWN_HOSTS_ENV] = os.path.abspath(os.path.expanduser(known_hosts))
+    # As the CLI's --known-hosts and --identity: through the environment.
+    for option, variable in (("known_hosts", KNOWN_HOSTS_ENV), ("identity", IDENTITY_ENV)):
+        path = given.pop(option)
+        if path:
+            os.environ[variable] = os.path.abspath(os.path.expanduser(path))
     target = given.pop("target")
     app.inventory_option = given.pop("inventory")
     app.target_names = [target] if target else []

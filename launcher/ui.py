@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from launcher.termsafe import sanitize
@@ -31,6 +33,30 @@ STYLES = {
     "failed": "red",
     "fail": "red",
 }
+
+
+# A verdict word's colour (SGR): well, badly, anything else (starting, stopped, absent).
+VERDICT_COLOURS = {"HEALTHY": "1;32", "FINISHED": "1;32", "UNHEALTHY": "1;31", "FAILED": "1;31"}
+CHECK_COLOURS = {"PASS": "32", "WARN": "33", "FAIL": "31", "SKIP": "2"}
+# `target: HEALTHY (exit 0) — …` (verify/report.py render_text) and its checks' `  FAIL  name`.
+_VERDICT_RE = re.compile(r"^([\w.-]+: )([A-Z]+)( \(exit \d+\))", re.MULTILINE)
+_CHECK_RE = re.compile(r"^(  )(PASS|WARN|FAIL|SKIP)(  )", re.MULTILINE)
+
+
+def coloured_verdicts(text: str, stream: TextIO | None = None) -> str:
+    """A report with its verdict and check words coloured, for a terminal that shows colour
+    (none with NO_COLOR, TERM=dumb or no TTY: the text as it is)."""
+    if not is_tty(stream):
+        return text
+
+    def paint(colours: dict[str, str], default: str) -> Callable[[re.Match[str]], str]:
+        def sub(m: re.Match[str]) -> str:
+            return f"{m[1]}\x1b[{colours.get(m[2], default)}m{m[2]}\x1b[0m{m[3]}"
+
+        return sub
+
+    text = _VERDICT_RE.sub(paint(VERDICT_COLOURS, "1;33"), text)
+    return _CHECK_RE.sub(paint(CHECK_COLOURS, "0"), text)
 
 
 def is_tty(stream: TextIO | None = None) -> bool:

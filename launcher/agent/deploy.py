@@ -236,6 +236,7 @@ class Deploy:
         # The last moment its first change may begin (its client gives up then); a plan
         # changes nothing and has none.
         self.deadline = None if self.plan else deadline_param(request)
+        self.preview = self.plan and param(request, "preview", bool, default=False)
         self.content = None
         self.failures: list[AgentError] = []
         lock_path = param(request, "lock_path", str, default=LOCK_PATH)
@@ -373,9 +374,12 @@ class Deploy:
             unchanged = sha256_or_none(self.dest) == self.sha256
             planned.append(("install", "%s %s" % (self.dest, "unchanged" if unchanged else
                             "replaced (the old one kept as .prev)")))  # fmt: skip
-        if pane_active(self.old_state) or self.old_pids or self.foreign_holders:
-            planned.append(("stop", "session '%s' (pane pid %s): C-c, wait %g s, kill the session "
-                            "and what is left of the run" % (self.session,
+        active = pane_active(self.old_state) or self.old_pids
+        if active or self.foreign_holders:
+            # A preview without --restart: the stop that --restart would add.
+            needs = "with --restart: " if active and not self.restart else ""
+            planned.append(("stop", "%ssession '%s' (pane pid %s): C-c, wait %g s, kill the "
+                            "session and what is left of the run" % (needs, self.session,
                             self.old_state["pane_pid"], self.grace)))  # fmt: skip
         else:
             planned.append(("stop", "nothing to stop: no active session '%s'" % self.session))
@@ -710,6 +714,11 @@ class Deploy:
             if pane_active(self.old_state) or self.old_pids:
                 return "ok", "session '%s' is running: --restart replaces it" % (self.session)
             return "ok", "no active run"
+        if self.preview and (pane_active(self.old_state) or self.old_pids):
+            return "warning", (
+                "session '%s' is running: a deploy refuses (exit 4) unless --restart replaces it"
+                % self.session
+            )
         if pane_active(self.old_state):
             raise AgentError(
                 "refused", "session '%s' is running; use --restart to replace it" % self.session

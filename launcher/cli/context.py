@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -32,6 +33,7 @@ class AppContext:
     all_targets: bool = False
     parallel: int = 8
     command: str | None = None  # the subcommand being run (for the Ctrl-C note)
+    inventory_from_env: bool = False  # inventory_option is LAUNCHER_INVENTORY's, not -i's
     _inventory: Inventory | None = None
 
     def inventory(self) -> Inventory:
@@ -40,6 +42,20 @@ class AppContext:
         if self._inventory is None:
             self._inventory = load_inventory(inventory_path(self.inventory_option))
         return self._inventory
+
+    def say_inventory_from_env(self) -> None:
+        """One line on stderr when the inventory is LAUNCHER_INVENTORY's: a shell that once ran
+        `eval "$(launcher sandbox env)"` acts on the sandbox in any directory, its own
+        ./inventory.yaml aside (-q silences it)."""
+        from launcher.config import DEFAULT_INVENTORY
+
+        chosen = self.inventory_option
+        if not (self.inventory_from_env and chosen) or self.quiet:
+            return
+        here = Path(DEFAULT_INVENTORY)
+        unused = here.is_file() and here.resolve() != Path(chosen).resolve()
+        aside = f"; ./{DEFAULT_INVENTORY} here is not used" if unused else ""
+        click.echo(f"inventory: {chosen} (from {INVENTORY_ENV}{aside})", err=True)
 
     def names(self) -> list[str]:
         """-t as given, else LAUNCHER_TARGET (comma-separated), else (later) default_target."""
@@ -63,6 +79,7 @@ class AppContext:
 
 
 TARGET_ENV = "LAUNCHER_TARGET"
+INVENTORY_ENV = "LAUNCHER_INVENTORY"  # as config.inventory_path reads it
 
 pass_app = click.make_pass_decorator(AppContext)
 
@@ -91,6 +108,7 @@ def _set_parallel(ctx: click.Context, _param: click.Parameter, value: int | None
 def _set_inventory(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
         _app(ctx).inventory_option = value
+        _app(ctx).inventory_from_env = False
 
 
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -190,11 +208,32 @@ known_hosts_option = click.option(
     "ssh_config's (env LAUNCHER_KNOWN_HOSTS; for CI: a file written from a secret).",
 )
 
+IDENTITY_ENV = "LAUNCHER_IDENTITY"
+
+
+def _set_identity(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # Through the environment, as --known-hosts: every place that resolves an endpoint reads it.
+    if value:
+        os.environ[IDENTITY_ENV] = os.path.abspath(os.path.expanduser(value))
+
+
+identity_option = click.option(
+    "--identity",
+    metavar="FILE",
+    envvar=IDENTITY_ENV,
+    expose_value=False,
+    callback=_set_identity,
+    help="Private key for every host and jump host, instead of the inventory's identity_file "
+    "and ssh_config's (env LAUNCHER_IDENTITY). Without it, a missing identity_file falls back "
+    "to the keys ssh-agent holds.",
+)
+
 
 def global_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """-i, --debug and -q, accepted after the command name too (`launcher deploy --debug`)."""
     for option in (
         known_hosts_option,
+        identity_option,
         click.option(
             "-q",
             "--quiet",

@@ -111,6 +111,7 @@ def deploy_command(
         "message": message,
         "diff": diff,
     }
+    app.say_inventory_from_env()
     run_deploy(app, COMMANDS["deploy"].request(values), json=as_json)
 
 

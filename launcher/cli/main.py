@@ -20,6 +20,7 @@ from launcher.cli.context import (
     TARGET_HELP,
     AppContext,
     complete_targets,
+    identity_option,
     known_hosts_option,
     print_error,
 )
@@ -87,6 +88,7 @@ class LauncherGroup(click.Group):
     help="No progress lines on stderr (errors and results still print).",
 )
 @known_hosts_option
+@identity_option
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -113,6 +115,8 @@ def cli(
     # main() passes an AppContext in, so that it can still see the command after a Ctrl-C.
     app = ctx.obj if isinstance(ctx.obj, AppContext) else AppContext(inventory_option)
     app.inventory_option = inventory_option
+    source = ctx.get_parameter_source("inventory_option")
+    app.inventory_from_env = source == click.core.ParameterSource.ENVIRONMENT
     app.target_names[:0] = target_names
     app.debug = app.debug or debug
     app.quiet = app.quiet or quiet
@@ -139,6 +143,7 @@ SUBCOMMANDS: dict[str, str] = {
     "disconnect": "launcher.cli.operate:disconnect_command",
     "buckets": "launcher.cli.buckets:buckets",
     "status-format": "launcher.cli.statusformat:status_format",
+    "init": "launcher.cli.init:init_command",
     "completion": "launcher.cli.completion:completion_command",
     "watch": "launcher.cli.watch:watch_command",
     "job": "launcher.cli.job:job",

@@ -72,7 +72,9 @@ def sandbox() -> None:
     "vmid_values",
     multiple=True,
     metavar="VMIDS",
-    help="Container IDs: 200, 200,201 or 200-215 (repeatable; default 200).",
+    envvar="LAUNCHER_SANDBOX_VMID",
+    help="Container IDs: 200, 200,201 or 200-215 (repeatable; default: env "
+    "LAUNCHER_SANDBOX_VMID, else 200).",
 )
 @click.option(
     "--gpus",
@@ -185,10 +187,12 @@ def up(
 @sandbox.command("env")
 @state_dir_option
 def env(state_dir: Path | None) -> None:
-    """Print the shell line that points launcher at the sandbox's inventory.
+    """Print the shell line that points this shell's launcher at the sandbox's inventory.
 
     Nothing is started or checked: it prints `export LAUNCHER_INVENTORY=<state dir>/inventory.yaml`
     for the state dir (--state-dir, else env LAUNCHER_SANDBOX_DIR, else /var/lib/launcher-sandbox).
+    Opt-in, per shell: only a shell that evals it uses the sandbox without -i, in any directory
+    (`status` and `deploy` then name the inventory on stderr); `unset LAUNCHER_INVENTORY` ends it.
 
     \b
     Example:
@@ -200,6 +204,12 @@ def env(state_dir: Path | None) -> None:
 
     inventory = Sandbox(state_dir).inventory_path
     click.echo(f"export LAUNCHER_INVENTORY={shlex.quote(str(inventory))}")
+    # stderr: what `eval` does not run, the person reads.
+    click.echo(
+        f"this shell's launcher commands now use {inventory} (status and deploy say so); "
+        "`unset LAUNCHER_INVENTORY` goes back to ./inventory.yaml",
+        err=True,
+    )
 
 
 @sandbox.command("down")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +249,7 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     """
     from launcher.commands import COMMANDS
 
+    app.say_inventory_from_env()
     COMMANDS["status"].run(app, {"json": as_json, "verbose": verbose})
 
 
@@ -272,6 +274,7 @@ def _report(
     verbose: bool = False,
 ) -> None:
     from launcher.cli.targets import emit_json
+    from launcher.ui import coloured_verdicts
     from launcher.verify.report import render_status, render_text, to_junit
 
     targets = {t.name: t for t in app.targets()}
@@ -295,7 +298,7 @@ def _report(
                 text = render_status(outcome.target, probe, queues, outcome.data, verbose=verbose)
             else:
                 text = render_text(outcome.target, probe, queues, verbose=verbose)
-            click.echo(text)
+            click.echo(coloured_verdicts(text, sys.stdout))
     if junit:
         junit.write_text(to_junit(runs), encoding="utf-8")
     if as_json:

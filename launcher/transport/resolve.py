@@ -4,6 +4,7 @@ itself), merged into an `Endpoint`, jump chains and ProxyCommand resolved."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,51 @@ def known_hosts_override() -> str | None:
     """`--known-hosts FILE` / LAUNCHER_KNOWN_HOSTS: one known_hosts file for every host (a CI
     job writes its secret there instead of rewriting the inventory)."""
     return os.environ.get("LAUNCHER_KNOWN_HOSTS") or None
+
+
+def identity_override() -> str | None:
+    """`--identity FILE` / LAUNCHER_IDENTITY: one private key for every host (a CI job names
+    the key it was given instead of rewriting the inventory)."""
+    return os.environ.get("LAUNCHER_IDENTITY") or None
+
+
+def identities(name: str, host: HostSpec, from_ssh_config: tuple[str, ...]) -> tuple[str, ...]:
+    """The key files to offer: `--identity`, else the inventory's, else ssh_config's. An
+    inventory's identity_file that does not exist here (a CI runner that has the key in
+    ssh-agent only) is dropped with a warning when the agent holds a key; without one, the
+    missing file stays and the connection says so (exit 3)."""
+    override = identity_override()
+    if override:
+        return (override,)
+    if not host.identity_file:
+        return tuple(os.path.expanduser(p) for p in from_ssh_config)
+    path = os.path.expanduser(host.identity_file)
+    if not os.path.lexists(path) and agent_holds_a_key():
+        _warn_once(
+            f"warning: {name}: identity_file {path} does not exist; "
+            "using the keys ssh-agent holds (--identity FILE names another)"
+        )
+        return ()
+    return (path,)
+
+
+def agent_holds_a_key() -> bool:
+    """Whether ssh-agent (SSH_AUTH_SOCK) answers with at least one key."""
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return False
+    from launcher.transport.sshkeys import agent_blobs
+
+    return bool(agent_blobs())
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    # Endpoints are resolved once per host and per hop; a command says it once.
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(text, file=sys.stderr)
 
 
 def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) -> Endpoint:
@@ -46,7 +92,6 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     found = sshconfig.lookup(aliases, ssh_config, meanwhile=meanwhile)
     by_address = found[-1]
     options = found[0].before(by_address)
-    identities = (host.identity_file,) if host.identity_file else options.identity_files
     known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
     known_hosts = known_hosts or "~/.ssh/known_hosts"
     endpoint = Endpoint(
@@ -54,7 +99,7 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
         hostname=by_address.hostname or host.address,
         port=host.port if "port" in explicit else options.port or host.port,
         user=host.user if "user" in explicit else options.user or host.user,
-        identity_files=tuple(os.path.expanduser(p) for p in identities),
+        identity_files=identities(name, host, options.identity_files),
         known_hosts=Path(os.path.expanduser(known_hosts)),
         accept_new=host.host_key_policy == "accept-new",
         jump=None,
@@ -102,7 +147,6 @@ def _with_route(
     via: Endpoint | None = None
     for index, (hop, options) in enumerate(zip(hops, found, strict=True)):
         label = "jump" if len(hops) == 1 else f"jump {index + 1}"
-        identities = (host.identity_file,) if host.identity_file else options.identity_files
         known_hosts = known_hosts_override() or host.known_hosts or options.known_hosts
         known_hosts = known_hosts or "~/.ssh/known_hosts"
         hop_endpoint = replace(
@@ -111,7 +155,7 @@ def _with_route(
             hostname=options.hostname or hop.host,
             port=hop.port or options.port or 22,
             user=hop.user or options.user or endpoint.user,
-            identity_files=tuple(os.path.expanduser(p) for p in identities),
+            identity_files=identities(endpoint.name, host, options.identity_files),
             known_hosts=Path(os.path.expanduser(known_hosts)),
             jump=None,
             proxy_command=None,

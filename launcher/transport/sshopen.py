@@ -231,8 +231,9 @@ def _failure(ep: Endpoint, exc: Exception, *, timed_out: bool, phase: str) -> Ex
         why = "not found" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
         return AuthError(
             f"{ep.name}: identity file {exc.filename}: {why}",
-            hint="fix identity_file in the inventory (or IdentityFile in ssh_config); "
-            "`launcher inventory check` checks every host's key files",
+            hint="fix identity_file in the inventory (or IdentityFile in ssh_config), name the "
+            "key with --identity FILE, or load it into ssh-agent (a missing identity_file then "
+            "falls back to the agent); `launcher inventory check` checks every host's key files",
         )
     if isinstance(exc, OSError | EOFError | paramiko.SSHException):
         return RetryableConnect(str(exc) or type(exc).__name__)

@@ -5,15 +5,20 @@ summary and annotations launcher writes itself under GitHub Actions."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.project import Project
 
 pytestmark = pytest.mark.e2e
 
 VMID = 203
+WORKFLOW = Path(__file__).resolve().parents[2] / "examples" / "github-actions-smoke.yml"
 
 
 def test_known_hosts_for_every_host_from_the_option_or_the_environment(
@@ -93,3 +98,80 @@ def test_github_actions_summary_and_annotations(
     assert text.startswith("### launcher smoke: 1 of 1 failed")
     assert "| cicrash | ❌ unhealthy | 1 |" in text and "`alive`: pane dead" in text
     project.kill_session(VMID, "cicrash")
+
+
+def test_the_github_job_runs_with_no_key_file_and_the_key_in_an_agent(
+    project: Project, tmp_path: Path
+) -> None:
+    """examples/github-actions-smoke.yml's steps, as written, on a runner without the key file
+    the inventory names (the README's walkthrough writes one): the key only in the job's
+    ssh-agent, known_hosts only in the file `--known-hosts` names."""
+    missing = tmp_path / "operator" / ".ssh" / "id_ed25519"  # on an operator's machine only
+    host = project.host(identity_file=str(missing), known_hosts="~/.ssh/known_hosts")
+    project.write({"staging": (VMID, project.playbook("staging"))}, host=host)
+    runner_temp, home = tmp_path / "runner-temp", tmp_path / "runner-home"
+    runner_temp.mkdir()
+    home.mkdir()
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "CI": "true",
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_ENV": str(tmp_path / "github-env"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        "RUNNER_TEMP": str(runner_temp),
+        "PVE_SSH_KEY": project.info.identity_file.read_text(),
+        "PVE_KNOWN_HOSTS": project.info.known_hosts.read_text().strip(),
+    }
+    agent = job_step("SSH key", project.root, env)
+    assert agent.returncode == 0, agent.stderr
+    env.update(line.split("=", 1) for line in Path(env["GITHUB_ENV"]).read_text().splitlines())
+    try:
+        smoke = job_step("deploy", project.root, env, timeout=240)
+        assert smoke.returncode == 0, smoke.stderr
+        assert json.loads((project.root / "smoke.json").read_text())["exit_code"] == 0
+        assert (project.root / "smoke.xml").is_file() and (project.root / "smoke.html").is_file()
+        assert f"identity_file {missing} does not exist; using the keys ssh-agent" in smoke.stderr
+        assert not missing.exists() and not (home / ".ssh").exists()  # no key file anywhere
+    finally:
+        cleanup = job_step("Clean up", project.root, env)
+        project.kill_session(VMID, "staging")
+    assert cleanup.returncode == 0, cleanup.stderr
+
+
+def job_step(
+    name: str, cwd: Path, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """A step of the example workflow run as the runner runs it (`bash -e`), in `cwd`."""
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["smoke"]["steps"]
+    (step,) = [s for s in steps if s.get("name", "").startswith(name)]
+    return subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        cwd=cwd,
+        env=env,  # the step's own `env:` are secrets, given above under their names
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_identity_option_names_the_key_the_inventory_does_not_have(project: Project) -> None:
+    missing = project.root / "no-such-key"
+    host = project.host(identity_file=str(missing))
+    project.write({"ci": (VMID, project.playbook("ci"))}, host=host)
+    assert project.launcher("status").returncode == 3  # no agent here: the file is needed
+    status = project.launcher("--identity", str(project.info.identity_file), "status")
+    assert status.returncode in (0, 1), status.stderr  # reached: judged, not unreachable
+    assert "identity" not in status.stderr
+
+
+def test_a_wrong_vmid_lists_the_containers_the_host_has(project: Project) -> None:
+    project.write({"typo": (299, project.playbook("typo"))})
+    status = project.launcher("status")
+    assert status.returncode == 3, status.stderr
+    assert "container 299 does not exist on the host" in status.stderr
+    listed = "hint: containers on this host: 200 (running, sandbox-200), 201 (running"
+    assert listed in status.stderr
+    doctor = project.launcher("doctor")
+    assert doctor.returncode == 3 and "fix: containers on this host: 200 (running" in doctor.stderr

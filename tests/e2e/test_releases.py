@@ -203,6 +203,13 @@ def test_dry_run_lists_changes_and_diffs_and_changes_nothing(project: Project) -
     assert "changed  config.json" in out and "added    notes.txt (4 bytes)" in out
     assert "removed  trainer/part0.py" in out
     assert '+{"version": "v9"}' in out and '-{"version": "v1"}' in out
+    # Without --restart on the running target: the same plan and diff, the restart it needs said.
+    preview = project.launcher("deploy", "--dry-run", "--diff")
+    shown = ok(preview) + preview.stderr
+    assert '+{"version": "v9"}' in shown and "removed  trainer/part0.py" in shown
+    assert "! active run   session 'pkg' is running: a deploy refuses (exit 4)" in shown
+    assert "· stop         with --restart: session 'pkg'" in shown
+    assert "a deploy needs --restart (the run is active)" in preview.stdout
     link = project.ct_text(VMID, "readlink", f"/root/{NAME}/current").strip()
     assert link == f"releases/{first['id']}"
     assert releases_in_ct(project) == before

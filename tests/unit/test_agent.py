@@ -434,6 +434,26 @@ def test_apply_refuses_an_active_session_without_restart(target: Target) -> None
     assert target.lock_path.read_text() == ""
 
 
+def test_a_preview_shows_the_plan_past_an_active_session_and_a_plain_plan_refuses(
+    target: Target,
+) -> None:
+    """deploy --dry-run (preview) on a running target: a warning and the plan --restart would
+    run; a plan alone (a job's checks before it acts) still refuses, as the deploy would."""
+    first = target.apply()
+    assert first["ok"] is True
+    planned = target.apply("print('new version')\n", plan=True, preview=True)
+    assert planned["ok"] is True, planned["error"]
+    steps = {step["name"]: step for step in planned["steps"]}
+    assert steps["active_check"]["status"] == "warning"
+    assert "unless --restart replaces it" in steps["active_check"]["detail"]
+    assert steps["stop"]["status"] == "planned"
+    assert steps["stop"]["detail"].startswith(f"with --restart: session '{target.session}'")
+    checked = target.apply("print('new version')\n", plan=True)
+    assert checked["error"]["kind"] == "refused" and "use --restart" in checked["error"]["message"]
+    assert target.state()["pane_pid"] == first["launched"]["pane_pid"]  # nothing was stopped
+    assert "new version" not in (target.workdir / "train.py").read_text()
+
+
 def test_apply_restart_stops_everything_and_archives_checkpoints(target: Target) -> None:
     first = target.apply(ESCAPER)
     assert first["ok"] is True, first["error"]

@@ -22,6 +22,7 @@ GLOBAL_OPTIONS = {
     "target": "target",
     "inventory": "inventory",
     "known_hosts": "known_hosts",
+    "identity": "identity",
     "quiet": "quiet",
     "debug": "debug",
     "all": "all",

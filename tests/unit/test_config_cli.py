@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from launcher.cli.main import cli, main
 from tests.unit.projectfiles import write_project
+from tests.unit.sshagent import add_key, new_key, running_agent
 
 
 @pytest.fixture
@@ -76,6 +77,42 @@ def test_missing_identity_file_fails_the_check(
     code, out, err = check(project, capsys)
     assert (code, out) == (2, "")
     assert f"inventory.yaml:6: hosts.pve.identity_file: identity file not found: {missing}" in err
+
+
+def test_a_missing_identity_file_is_a_warning_when_ssh_agent_holds_a_key(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = project / "no-such-key"
+    edit(
+        project / "inventory.yaml",
+        "    port: 22\n",
+        f"    port: 22\n    identity_file: {missing}\n",
+    )
+    with running_agent(project, monkeypatch):
+        code, _, err = check(project, capsys)
+        assert code == 2 and "identity file not found" in err  # an agent, but no key in it
+        add_key(new_key(project / "ci_key"))
+        code, _, err = check(project, capsys)
+    assert code == 0, err
+    assert f"warning: {project / 'inventory.yaml'}:6: hosts.pve.identity_file:" in err
+    assert "the keys ssh-agent holds are used instead" in err
+
+
+def test_identity_option_is_the_key_file_checked(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = project / "no-such-key"
+    edit(
+        project / "inventory.yaml",
+        "    port: 22\n",
+        f"    port: 22\n    identity_file: {missing}\n",
+    )
+    key = new_key(project / "ci_key")
+    monkeypatch.setenv("LAUNCHER_IDENTITY", "")  # restored after the test; the option sets it
+    code, _, err = check(project, capsys, "--identity", str(key))
+    assert (code, err) == (0, "")  # the inventory's missing file is not what is used
+    code, _, err = check(project, capsys, "--identity", str(project / "gone"))
+    assert code == 2 and f"--identity: identity file not found: {project / 'gone'}" in err
 
 
 def test_unreadable_or_loose_identity_file(

@@ -24,6 +24,8 @@ OTHER_FLAGS = {
     "--only": "./run bench",
     "--quick": "./run bench",
     "--runs": "./run bench",
+    "--shim-dir": "./run demo",
+    "--no-shim": "./run demo",
     "--stock-home": "./run bench",
     "--check": "python -m launcher.schemas / launcher.docsref",
     "--write": "python -m launcher.docsref",
@@ -250,7 +252,10 @@ def test_sandbox_env_prints_the_inventory_export(
     monkeypatch.setenv("LAUNCHER_SANDBOX_DIR", str(state))
     result = CliRunner().invoke(cli, ["sandbox", "env"])
     assert result.exit_code == 0, result.output
-    assert result.output == f"export LAUNCHER_INVENTORY='{state}/inventory.yaml'\n"
+    # stdout is what `eval` runs; what it does (this shell only) is said on stderr
+    assert result.stdout == f"export LAUNCHER_INVENTORY='{state}/inventory.yaml'\n"
+    assert "this shell's launcher commands now use" in result.stderr
+    assert "unset LAUNCHER_INVENTORY" in result.stderr
     other = CliRunner().invoke(cli, ["sandbox", "env", "--state-dir", "/srv/sbx"])
-    assert other.output == "export LAUNCHER_INVENTORY=/srv/sbx/inventory.yaml\n"
+    assert other.stdout == "export LAUNCHER_INVENTORY=/srv/sbx/inventory.yaml\n"
     assert not state.exists()  # nothing made

@@ -19,6 +19,7 @@ from launcher.transport import sshconfig, sshkeys
 from launcher.transport.endpoint import Endpoint
 from launcher.transport.resolve import resolve_endpoint
 from launcher.transport.sshconfig import Hop, HostOptions, expand_proxy_command, split_jump
+from tests.unit.sshagent import add_key, running_agent
 
 HAS_SSH = shutil.which("ssh") is not None
 needs_openssh = pytest.mark.skipif(not HAS_SSH, reason="the OpenSSH client (ssh) is not installed")
@@ -263,6 +264,41 @@ def test_encrypted_keys_are_recognised_without_the_passphrase(tmp_path: Path) ->
         sshkeys.unlock(ep)  # pytest's stdin is no terminal
     assert sshkeys._load(tmp_path / "locked", "ssh-ed25519", "wrong") is None
     assert sshkeys._load(tmp_path / "locked", "ssh-ed25519", "s3cret") is not None
+
+
+def test_identity_option_names_the_key_of_every_host_and_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHER_IDENTITY", "/ci/key")
+    ep = endpoint(tmp_path / "none", address="h", identity_file="/inv/key", jump="j1,j2")
+    assert ep.identity_files == ("/ci/key",)
+    assert ep.via is not None and ep.via.identity_files == ("/ci/key",)
+    assert ep.via.via is not None and ep.via.via.identity_files == ("/ci/key",)
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
+def test_a_missing_identity_file_falls_back_to_an_agent_that_holds_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_agent(tmp_path, monkeypatch):
+        missing_identity_file_with_an_agent(tmp_path, capsys)
+
+
+def missing_identity_file_with_an_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "not-on-this-runner"
+    spec = {"address": "h", "identity_file": str(missing)}
+    # The agent holds no key: the file stays, and connecting says it is missing (exit 3).
+    assert endpoint(tmp_path / "none", **spec).identity_files == (str(missing),)
+    assert capsys.readouterr().err == ""
+    key = keygen(tmp_path / "ci", "")
+    add_key(key)
+    assert endpoint(tmp_path / "none", name="ci1", **spec).identity_files == ()
+    warned = capsys.readouterr().err
+    assert f"ci1: identity_file {missing} does not exist; using the keys ssh-agent" in warned
+    # A file that exists is offered as it is, agent or not.
+    assert endpoint(tmp_path / "none", address="h", identity_file=str(key)).identity_files == (
+        str(key),
+    )
 
 
 def fresh_python(code: str) -> list[str]:

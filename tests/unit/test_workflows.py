@@ -31,6 +31,8 @@ NOT_WORKFLOWS = {
     "completion": "local: prints a shell's completion script",
     "disconnect": "local: ends persisted connections, no target",
     "inventory": "local: checks the inventory file",
+    "init": "writes an inventory and a playbook from answers (a host key fetched, a trial run "
+    "through fleet.on_target), then runs the doctor workflow",
     "job": "a multi-node job: its own phases over every node, one function each in "
     "launcher.jobcommands, which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
