@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.config import Target
 from launcher.container import HostConnection
@@ -37,6 +37,10 @@ from launcher.job import (
 from launcher.jobnet import NetworkPlan, plan_network
 from launcher.operate import StopResult, stop
 from launcher.ui import step_line
+
+if TYPE_CHECKING:
+    from launcher.verify.gpus import GpuSample
+    from launcher.verify.samples import Sample
 
 Say = Callable[[str, str], None]  # (node, line)
 
@@ -68,6 +72,11 @@ class JobResult:
     job_id: str | None = None
     master: str | None = None
     rendezvous: str | None = None  # torchrun's backend the run was given (c10d | static)
+    # What a poll saw, for a watch's metrics and events (not in the JSON): each node's GPUs,
+    # the status rank's newest status line and its pane's last lines.
+    gpus: dict[str, GpuSample] = field(default_factory=dict, repr=False)
+    latest: Sample | None = field(default=None, repr=False)
+    last_lines: list[str] = field(default_factory=list, repr=False)
 
     @property
     def exit_code(self) -> ExitCode:
