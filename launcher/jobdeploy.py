@@ -34,7 +34,7 @@ from launcher.job import (
     new_run_id,
     with_env,
 )
-from launcher.jobnet import NetworkPlan, plan_network
+from launcher.jobnet import NetworkPlan, plan_network, write_hosts
 from launcher.operate import StopResult, stop
 from launcher.ui import step_line
 
@@ -258,6 +258,18 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
             result.summary = "stop failed on a node: nothing was launched on any node"
             return result
 
+    if plan.hosts:
+        failed_hosts = write_hosts(job, nodes, plan, say)
+        if failed_hosts:
+            result.nodes = [
+                _state(r, "stopped" if phases.restart else "unchanged", "not launched")
+                for r in checked
+            ]
+            for node in result.nodes:
+                node.exit_code = ExitCode.UNREACHABLE
+            where = "; ".join(failed_hosts)
+            result.summary = f"/etc/hosts not written on {where}: nothing launched"
+            return result
     say(job.name, f"launching run {run_id} on {count} node(s)")
     launched = nodes.each(node_work(False), targets)
     result.nodes = [

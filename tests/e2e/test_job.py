@@ -316,23 +316,30 @@ TORCHRUN = "python3 ddp_job.py --torchrun --nproc_per_node 1 ddp_job.py"
 
 @pytest.mark.skipif(not host_has_torch(), reason="needs Debian's python3-torch on the host")
 @pytest.mark.parametrize(
-    ("hosts", "backend"), [("static", "static"), ("dhcp", "static"), ("all", "c10d")]
+    ("hosts", "manage_hosts", "backend"),
+    [
+        ("static", False, "static"),
+        ("dhcp", False, "static"),
+        ("all", False, "c10d"),
+        ("dhcp", True, "c10d"),
+    ],
 )
 def test_real_torchrun_across_two_containers_is_healthy(
-    job_project: Project, hosts: str, backend: str
+    job_project: Project, hosts: str, manage_hosts: bool, backend: str
 ) -> None:
     """Two CTs whose /etc/hosts is as Proxmox writes it, own name only: on its static address,
     or on 127.0.1.1 (DHCP); neither resolves the other's name, so the static rendezvous by
-    address. With every name in every file (as DNS would), the c10d rendezvous."""
+    address. With every name in every file (as DNS would), or written there by launcher
+    (manage_hosts), the c10d rendezvous."""
     project = job_project
     project.sandbox.connect(NODES, hosts=hosts)
     try:
-        one_line_torchrun(project, backend)
+        one_line_torchrun(project, backend, manage_hosts=manage_hosts)
     finally:
         project.sandbox.connect(NODES)
 
 
-def one_line_torchrun(project: Project, backend: str) -> None:
+def one_line_torchrun(project: Project, backend: str, *, manage_hosts: bool) -> None:
     book = project.playbook(
         "ddp",
         script={"source": str(Path(__file__).with_name("ddp_job.py")), "dest": "ddp_job.py"},
@@ -345,12 +352,21 @@ def one_line_torchrun(project: Project, backend: str) -> None:
     )
     project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
     inventory = yaml.safe_load(project.inventory.read_text())
-    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    inventory["jobs"] = {
+        "train": {
+            "nodes": ["n0", "n1"],
+            "playbook": "playbooks/n0.yaml",
+            "manage_hosts": manage_hosts,
+        }
+    }
     project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
     code, deployed, stderr = job_json(project, "deploy", "--restart", "train")
     assert code == 0, stderr
     assert deployed["rendezvous"] == backend, stderr
+    if manage_hosts:  # each node names the other, in a block of launcher's own
+        block = project.ct_text(NODES[1], "cat", "/etc/hosts")
+        assert f"{MASTER} sandbox-{NODES[0]}" in block and "BEGIN LAUNCHER JOB train" in block
     # Four processes load torch and meet at the rendezvous: from a few seconds on a quiet
     # machine to a minute on a busy one. The verdict is judged on the training that follows,
     # not on a warmup long enough for the slowest start.
@@ -862,6 +878,6 @@ def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: P
         "nothing changed on any node: the nodes would run different versions "
         f"(n0 {first[:12]}, n1 {other[:12]})"
     )
-    assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "unchanged"]
     assert [session_pid(project, vmid) for vmid in NODES] == pids
     assert [script_sha(project, vmid) for vmid in NODES] == [second, second]
