@@ -9,8 +9,10 @@ Each call opens its nodes' connections and closes them when it returns. Results 
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher import apiargs as args
@@ -158,12 +160,20 @@ class Jobs:
         duration: float | None = None,
         restart_on_failure: bool = False,
         max_restarts: int = 3,
+        restart_window: float = 3600.0,
+        restart_backoff: float = 10.0,
+        webhooks: Sequence[str] = (),
+        commands: Sequence[str] = (),
+        metrics_port: int | None = None,
+        metrics_address: str = "127.0.0.1",
+        state: str | os.PathLike[str] | None = None,
         on_event: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
     ) -> JobWatchResult:
         """`launcher job watch`: the job's verdict polled every `interval` until `duration`
-        passes (None: until `stop` is set), each change to `on_event`; with
-        `restart_on_failure` the whole job is redeployed on a failure."""
+        passes (None: until `stop` is set), each change to `on_event` and, as events, to the
+        state file, `webhooks` and `commands` (as `Launcher.watch`); with
+        `restart_on_failure` the whole job is redeployed on a failure, within the budget."""
         from launcher.jobwatch import JobWatchOptions
 
         if stop is not None and not isinstance(stop, threading.Event):
@@ -173,6 +183,17 @@ class Jobs:
             duration=args.duration("duration", duration, params.WATCH_FOR),
             restart_on_failure=args.flag("restart_on_failure", restart_on_failure),
             max_restarts=args.count("max_restarts", max_restarts, params.MAX_RESTARTS),
+            restart_window=args.seconds("restart_window", restart_window, params.RESTART_WINDOW),
+            restart_backoff=args.seconds(
+                "restart_backoff", restart_backoff, params.RESTART_BACKOFF
+            ),
+            state_path=Path(where) if (where := args.path("state", state)) else None,
+            webhooks=args.strings("webhooks", webhooks),
+            commands=args.strings("commands", commands),
+            metrics_port=None
+            if metrics_port is None
+            else args.count("metrics_port", metrics_port, params.PORT),
+            metrics_address=metrics_address,
         )
         event = args.callback("on_event", on_event) or (lambda line: None)
         return jobcommands.watch(

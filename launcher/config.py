@@ -185,6 +185,9 @@ class JobSpec(_Model):
     rendezvous: Literal["auto", "c10d", "static"] = "auto"
     # torchrun's --max_restarts (PET_MAX_RESTARTS): in-place restarts of a node's workers.
     max_restarts: Annotated[StrictInt, Field(ge=0, le=1000)] = 0
+    # Write the other nodes' names into each node's /etc/hosts (a block of launcher's own, just
+    # before the launch), so torch's c10d rendezvous finds them without DNS.
+    manage_hosts: bool = False
 
     @field_validator("playbook")
     @classmethod

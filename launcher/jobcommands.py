@@ -5,6 +5,7 @@ connections opened for the phase and closed after (`job.on_job`), the phase run.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
@@ -17,7 +18,7 @@ from launcher.jobhistory import JobHistory, job_history
 from launcher.joblogs import JobLogs, JobLogsOptions, NodeLine, job_logs
 from launcher.jobrollback import JobRollbackOptions, rollback_job
 from launcher.jobverify import status_job, verify_job
-from launcher.jobwatch import JobWatchOptions, JobWatchResult, watch_job
+from launcher.jobwatch import JobWatchOptions, JobWatchResult, job_state_path, watch_job
 from launcher.requests import ProbeOverrides
 
 
@@ -80,7 +81,10 @@ def watch(
     stop: threading.Event | None = None,
 ) -> JobWatchResult:
     """The job's verdict polled until `options.duration` passes or `stop` is set; each change
-    to `event`; with `restart_on_failure`, the whole job redeployed on a failure."""
+    to `event` and, as events, to the state file (default: one per inventory and job), the
+    webhooks and commands; with `restart_on_failure`, the whole job redeployed on a failure."""
+    if options.state_path is None:
+        options = dataclasses.replace(options, state_path=job_state_path(inventory.path, name))
     return on_job(
         load_job(inventory, name),
         lambda j, nodes: watch_job(j, nodes, options, say=say, event=event, stop=stop),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.config import Target
 from launcher.container import HostConnection
@@ -34,9 +34,13 @@ from launcher.job import (
     new_run_id,
     with_env,
 )
-from launcher.jobnet import NetworkPlan, plan_network
+from launcher.jobnet import NetworkPlan, plan_network, write_hosts
 from launcher.operate import StopResult, stop
 from launcher.ui import step_line
+
+if TYPE_CHECKING:
+    from launcher.verify.gpus import GpuSample
+    from launcher.verify.samples import Sample
 
 Say = Callable[[str, str], None]  # (node, line)
 
@@ -68,6 +72,11 @@ class JobResult:
     job_id: str | None = None
     master: str | None = None
     rendezvous: str | None = None  # torchrun's backend the run was given (c10d | static)
+    # What a poll saw, for a watch's metrics and events (not in the JSON): each node's GPUs,
+    # the status rank's newest status line and its pane's last lines.
+    gpus: dict[str, GpuSample] = field(default_factory=dict, repr=False)
+    latest: Sample | None = field(default=None, repr=False)
+    last_lines: list[str] = field(default_factory=list, repr=False)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -249,6 +258,18 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
             result.summary = "stop failed on a node: nothing was launched on any node"
             return result
 
+    if plan.hosts:
+        failed_hosts = write_hosts(job, nodes, plan, say)
+        if failed_hosts:
+            result.nodes = [
+                _state(r, "stopped" if phases.restart else "unchanged", "not launched")
+                for r in checked
+            ]
+            for node in result.nodes:
+                node.exit_code = ExitCode.UNREACHABLE
+            where = "; ".join(failed_hosts)
+            result.summary = f"/etc/hosts not written on {where}: nothing launched"
+            return result
     say(job.name, f"launching run {run_id} on {count} node(s)")
     launched = nodes.each(node_work(False), targets)
     result.nodes = [

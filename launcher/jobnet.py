@@ -7,14 +7,18 @@ that:
 - **addresses**: rank 0's address (`MASTER_ADDR`) is the one on a subnet every node has an
   address in (several interfaces: the cluster network, not the uplink); each node's interface
   on it goes to gloo and NCCL. `addresses:` in the inventory overrides a node's address.
-- **rendezvous**: torch 1.13's c10d rendezvous publishes rank 0's fully qualified hostname as
-  every worker's MASTER_ADDR (`_get_fq_hostname`, torch/distributed/elastic/agent/server/
-  api.py; `_get_addr_and_port` in torch/distributed/launcher/api.py returns no address for any
-  backend but `static`). A Proxmox CT's /etc/hosts has its own name only (pve-container
-  src/PVE/LXC/Setup/Base.pm, `update_etc_hosts`), so without DNS the other nodes cannot
-  resolve it and their workers hang in init. So c10d only when every node resolves rank 0's
-  name to one of rank 0's addresses; else c10d with `--local_addr` where every node's torchrun
-  has it (newer torch), else the static backend, which hands the workers the address itself.
+- **rendezvous**: torch 1.13's c10d rendezvous publishes the fully qualified hostname of the
+  agent that became group rank 0 as every worker's MASTER_ADDR (`_get_fq_hostname`,
+  torch/distributed/elastic/agent/server/api.py; `_get_addr_and_port` in torch/distributed/
+  launcher/api.py returns no address for any backend but `static`), and group rank 0 is the
+  node whose name sorts first, not NODE_RANK 0 (`_NodeDesc` is ordered by fqdn,
+  `_mark_rendezvous_complete` in torch/distributed/elastic/rendezvous/dynamic_rendezvous.py).
+  A Proxmox CT's /etc/hosts has its own name only (pve-container src/PVE/LXC/Setup/Base.pm,
+  `update_etc_hosts`), so without DNS the other nodes cannot resolve it and their workers hang
+  in init. So c10d only when every node resolves every other node's name to that node's
+  address (and no two share a name); else c10d with `--local_addr` where every node's
+  torchrun has it (newer torch), else the static backend, which hands the workers the address
+  itself.
   c10d's `is_host` is always given: rank 0 would otherwise host the store only when the
   endpoint matches its hostname's addresses (`_matches_machine_hostname`,
   torch/distributed/elastic/rendezvous/utils.py; 127.0.1.1 on a DHCP CT never does).
@@ -99,6 +103,9 @@ class NetworkPlan:
     local_addrs: tuple[str, ...] = ()
     torch: str | None = None
     notes: list[str] = field(default_factory=list)
+    # manage_hosts: each rank's block for its /etc/hosts (the other nodes' names), written
+    # just before the launch (launcher.jobdeploy).
+    hosts: tuple[tuple[str, ...], ...] = ()
 
 
 def facts_from(name: str, answer: p.NetworkAnswer) -> NodeFacts:
@@ -171,7 +178,7 @@ def _address_towards(
 
 @dataclass(frozen=True)
 class NameCheck:
-    """Whether a node resolves rank 0's advertised name to one of rank 0's addresses."""
+    """Whether a node resolves another node's advertised name to one of its addresses."""
 
     node: str
     name: str
@@ -182,22 +189,45 @@ class NameCheck:
     def why(self) -> str:
         if self.error or not self.addresses:
             return f"{self.node} cannot resolve {self.name} ({self.error or 'no address'})"
-        return f"{self.node} resolves {self.name} to {', '.join(self.addresses)}, not rank 0"
+        where = ", ".join(self.addresses)
+        return f"{self.node} resolves {self.name} to {where}, not that node's address"
 
 
 def name_checks(
     facts: Sequence[NodeFacts], resolved: Sequence[dict[str, p.Resolved]]
 ) -> list[NameCheck]:
-    """Rank 0's advertised name as every other node resolves it."""
-    name = facts[0].fqdn
-    own = {i.address for i in facts[0].reachable}
+    """Every node's advertised name as every other node resolves it (any node may become
+    group rank 0); a name two nodes share fails on each (torch orders the nodes by it)."""
     checks = []
-    for node, answers in zip(facts[1:], resolved[1:], strict=True):
-        found = answers.get(name, {"addresses": [], "error": "not asked"})
-        addresses = tuple(found["addresses"])
-        ok = bool(own & set(addresses))
-        checks.append(NameCheck(node.name, name, addresses, found["error"], ok))
+    names = [f.fqdn for f in facts]
+    for subject in facts:
+        own = {i.address for i in subject.reachable}
+        shared = names.count(subject.fqdn) > 1
+        for node, answers in zip(facts, resolved, strict=True):
+            if node is subject:
+                continue
+            found = answers.get(subject.fqdn, {"addresses": [], "error": "not asked"})
+            addresses = tuple(found["addresses"])
+            error = f"{subject.fqdn} names more than one node" if shared else found["error"]
+            ok = bool(own & set(addresses)) and not shared
+            checks.append(NameCheck(node.name, subject.fqdn, addresses, error, ok))
     return checks
+
+
+def hosts_blocks(
+    facts: Sequence[NodeFacts], addresses: Sequence[str]
+) -> tuple[tuple[str, ...], ...]:
+    """Each node's /etc/hosts block: every other node's address and names (its FQDN, which
+    torch publishes, and its hostname)."""
+    blocks = []
+    for node in facts:
+        lines = []
+        for other, address in zip(facts, addresses, strict=True):
+            if other is not node and address:
+                names = dict.fromkeys([other.fqdn, other.hostname])  # once each, in order
+                lines.append(" ".join([address, *names]))
+        blocks.append(tuple(lines))
+    return tuple(blocks)
 
 
 def choose_rendezvous(
@@ -208,8 +238,10 @@ def choose_rendezvous(
     wanted: str,
     max_restarts: int,
     job: str,
+    manage_hosts: bool = False,
 ) -> None:
-    """Set `plan.backend` (and `local_addrs`) from what the nodes resolve and their torch."""
+    """Set `plan.backend` (and `local_addrs`, `hosts`) from what the nodes resolve, their
+    torch, and whether launcher writes the names into their /etc/hosts."""
     torches = [f.torch for f in facts]
     found = sorted({t["version"] or "?" for t in torches if t is not None})
     plan.torch = ", ".join(found) or None
@@ -218,9 +250,18 @@ def choose_rendezvous(
         plan.backend = "static"
         plan.notes.append(f"rendezvous: static (jobs.{job}.rendezvous)")
         return
+    names = [f.fqdn for f in facts]
+    if failed and manage_hosts and len(set(names)) == len(names):
+        plan.backend = "c10d"
+        plan.hosts = hosts_blocks(facts, plan.addresses)
+        plan.notes.append(
+            "rendezvous: c10d; every node's /etc/hosts gets the other nodes' names before "
+            f"the launch (jobs.{job}.manage_hosts)"
+        )
+        return
     if not failed:
         plan.backend = "c10d"
-        plan.notes.append(f"rendezvous: c10d; every node resolves {facts[0].fqdn} to rank 0")
+        plan.notes.append("rendezvous: c10d; every node resolves every other node's name")
         return
     if torches and all(t is not None and t["local_addr"] for t in torches):
         plan.backend = "c10d"
@@ -231,13 +272,14 @@ def choose_rendezvous(
         return
     why = "; ".join(c.why() for c in failed)
     fixes = (
-        f"make every node resolve {facts[0].fqdn} to rank 0's address (DNS, or the node's "
-        f"/etc/hosts), give the CTs static addresses with names in DNS, or use a torch whose "
-        f"torchrun has --local_addr"
+        "make every node resolve every other node's name to its address (DNS, or "
+        f"jobs.{job}.manage_hosts: true to have launcher write them into each node's "
+        "/etc/hosts), give the CTs static addresses with names in DNS, or use a torch whose "
+        "torchrun has --local_addr"
     )
     if wanted == "c10d":
         raise NetworkProblem(
-            f"rendezvous c10d: {why}; torch {plan.torch or 'not found'} publishes rank 0's "
+            f"rendezvous c10d: {why}; torch {plan.torch or 'not found'} publishes a node's "
             "hostname as every worker's MASTER_ADDR, so their init would hang",
             ExitCode.REFUSED,
             hint=f"{fixes}; or set jobs.{job}.rendezvous: static (or auto)",
@@ -274,10 +316,10 @@ def plan_network(job: Job, nodes: JobNodes, say: Say) -> NetworkPlan:
     if note:
         plan.notes.append(note)
     port = job.spec.master_port
-    name = facts[0].fqdn
+    names = sorted({f.fqdn for f in facts})
 
     def second(rank: int, target: Target, conn: HostConnection) -> p.NetworkAnswer:
-        request: p.NetworkRequest = {"op": "network", "resolve": [name]}
+        request: p.NetworkRequest = {"op": "network", "resolve": names}
         if rank == 0:
             request["listen"] = {
                 "port": port,
@@ -302,10 +344,30 @@ def plan_network(job: Job, nodes: JobNodes, say: Say) -> NetworkPlan:
         wanted=job.spec.rendezvous,
         max_restarts=job.spec.max_restarts,
         job=job.name,
+        manage_hosts=job.spec.manage_hosts,
     )
     for line in plan.notes:
         say(job.name, line)
     return plan
+
+
+HOSTS_MARKER = "LAUNCHER JOB"
+
+
+def write_hosts(job: Job, nodes: JobNodes, plan: NetworkPlan, say: Say) -> list[str]:
+    """manage_hosts: each node's /etc/hosts block written, all nodes at once; the nodes where
+    it failed, with why (empty: every node has its block)."""
+    marker = f"{HOSTS_MARKER} {job.name}"
+
+    def one(rank: int, target: Target, conn: HostConnection) -> p.NetworkAnswer:
+        block: p.HostsBlock = {"marker": marker, "lines": list(plan.hosts[rank])}
+        return _ask(target, conn, {"op": "network", "hosts": block})
+
+    written = nodes.each(one)
+    for result in written:
+        if result.ok:
+            say(result.target.name, f"/etc/hosts: {len(plan.hosts[result.rank])} other node(s)")
+    return [f"{r.target.name}: {r.error.message}" for r in written if r.error is not None]
 
 
 def pythons(target: Target) -> list[str]:

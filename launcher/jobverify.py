@@ -281,6 +281,37 @@ def job_summary(result: JobResult) -> str:
     return f"{word}: {first.node} (rank {first.rank}): {first.detail}"
 
 
+def judge_node(
+    node: NodeState, state: PaneState, target: Target, expected: str | None, *, training: bool
+) -> None:
+    """A node without status lines, from one poll: finished, alive, or why not."""
+    if finished_in(state, expected):
+        node.state = "finished"
+        node.detail = f"{FINISHED_DETAIL}, run {run_id(state.run)}"
+        return
+    patterns = target.playbook.spec.verify.restart_patterns
+    problem = liveness_problem(state, expected, patterns) or gpu_problem(
+        state, target, training=training
+    )
+    node.state = problem_state(problem) if problem else "alive"
+    node.detail = problem or f"alive, run {run_id(state.run)}{gpu_note(state)}"
+    node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
+
+
+def seen(result: JobResult, name: str, probe: object) -> None:
+    """What the status rank's poll saw, kept for a watch: its GPUs, newest status line and
+    last pane lines."""
+    latest = getattr(probe, "latest", None)
+    gpus = getattr(getattr(latest, "state", None), "gpus", None)
+    if gpus is not None:
+        result.gpus[name] = gpus
+    samples = getattr(latest, "samples", None)
+    if samples:
+        result.latest = samples[-1]
+    if hasattr(probe, "last_lines"):
+        result.last_lines = probe.last_lines()
+
+
 def status_job(job: Job, nodes: JobNodes) -> JobResult:
     """One poll of every node at once: the status rank judged as `status` judges, the others
     alive and in the same run."""
@@ -314,21 +345,14 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
             node.exit_code = entry.value.exit_code
             node.state = "healthy" if not node.exit_code else "unhealthy"
             probe = entry.value.data.get("probe")
+            seen(result, target.name, probe)
             if getattr(probe, "state", None) is State.FINISHED:
                 node.state = "finished"
             node.detail = entry.value.summary
-        elif isinstance(entry.value, PaneState) and finished_in(entry.value, expected):
-            node.state = "finished"
-            node.detail = f"{FINISHED_DETAIL}, run {run_id(entry.value.run)}"
         elif isinstance(entry.value, PaneState):
-            patterns = target.playbook.spec.verify.restart_patterns
-            problem = liveness_problem(entry.value, expected, patterns) or gpu_problem(
-                entry.value, target, training=training
-            )
-            node.state = problem_state(problem) if problem else "alive"
-            note = gpu_note(entry.value)
-            node.detail = problem or f"alive, run {run_id(entry.value.run)}{note}"
-            node.exit_code = ExitCode.UNHEALTHY if problem else ExitCode.OK
+            judge_node(node, entry.value, target, expected, training=training)
+            if entry.value.gpus is not None:
+                result.gpus[target.name] = entry.value.gpus
         result.nodes.append(node)
     result.summary = job_summary(result)
     return result

@@ -247,6 +247,11 @@ class ProbeSpec(TypedDict):
     seconds: float  # connects retried until then (the listener may start a moment later)
 
 
+class HostsBlock(TypedDict):
+    marker: str  # the block's name: `# --- BEGIN <marker> ---` ... `# --- END <marker> ---`
+    lines: list[str]  # `<address> <name>...`
+
+
 class NetworkRequest(TypedDict):
     """What a job's node can tell about the network torchrun will use (launcher.jobnet): its
     names and interfaces, the names it resolves, the torch it has; on rank 0 a listener on the
@@ -257,6 +262,9 @@ class NetworkRequest(TypedDict):
     pythons: NotRequired[list[str]]  # where torch is looked for, first found wins
     listen: NotRequired[ListenSpec | None]
     probe: NotRequired[ProbeSpec | None]
+    # The one change this op makes, and only when asked (a job's launch, manage_hosts): the
+    # block in /etc/hosts replaced by these lines.
+    hosts: NotRequired[HostsBlock | None]
 
 
 # A release's directory and link inside the workdir, and where their manifests are kept.
@@ -541,3 +549,4 @@ class NetworkAnswer(Envelope):
     torch: TorchInfo | None
     listened: Listened | None
     probed: Probed | None
+    hosts: str | None  # the file whose block was written (asked with `hosts`)

@@ -15,6 +15,7 @@ job's deploy changes anything (launcher.jobnet decides with it).
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from launcher.agent.base import AgentError, run, which
@@ -41,8 +42,10 @@ print(json.dumps(None if not places else {
     "local_addr": "--local_addr" in run or "--local-addr" in run,
 }))
 """
-MAX_NAMES = 16
+HOSTS = "/etc/hosts"
+MAX_NAMES = 1024  # one per node of a job
 MAX_SECONDS = 60.0
+RESOLVE_SECONDS = 20.0  # names left when it is spent are reported as not looked up
 
 
 def op_network(request, warnings):
@@ -50,6 +53,7 @@ def op_network(request, warnings):
     pythons = param(request, "pythons", list, default=[])
     listen = param(request, "listen", dict)
     probe = param(request, "probe", dict)
+    hosts = param(request, "hosts", dict)
     if len(names) > MAX_NAMES or not all(isinstance(n, str) and n for n in names):
         raise AgentError("invalid", "resolve: at most %d names" % MAX_NAMES)
     if not all(isinstance(p, str) and p for p in pythons):
@@ -61,10 +65,11 @@ def op_network(request, warnings):
         "hostname": hostname,
         "fqdn": socket.getfqdn(hostname),
         "interfaces": interfaces(),
-        "resolved": {name: resolve(name) for name in names},
+        "resolved": resolve_all(names),
         "torch": torch_info(pythons),
         "listened": None,
         "probed": None,
+        "hosts": None,
     }
     if listen is not None:
         answer["listened"] = listen_for(
@@ -75,6 +80,8 @@ def op_network(request, warnings):
         if not isinstance(address, str) or not address:
             raise AgentError("invalid", "probe: an address")
         answer["probed"] = probe_port(address, _port(probe), _seconds(probe))
+    if hosts is not None:
+        answer["hosts"] = write_hosts_block(HOSTS, hosts.get("marker"), hosts.get("lines"))
     return answer
 
 
@@ -124,6 +131,71 @@ def _int(text):
         return int(text)
     except ValueError:
         return None
+
+
+def write_hosts_block(path, marker, lines):
+    """Replace the block `marker` in the hosts file with `lines` (appended when absent); the
+    rest of the file, Proxmox's own section included, is kept as it is. Proxmox rewrites only
+    its `# --- BEGIN PVE ---` section (pve-container, Setup/Base.pm `ct_modify_file`), so
+    the block outlives a CT restart."""
+    if not isinstance(marker, str) or not marker or "\n" in marker:
+        raise AgentError("invalid", "hosts: a marker")
+    if not isinstance(lines, list) or not all(_host_line(line) for line in lines):
+        raise AgentError("invalid", "hosts: lines of an address and names")
+    begin, end = "# --- BEGIN %s ---" % marker, "# --- END %s ---" % marker
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    kept, inside = [], False
+    for line in text.splitlines():
+        if line.strip() == begin:
+            inside = True
+        elif line.strip() == end and inside:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    block = [begin, *lines, end] if lines else []
+    content = "\n".join(kept + block) + "\n"
+    try:
+        _replace(path, content)
+    except OSError as exc:
+        raise AgentError("failed", "cannot write %s: %s" % (path, exc.strerror or exc)) from None
+    return path
+
+
+def _replace(path, content):
+    """A whole new file renamed into place; in place only where a rename cannot be (a file
+    bind-mounted into the container: EBUSY)."""
+    tmp = path + ".launcher-tmp"
+    with open(tmp, "w") as f:
+        f.write(content)
+    try:
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)
+        with open(path, "w") as f:
+            f.write(content)
+
+
+def _host_line(line):
+    fields = line.split() if isinstance(line, str) else []
+    return len(fields) >= 2 and "\n" not in line and "#" not in line
+
+
+def resolve_all(names):
+    """Each name looked up, within RESOLVE_SECONDS together (a dead DNS server costs seconds a
+    name)."""
+    deadline = time.monotonic() + RESOLVE_SECONDS
+    found = {}
+    for name in names:
+        if time.monotonic() > deadline:
+            found[name] = {"addresses": [], "error": "not looked up: name service too slow"}
+        else:
+            found[name] = resolve(name)
+    return found
 
 
 def resolve(name):

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.cli.params import GRACE, INTERVAL, LINES, MAX_RESTARTS, SUCCESSES, WAIT, WATCH_FOR
+from launcher.cli.params import (
+    GRACE,
+    INTERVAL,
+    LINES,
+    MAX_RESTARTS,
+    PORT,
+    RESTART_BACKOFF,
+    RESTART_WINDOW,
+    SUCCESSES,
+    WAIT,
+    WATCH_FOR,
+)
 
 if TYPE_CHECKING:
     from launcher.jobdeploy import JobResult
@@ -44,11 +55,19 @@ def _say(app: AppContext) -> Callable[[str, str], None]:
     return say
 
 
+def _emit(command: str, documents: list[dict[str, Any]], exit_code: int) -> None:
+    """The `--json` envelope every command prints (launcher/schemas/job-*.schema.json): one
+    item per job, its fields repeated at the top level when there is one."""
+    from launcher.jsonout import emit, envelope
+
+    emit(envelope(f"job-{command}", documents, exit_code=exit_code))
+
+
 def _render(result: JobResult, as_json: bool) -> None:
     from launcher.termsafe import sanitize
 
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        _emit(result.action, [result.to_json()], int(result.exit_code))
         return
     click.echo(sanitize(f"job {result.job}: {result.summary}", keep_sgr=False))
     for node in result.nodes:
@@ -180,12 +199,13 @@ def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> No
     from launcher.fleet import worst
 
     results = jobcommands.status(app.inventory(), names)
+    code = int(worst([r.exit_code for r in results]))
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in results], indent=2))
+        _emit("status", [r.to_json() for r in results], code)
     else:
         for result in results:
             _render(result, False)
-    sys.exit(int(worst([r.exit_code for r in results])))
+    sys.exit(code)
 
 
 @job.command("stop")
@@ -232,7 +252,7 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
 
     result = jobcommands.history(app.inventory(), name, limit)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        _emit("history", [result.to_json()], int(result.exit_code))
     else:
         if not result.runs:
             click.echo(f"job {name}: no deploys recorded")
@@ -257,7 +277,32 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
 )
 @click.option(
     "--max-restarts", type=MAX_RESTARTS, default=3, show_default=True, metavar="N",
-    help="At most N restarts; then the job is left as it is (exit 1).",
+    help="At most N restarts in --restart-window; then the job is stopped (exit 1).",
+)  # fmt: skip
+@click.option(
+    "--restart-window", type=RESTART_WINDOW, default=3600.0, metavar="DURATION",
+    help="The sliding window --max-restarts counts in (default 1h).",
+)  # fmt: skip
+@click.option(
+    "--restart-backoff", type=RESTART_BACKOFF, default=10.0, metavar="DURATION",
+    help="Wait before the first restart in a window, doubled for each further one (default 10s).",
+)  # fmt: skip
+@click.option(
+    "--webhook", "webhooks", multiple=True, metavar="URL",
+    help="POST each event as JSON (schema launcher.watch.event/1). Repeatable.",
+)  # fmt: skip
+@click.option(
+    "--exec", "commands", multiple=True, metavar="CMD",
+    help="Run CMD for each event, with the event in LAUNCHER_EVENT_* variables. Repeatable.",
+)  # fmt: skip
+@click.option("--metrics-port", type=PORT, metavar="PORT", help="Serve Prometheus metrics.")
+@click.option(
+    "--metrics-address", default="127.0.0.1", show_default=True, metavar="ADDR",
+    help="Address the metrics server binds to.",
+)  # fmt: skip
+@click.option(
+    "--state", "state_file", type=click.Path(dir_okay=False, path_type=Path),
+    help="State file (default: one per inventory and job under $XDG_STATE_HOME/launcher/watch/).",
 )  # fmt: skip
 @pass_app
 def watch_command(
@@ -267,18 +312,30 @@ def watch_command(
     duration: float | None,
     restart_on_failure: bool,
     max_restarts: int,
+    restart_window: float,
+    restart_backoff: float,
+    webhooks: tuple[str, ...],
+    commands: tuple[str, ...],
+    metrics_port: int | None,
+    metrics_address: str,
+    state_file: Path | None,
 ) -> None:
-    """Watch job NAME: its one verdict polled, each change printed; on failure, restart it.
+    """Watch job NAME as `launcher watch` watches a target: each transition an event.
 
-    A failure is two unhealthy polls in a row, or one that finds a node's run gone, restarted
-    or replaced. --restart-on-failure redeploys the whole job (all or nothing, a new run id,
-    checkpoints kept) and runs its startup probe. Start it once the job is healthy.
+    Its one verdict (`job status`) polled; transitions go to stdout, to the state file's events
+    log and to every --webhook and --exec (schema launcher.watch.event/1; the event's target is
+    the job); --metrics-port serves each node's status and GPUs. A failure is two unhealthy
+    polls in a row, or one that finds a node's run gone, restarted or replaced.
+    --restart-on-failure redeploys the whole job (all or nothing, a new run id, checkpoints
+    kept) after a backoff and runs its startup probe, at most --max-restarts times in
+    --restart-window; then the job is stopped. A finished job is never restarted.
 
     \b
     Example:
-      launcher job watch --restart-on-failure --for 12h train
-    Exit codes: 0 healthy at the end, 1 unhealthy at the end (or restarts spent), 2 bad input,
-    3 a node unreachable or a restart failed; SIGTERM ends it with 0, Ctrl-C with 130.
+      launcher job watch --restart-on-failure --for 12h --webhook https://hooks.slack.com/... train
+    Exit codes (at --for's end, as `launcher watch`): 0 healthy or finished, 1 unhealthy or
+    stopped after the last restart, 2 bad input, 3 a node unreachable or a restart failed;
+    SIGTERM ends it with 0, Ctrl-C with 130.
     """
     from launcher import jobcommands
     from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm
@@ -290,6 +347,13 @@ def watch_command(
         duration=duration,
         restart_on_failure=restart_on_failure,
         max_restarts=max_restarts,
+        restart_window=restart_window,
+        restart_backoff=restart_backoff,
+        state_path=state_file,
+        webhooks=webhooks,
+        commands=commands,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
 
     def event(line: str) -> None:

@@ -228,6 +228,55 @@ class BucketsExtra(Closed):
     playbook: dict[str, Any] | None
 
 
+# -- launcher job: one item per job (one job, except `job status` of several) ------------------
+
+
+class JobNodeDoc(Closed):
+    """Where one node of the job was left, or what it showed."""
+
+    rank: int
+    node: str
+    label: str
+    state: str = Field(
+        description="deploy/rollback: planned | unchanged | stopped | launched | failed; "
+        "verify/status: healthy | unhealthy | alive | finished | dead | restarted | other run | "
+        "gpus | unreachable | cut short | failed; stop: stopped | failed"
+    )
+    detail: str
+    exit_code: ExitCodeValue
+
+
+class JobDoc(Closed):
+    """One job's result (`launcher job deploy|verify|status|stop|rollback --json`)."""
+
+    job: str
+    action: Literal["deploy", "rollback", "verify", "status", "stop"]
+    ok: bool
+    exit_code: ExitCodeValue
+    summary: str
+    run_id: str | None
+    job_id: str | None = Field(description="`<job>-<run id>`: every node's JOB_ID")
+    master: str | None = Field(description="rank 0's address, every node's MASTER_ADDR")
+    rendezvous: Literal["c10d", "static"] | None = Field(
+        description="the torchrun rendezvous the run was given (PET_RDZV_BACKEND)"
+    )
+    nodes: list[JobNodeDoc]
+
+
+class JobRunDoc(Closed):
+    run_id: str
+    time: str
+    sha256: str
+    outcomes: dict[str, str] = Field(description="node -> its record's outcome, rank order")
+
+
+class JobHistoryDoc(Closed):
+    job: str
+    exit_code: ExitCodeValue
+    runs: list[JobRunDoc]
+    errors: dict[str, str] = Field(description="node -> why its records could not be read")
+
+
 class Contract(BaseModel):
     """One command's document: its target items and the keys beside `targets`."""
 
@@ -247,6 +296,12 @@ CONTRACTS = (
     Contract(command="deploy", title="launcher deploy", items=(DeployDoc, TargetError)),
     Contract(command="history", title="launcher history", items=(HistoryDoc, TargetError)),
     Contract(command="doctor", title="launcher doctor", items=(DoctorDoc, TargetError)),
+    Contract(command="job-deploy", title="launcher job deploy", items=(JobDoc,)),
+    Contract(command="job-verify", title="launcher job verify", items=(JobDoc,)),
+    Contract(command="job-status", title="launcher job status", items=(JobDoc,)),
+    Contract(command="job-stop", title="launcher job stop", items=(JobDoc,)),
+    Contract(command="job-rollback", title="launcher job rollback", items=(JobDoc,)),
+    Contract(command="job-history", title="launcher job history", items=(JobHistoryDoc,)),
     Contract(
         command="inventory",
         title="launcher inventory check",

@@ -6,14 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -21,6 +24,7 @@ from launcher import Launcher
 from launcher.errors import ExitCode
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.network import address
+from launcher.schemas import shipped
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
 from tests.e2e.hostpython import host_has_torch
 from tests.e2e.project import Project
@@ -89,9 +93,15 @@ def write_job(
 
 
 def job_json(project: Project, *args: str, timeout: float = 120) -> tuple[int, Any, str]:
+    """`launcher job ARGS --json`: its exit code, its document (checked against the command's
+    shipped schema; `job status` gives its list of jobs) and its stderr."""
     result = project.launcher("job", *args, "--json", timeout=timeout)
     assert result.stdout, result.stderr
-    return result.returncode, json.loads(result.stdout), result.stderr
+    document = json.loads(result.stdout)
+    jsonschema.Draft202012Validator(shipped(f"job-{args[0]}")).validate(document)
+    assert document["exit_code"] == result.returncode
+    found = document["targets"] if args[0] == "status" else document
+    return result.returncode, found, result.stderr
 
 
 def session_pid(project: Project, vmid: int) -> str:
@@ -306,23 +316,30 @@ TORCHRUN = "python3 ddp_job.py --torchrun --nproc_per_node 1 ddp_job.py"
 
 @pytest.mark.skipif(not host_has_torch(), reason="needs Debian's python3-torch on the host")
 @pytest.mark.parametrize(
-    ("hosts", "backend"), [("static", "static"), ("dhcp", "static"), ("all", "c10d")]
+    ("hosts", "manage_hosts", "backend"),
+    [
+        ("static", False, "static"),
+        ("dhcp", False, "static"),
+        ("all", False, "c10d"),
+        ("dhcp", True, "c10d"),
+    ],
 )
 def test_real_torchrun_across_two_containers_is_healthy(
-    job_project: Project, hosts: str, backend: str
+    job_project: Project, hosts: str, manage_hosts: bool, backend: str
 ) -> None:
     """Two CTs whose /etc/hosts is as Proxmox writes it, own name only: on its static address,
     or on 127.0.1.1 (DHCP); neither resolves the other's name, so the static rendezvous by
-    address. With every name in every file (as DNS would), the c10d rendezvous."""
+    address. With every name in every file (as DNS would), or written there by launcher
+    (manage_hosts), the c10d rendezvous."""
     project = job_project
     project.sandbox.connect(NODES, hosts=hosts)
     try:
-        one_line_torchrun(project, backend)
+        one_line_torchrun(project, backend, manage_hosts=manage_hosts)
     finally:
         project.sandbox.connect(NODES)
 
 
-def one_line_torchrun(project: Project, backend: str) -> None:
+def one_line_torchrun(project: Project, backend: str, *, manage_hosts: bool) -> None:
     book = project.playbook(
         "ddp",
         script={"source": str(Path(__file__).with_name("ddp_job.py")), "dest": "ddp_job.py"},
@@ -335,12 +352,21 @@ def one_line_torchrun(project: Project, backend: str) -> None:
     )
     project.write({"n0": (NODES[0], book), "n1": (NODES[1], book)})
     inventory = yaml.safe_load(project.inventory.read_text())
-    inventory["jobs"] = {"train": {"nodes": ["n0", "n1"], "playbook": "playbooks/n0.yaml"}}
+    inventory["jobs"] = {
+        "train": {
+            "nodes": ["n0", "n1"],
+            "playbook": "playbooks/n0.yaml",
+            "manage_hosts": manage_hosts,
+        }
+    }
     project.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
     code, deployed, stderr = job_json(project, "deploy", "--restart", "train")
     assert code == 0, stderr
     assert deployed["rendezvous"] == backend, stderr
+    if manage_hosts:  # each node names the other, in a block of launcher's own
+        block = project.ct_text(NODES[1], "cat", "/etc/hosts")
+        assert f"{MASTER} sandbox-{NODES[0]}" in block and "BEGIN LAUNCHER JOB train" in block
     # Four processes load torch and meet at the rendezvous: from a few seconds on a quiet
     # machine to a minute on a busy one. The verdict is judged on the training that follows,
     # not on a warmup long enough for the slowest start.
@@ -462,13 +488,21 @@ def test_rank0_without_a_usable_address_stops_the_deploy_before_any_check(
 
 def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_path: Path) -> None:
     """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
-    id on both, checkpoints kept) and ends healthy; SIGTERM then ends the watch with 0."""
+    id on both, checkpoints kept) once and ends healthy, as `launcher watch` would: each
+    transition an event to --exec and the state file, each node's status and GPUs in the
+    metrics; SIGTERM then ends the watch with 0."""
     project = job_project
     write_job(project)
     before = deploy_and_wait(project)
+    kinds = tmp_path / "kinds.txt"
+    state = tmp_path / "job-watch.json"
+    port = free_port()
+    notify = ("--exec", f"sh -c 'echo $LAUNCHER_EVENT_KIND $LAUNCHER_EVENT_TARGET >> {kinds}'")
+    outlets = (*notify, "--state", str(state), "--metrics-port", str(port))
+    scraped = ""
     with (tmp_path / "watch.err").open("w+") as err:
         watch = subprocess.Popen(
-            [*LAUNCHER, str(project.inventory), *WATCH],
+            [*LAUNCHER, str(project.inventory), *WATCH, "--restart-backoff", "1", *outlets],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -485,6 +519,8 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
                     assert "job train: healthy: 2 node(s)" in line, line
                     project.ct(NODES[1], "pkill", "-KILL", "-f", "train_demo")
                 if "after the restart:" in line:
+                    # The polls after the restart export every node healthy again.
+                    scraped = until_scraped(port, N1_HEALTHY, timeout=30)
                     watch.send_signal(signal.SIGTERM)
             watch.wait(timeout=60)
         finally:
@@ -493,13 +529,52 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
         err.seek(0)
         assert watch.returncode == 0, (out, err.read())
     assert "unhealthy: n1 (rank 1): the run exited (status 137)" in out
-    assert "restarting the job (1/1)" in out
+    assert "restarting in 1 s (backoff)" in out and "restarting the job (1/1)" in out
     assert "after the restart: healthy: 2 node(s)" in out
     assert seen[-1].endswith("job train: watch ended by SIGTERM\n")
+    # The notifier delivered each transition (a healthy one is recorded, not sent; it drains
+    # before the watch ends), and the state's events log holds them all.
+    delivered = kinds.read_text().splitlines()
+    assert delivered[:2] == ["unhealthy train", "restart train"], delivered
+    logged = state.with_suffix(".events.jsonl").read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in logged][:3] == ["healthy", "unhealthy", "restart"]
+    # Metrics per node: status, and each node's GPUs (the sandbox gives each node two).
+    for node, vmid in zip(("n0", "n1"), NODES, strict=True):
+        held = f'gpu="1",host="sandbox",target="{node}",vmid="{vmid}"'
+        assert f"launcher_gpu_held_by_run{{{held}}} 1.0" in scraped, scraped
+        status = f'host="sandbox",status="healthy",target="{node}",vmid="{vmid}"'
+        assert f"launcher_watch_status{{{status}}} 1.0" in scraped
+    assert 'launcher_watch_restarts_total{host="sandbox",target="n0",vmid="300"} 1.0' in scraped
     code, status, _ = job_json(project, "status", "train")
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
     assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# prometheus_client prints a series' labels sorted by name.
+N1_HEALTHY = 'launcher_watch_status{host="sandbox",status="healthy",target="n1",vmid="301"} 1.0'
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def until_scraped(port: int, wanted: str, timeout: float) -> str:
+    """The metrics page once it holds `wanted`."""
+    deadline = time.monotonic() + timeout
+    text = scrape(port)
+    while wanted not in text:
+        assert time.monotonic() < deadline, f"no {wanted!r} in:\n{text}"
+        time.sleep(0.5)
+        text = scrape(port)
+    return text
 
 
 def test_a_job_that_finishes_is_finished_and_never_restarted(job_project: Project) -> None:
@@ -511,6 +586,7 @@ def test_a_job_that_finishes_is_finished_and_never_restarted(job_project: Projec
     code, deployed, stderr = job_json(project, "deploy", "--restart", "train")
     assert code == 0, stderr
     watch = ("job", "watch", "train", "--interval", "1", "--for", "25", "--restart-on-failure")
+    watch += ("--state", str(project.root / "watch-state.json"))
     watched = project.launcher(*watch, timeout=90)
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert "job train: finished: 2 node(s)" in watched.stdout, watched.stdout
@@ -802,6 +878,6 @@ def test_rollback_refuses_when_the_nodes_previous_versions_differ(job_project: P
         "nothing changed on any node: the nodes would run different versions "
         f"(n0 {first[:12]}, n1 {other[:12]})"
     )
-    assert [n["state"] for n in report["nodes"]] == ["unchanged", "failed"]
+    assert [n["state"] for n in report["nodes"]] == ["unchanged", "unchanged"]
     assert [session_pid(project, vmid) for vmid in NODES] == pids
     assert [script_sha(project, vmid) for vmid in NODES] == [second, second]

@@ -168,6 +168,24 @@ def test_every_op_round_trips_through_the_protocol_types(
     assert_shape(followed, p.FollowAnswer)
     assert followed["ended"] is not None and b"launcher run" in b"".join(chunks)
 
+    # A job's network check: names, interfaces, torch; a listener and a probe; the hosts block
+    # written and taken out again.
+    network: p.NetworkRequest = {
+        "op": "network", "resolve": ["localhost"], "pythons": ["python3"],
+        "listen": {"port": 29593, "seconds": 0.5, "expect": 0},
+        "probe": {"address": "127.0.0.1", "port": 29594, "seconds": 0.3},
+        "hosts": {"marker": "LAUNCHER PROTOCOL TEST", "lines": ["10.9.9.9 protocol-test"]},
+    }  # fmt: skip
+    checked = agent.network(network)
+    assert_shape(checked, p.NetworkAnswer)
+    assert checked["hostname"] and checked["hosts"] == "/etc/hosts"
+    assert checked["listened"] is not None and checked["listened"]["bound"]
+    assert checked["probed"] is not None and not checked["probed"]["ok"]  # nothing listens there
+    assert_shape(checked["resolved"]["localhost"], p.Resolved)
+    block: p.HostsBlock = {"marker": "LAUNCHER PROTOCOL TEST", "lines": []}
+    cleared = agent.network({"op": "network", "hosts": block})
+    assert cleared["hosts"] == "/etc/hosts"
+
 
 def test_an_error_answer_carries_its_kind_and_the_steps(
     client: tuple[AgentClient, Project],

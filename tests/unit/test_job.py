@@ -4,6 +4,7 @@ wording."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -376,3 +377,80 @@ def test_every_node_is_judged_on_its_gpus_while_the_job_trains(tmp_path: Path) -
     busy = state(gpus=GpuSample(2, (0, 1), {0: 95, 1: 91}, {0: 900, 1: 900}))
     assert gpu_problem(busy, node, training=True) is None
     assert gpu_problem(state(), node, training=True) is None  # no GPUs asked for
+
+
+def job_result(summary: str, *states: tuple[str, ExitCode], run: str = "R1") -> JobResult:
+    result = JobResult("train", "status", summary, run_id=run)
+    result.nodes = [
+        NodeState(rank, name, name, word, word, code)
+        for rank, (name, (word, code)) in enumerate(zip(("prod", "staging"), states, strict=True))
+    ]
+    return result
+
+
+def test_a_job_watch_restarts_after_its_backoff_and_records_every_transition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launcher watch`'s machinery for a job: the failure an event, the restart after the
+    policy's backoff (counted in the state file first), the recovery an event; every event in
+    the state's events log (schema launcher.watch.event/1)."""
+    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
+    ok = ("healthy", ExitCode.OK)
+    dead = ("dead", ExitCode.UNHEALTHY)
+    polls = iter(
+        [
+            job_result("healthy: 2 node(s) in run R1", ok, ("alive", ExitCode.OK)),
+            job_result("unhealthy: staging (rank 1): the run exited (status 137)", ok, dead),
+            job_result("healthy: 2 node(s) in run R2", ok, ("alive", ExitCode.OK), run="R2"),
+        ]
+    )
+    deployed = JobResult("train", "deploy", "launched run R2 on 2 node(s)", run_id="R2")
+    monkeypatch.setattr("launcher.jobwatch.status_job", lambda j, n: next(polls))
+    monkeypatch.setattr("launcher.jobwatch.deploy_job", lambda *a, **k: deployed)
+    monkeypatch.setattr(
+        "launcher.jobwatch.verify_job",
+        lambda *a, **k: JobResult("train", "verify", "healthy: 2 node(s) in run R2"),
+    )
+    state = tmp_path / "watch.json"
+    options = JobWatchOptions(
+        interval=1, duration=3.5, restart_on_failure=True, max_restarts=1,
+        restart_backoff=7, state_path=state,
+    )  # fmt: skip
+    ticks = iter(range(100))
+    waits: list[float] = []
+    lines: list[str] = []
+    result = watch_job(
+        job, None, options, say=print, event=lines.append,  # type: ignore[arg-type]
+        clock=lambda: float(next(ticks)), sleep=waits.append,
+    )  # fmt: skip
+    assert (result.exit_code, result.restarts, result.status) == (ExitCode.OK, 1, "healthy")
+    assert 7 in waits  # the policy's backoff before the first restart
+    assert any(line.endswith("restarting in 7 s (backoff)") for line in lines)
+    events = [
+        json.loads(line) for line in state.with_suffix(".events.jsonl").read_text().splitlines()
+    ]
+    assert [e["kind"] for e in events] == ["healthy", "unhealthy", "restart", "recovered"]
+    assert {e["schema"] for e in events} == {"launcher.watch.event/1"}
+    assert events[2]["run"] == "R2" and events[2]["target"] == "train"
+    saved = json.loads(state.read_text())
+    assert len(saved["targets"]["train"]["restarts"]) == 1
+
+
+@pytest.mark.parametrize("action", ["deploy", "verify", "status", "stop", "rollback"])
+def test_a_job_document_is_what_its_schema_says(action: str) -> None:
+    """`launcher job ACTION --json` prints the envelope every command prints, its one job's
+    fields at the top level, valid against launcher/schemas/job-ACTION.schema.json."""
+    import jsonschema
+
+    from launcher.jsonout import envelope
+    from launcher.schemas import shipped
+
+    result = job_result("healthy: 2 node(s) in run R1", ("healthy", ExitCode.OK), ("alive", 0))
+    result.action, result.rendezvous, result.master = action, "static", "10.0.0.5"
+    document = envelope(f"job-{action}", [result.to_json()], exit_code=int(result.exit_code))
+    jsonschema.Draft202012Validator(shipped(f"job-{action}")).validate(document)
+    assert document["schema"] == f"launcher.job-{action}/1"
+    assert document["summary"] == result.summary and len(document["targets"]) == 1
+    document["nodes"][0]["state"] = 3  # a wrong type is caught
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(shipped(f"job-{action}")).validate(document)

@@ -3,11 +3,14 @@ from what the nodes report, and the rendezvous torchrun gets for the names they 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launcher import protocol as p
+from launcher.agent.base import AgentError
+from launcher.agent.network import write_hosts_block
 from launcher.errors import ExitCode
 from launcher.jobnet import (
     Interface,
@@ -70,8 +73,11 @@ def test_rank0_without_a_reachable_address_names_the_fix() -> None:
     assert caught.value.hint == "set jobs.train.addresses.n0 in the inventory"
 
 
-def resolved(*addresses: str, error: str | None = None) -> dict[str, p.Resolved]:
-    return {"n0": {"addresses": list(addresses), "error": error}}
+def resolved(*addresses: str, error: str | None = None, name: str = "n0") -> dict[str, p.Resolved]:
+    return {name: {"addresses": list(addresses), "error": error}}
+
+
+N0_RESOLVES_N1 = resolved("10.9.3.4", name="n1")
 
 
 def plan_for(
@@ -83,10 +89,24 @@ def plan_for(
     return plan
 
 
-def test_c10d_when_every_node_resolves_rank0s_name_to_rank0() -> None:
-    plan = plan_for(TWO_NETS, [{}, resolved("10.9.0.20")])
+def test_c10d_when_every_node_resolves_every_other_nodes_name() -> None:
+    plan = plan_for(TWO_NETS, [N0_RESOLVES_N1, resolved("10.9.0.20")])
     assert plan.backend == "c10d" and plan.local_addrs == ()
-    assert plan.notes == ["rendezvous: c10d; every node resolves n0 to rank 0"]
+    assert plan.notes == ["rendezvous: c10d; every node resolves every other node's name"]
+
+
+def test_any_node_may_become_group_rank_0_so_every_name_counts() -> None:
+    """torch orders the rendezvous' nodes by name: the node whose name sorts first publishes
+    it, whatever its NODE_RANK. n1 resolving n0 is not enough when n0 cannot resolve n1."""
+    plan = plan_for(TWO_NETS, [{}, resolved("10.9.0.20")])
+    assert plan.backend == "static"
+    assert "n0 cannot resolve n1 (not asked)" in plan.notes[0]
+
+
+def test_two_nodes_with_one_name_never_get_c10d() -> None:
+    twins = [node("ct", *[(i.name, i.address, i.prefix) for i in f.interfaces]) for f in TWO_NETS]
+    plan = plan_for(twins, [resolved("10.9.3.4", name="ct"), resolved("10.9.0.20", name="ct")])
+    assert plan.backend == "static" and "ct names more than one node" in plan.notes[0]
 
 
 @pytest.mark.parametrize(
@@ -94,13 +114,13 @@ def test_c10d_when_every_node_resolves_rank0s_name_to_rank0() -> None:
     [
         (resolved(error="[Errno -2] Name or service not known"), "n1 cannot resolve n0"),
         # A DHCP CT's own line on another node's /etc/hosts, or a stale DNS record.
-        (resolved("127.0.1.1"), "n1 resolves n0 to 127.0.1.1, not rank 0"),
+        (resolved("127.0.1.1"), "n1 resolves n0 to 127.0.1.1, not that node's address"),
     ],
 )
 def test_static_by_address_when_a_node_cannot_resolve_rank0s_name(
     answer: dict[str, p.Resolved], why: str
 ) -> None:
-    plan = plan_for(TWO_NETS, [{}, answer])
+    plan = plan_for(TWO_NETS, [N0_RESOLVES_N1, answer])
     assert plan.backend == "static" and plan.torch == "1.13.0a0"
     assert plan.notes[0].startswith(f"rendezvous: static, by address ({why}")
 
@@ -114,7 +134,7 @@ def test_local_addr_on_newer_torch_keeps_c10d() -> None:
 
 def test_c10d_insisted_on_without_names_is_refused_with_the_fixes() -> None:
     with pytest.raises(NetworkProblem) as caught:
-        plan_for(TWO_NETS, [{}, resolved(error="not known")], wanted="c10d")
+        plan_for(TWO_NETS, [N0_RESOLVES_N1, resolved(error="not known")], wanted="c10d")
     error = caught.value
     assert error.exit_code == ExitCode.REFUSED
     assert error.message.startswith("rendezvous c10d: n1 cannot resolve n0 (not known)")
@@ -123,11 +143,51 @@ def test_c10d_insisted_on_without_names_is_refused_with_the_fixes() -> None:
 
 def test_in_place_restarts_without_names_are_refused() -> None:
     with pytest.raises(NetworkProblem) as caught:
-        plan_for(TWO_NETS, [{}, resolved(error="not known")], max_restarts=2)
+        plan_for(TWO_NETS, [N0_RESOLVES_N1, resolved(error="not known")], max_restarts=2)
     assert caught.value.message.startswith("max_restarts 2 needs the c10d rendezvous")
     assert "jobs.train.max_restarts: 0" in str(caught.value.hint)
 
 
 def test_static_when_the_job_says_so() -> None:
-    plan = plan_for(TWO_NETS, [{}, resolved("10.9.0.20")], wanted="static")
+    plan = plan_for(TWO_NETS, [N0_RESOLVES_N1, resolved("10.9.0.20")], wanted="static")
     assert plan.backend == "static"
+
+
+def test_manage_hosts_gives_c10d_and_each_node_the_others_names() -> None:
+    plan = plan_for(TWO_NETS, [{}, resolved(error="not known")], manage_hosts=True)
+    assert plan.backend == "c10d"
+    assert plan.hosts == (("10.9.3.4 n1",), ("10.9.0.20 n0",))
+    assert "jobs.train.manage_hosts" in plan.notes[0]
+
+
+def test_the_refusal_names_the_hosts_block_among_the_fixes() -> None:
+    with pytest.raises(NetworkProblem) as caught:
+        plan_for(TWO_NETS, [{}, resolved(error="not known")], wanted="c10d")
+    assert "jobs.train.manage_hosts: true" in str(caught.value.hint)
+
+
+PVE_HOSTS = """\
+# --- BEGIN PVE ---
+127.0.0.1 localhost.localnet localhost
+127.0.1.1 ct300
+# --- END PVE ---
+"""
+
+
+def test_the_hosts_block_is_replaced_and_the_rest_kept(tmp_path: Path) -> None:
+    """Proxmox's own section stays as it was (it rewrites only that on a CT start); a second
+    write replaces launcher's block, an empty one removes it."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(PVE_HOSTS + "10.0.0.9 printer\n")
+    write_hosts_block(str(hosts), "LAUNCHER JOB train", ["10.9.3.4 ct301.lan ct301"])
+    write_hosts_block(str(hosts), "LAUNCHER JOB train", ["10.9.3.5 ct301.lan ct301"])
+    assert hosts.read_text() == PVE_HOSTS + (
+        "10.0.0.9 printer\n"
+        "# --- BEGIN LAUNCHER JOB train ---\n"
+        "10.9.3.5 ct301.lan ct301\n"
+        "# --- END LAUNCHER JOB train ---\n"
+    )
+    write_hosts_block(str(hosts), "LAUNCHER JOB train", [])
+    assert hosts.read_text() == PVE_HOSTS + "10.0.0.9 printer\n"
+    with pytest.raises(AgentError):
+        write_hosts_block(str(hosts), "LAUNCHER JOB train", ["10.0.0.1 a # comment"])

@@ -194,3 +194,41 @@ def test_a_launch_that_fails_on_one_node_is_stopped_again_on_the_others(
     assert result.summary == (
         "failed: launch failed on staging (rank 1); stopped again on prod: nothing runs"
     )
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_hosts_blocks_are_written_after_the_checks_and_before_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    """manage_hosts: the one change the network phase asks for comes after every check (and
+    stop), before any launch; a node where it fails launches nothing anywhere."""
+    calls: list[tuple[str, ...]] = []
+
+    def with_hosts(job: Job, nodes: Any, say: Any) -> NetworkPlan:
+        plan = planned(job, nodes, say)
+        plan.hosts = (("10.0.0.6 staging",), ("10.0.0.5 prod",))
+        return plan
+
+    def write_hosts(job: Job, nodes: Any, plan: NetworkPlan, say: Any) -> list[str]:
+        calls.append(("hosts",))
+        return ["staging: cannot write /etc/hosts: Read-only file system"] if fails else []
+
+    monkeypatch.setattr(jobdeploy, "write_hosts", write_hosts)
+    loaded = job(tmp_path)
+    run = recorder(calls, {"prod": "a" * 64, "staging": "a" * 64})
+    result = run_phases(
+        loaded,
+        FakeNodes(loaded.nodes),  # type: ignore[arg-type]
+        Phases("deploy", run, network=with_hosts),
+        lambda n, line: None,
+    )
+    steps = [c[0] for c in calls]
+    if fails:
+        assert steps == ["plan", "plan", "hosts"] and result.exit_code == ExitCode.UNREACHABLE
+        assert result.summary == (
+            "/etc/hosts not written on staging: cannot write /etc/hosts: Read-only file "
+            "system: nothing launched"
+        )
+    else:
+        assert steps == ["plan", "plan", "hosts", "run", "run"]
+        assert result.exit_code == ExitCode.OK
