@@ -494,6 +494,8 @@ def history_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"  by           {record['user']} from {record['client_host']}")
     if record.get("message"):
         lines.append(f"  message      {record.get('message')}")
+    if record.get("rollback_reason"):
+        lines.append(f"  why          {record.get('rollback_reason')}")
     stopped = record.get("stopped") or {}
     if stopped.get("session_existed") or stopped.get("pids"):
         pids = ", ".join(str(p) for p in stopped.get("pids") or []) or "none"

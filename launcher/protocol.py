@@ -305,6 +305,9 @@ class TransactionRequest(TypedDict, total=False):
     to_run: str | None
     relaunch: bool
     need_spec: bool
+    # deploy --rollback-on-failure: refuse before any change unless the replaced run can be put
+    # back (its spec and code kept, its checkpoints neither purged nor pruned at once).
+    rollback_guard: bool
 
 
 class StopRequest(TypedDict):

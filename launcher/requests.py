@@ -36,6 +36,8 @@ class SmokeRequest:
 
     overrides: ProbeOverrides
     wait_lock: float = 0.0
+    # If the new run fails its probe, put the previous run back (launcher.redeploy).
+    rollback_on_failure: bool = False
 
 
 @dataclass(frozen=True)
