@@ -260,3 +260,23 @@ def test_a_rollback_that_would_be_impossible_is_refused_before_the_stop(project:
     assert after == pane  # nothing was stopped
     assert "the 2 a.m. fix" not in project.ct_text(VMID, "cat", f"{workdir}/train_demo.py")
     project.kill_session(VMID, name)
+
+
+def test_smoke_rolls_back_too(project: Project) -> None:
+    name, workdir = "smokeback", "/root/smokeback"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    assert project.launcher("deploy", "--restart").returncode == 0
+    good_sha = sha_in(project, f"{workdir}/train_demo.py")
+    project.wait_for(lambda: newest_step(project, workdir) >= 2, what="a checkpoint")
+    book["script"] = {"source": broken_script(project), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    smoke = project.launcher("smoke", "--rollback-on-failure", "--json")
+    assert smoke.returncode == 5, smoke.stdout + smoke.stderr
+    document = json.loads(smoke.stdout)
+    assert document["outcome"] == "rolled_back"
+    assert document["verify"]["verdict"] == "unhealthy"
+    assert document["rollback_verify"]["verdict"] == "healthy"
+    assert sha_in(project, f"{workdir}/train_demo.py") == good_sha
+    project.kill_session(VMID, name)

@@ -780,3 +780,26 @@ def test_a_deploys_overrides_are_recorded_with_secrets_redacted() -> None:
         "--set verify.wait=60 --command 'python3 train.py --fast'"
     ) in shown
     assert "  by           ann from laptop" in shown
+
+
+def test_where_each_runs_checkpoints_are_follows_every_record(tmp_path: Path) -> None:
+    from launcher.agent.runs import where_checkpoints_are
+
+    live, kept = str(tmp_path / "c"), tmp_path / "c.archived-2"
+    kept.mkdir()
+    records = [
+        {"run": "s:1", "outcome": "launched", "checkpoints": {"action": "none", "from": live}},
+        {"run": "s:2", "replaced": "s:1", "outcome": "launched",
+         "checkpoints": {"action": "archive", "from": live, "to": live + ".archived-1"}},
+        {"run": "s:3", "replaced": "s:2", "outcome": "launched",
+         "checkpoints": {"action": "archive", "from": live, "to": str(kept)}},
+        {"run": "s:4", "replaced": "s:3", "outcome": "launched",
+         "checkpoints": {"action": "keep", "from": live}},
+        {"run": "s:5", "outcome": "failed: launch", "checkpoints": {"action": "purge"}},
+    ]  # fmt: skip
+    where = where_checkpoints_are(records)
+    assert where["s:1"] == {"state": "gone", "path": live + ".archived-1"}  # not there any more
+    assert where["s:2"] == {"state": "archived", "path": str(kept)}
+    assert where["s:3"] == {"state": "continued", "path": live, "by": "s:4"}
+    assert where["s:4"] == {"state": "deleted"}  # the failed deploy after it purged them
+    assert "s:5" not in where
