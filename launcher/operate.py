@@ -676,6 +676,9 @@ def rollback(
         request["run_id"] = run_id
     if job is not None:
         request["record"]["job"] = job
+        # The job gives every node its env (ranks, JOB_ID) anew: its rollback is the previous
+        # script version with the playbook's command and env, on every node alike.
+        request["use_spec"] = False
     if spec.project is not None:
         # A project: `current` goes back to the release before it (verified, its setup done).
         request["release"] = {"rollback": True, "keep_releases": spec.project.keep_releases}

@@ -305,6 +305,9 @@ class TransactionRequest(TypedDict, total=False):
     to_run: str | None
     relaunch: bool
     need_spec: bool
+    # false (a multi-node job's rollback: the job gives every node its env anew): the previous
+    # script version (<dest>.prev) with the request's command and env, as before run specs.
+    use_spec: bool
     # deploy --rollback-on-failure: refuse before any change unless the replaced run can be put
     # back (its spec and code kept, its checkpoints neither purged nor pruned at once).
     rollback_guard: bool

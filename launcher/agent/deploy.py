@@ -1156,7 +1156,8 @@ def rollback_request(request, warnings):
     record = dict(param(request, "record", dict, default={}))
     if not relaunch:
         record["rollback"] = True
-    spec = load_run_spec(workdir, marker) if marker else None
+    use_spec = param(request, "use_spec", bool, default=True)
+    spec = load_run_spec(workdir, marker) if marker and use_spec else None
     if spec is not None:
         record.update({"rolled_back_to": marker, "command": spec["command"]})
         if spec.get("overrides") is not None:
@@ -1167,7 +1168,7 @@ def rollback_request(request, warnings):
             request["release"] = dict(request["release"], to=spec["release"])
     elif marker and (relaunch or param(request, "need_spec", bool, default=False)):
         raise AgentError("refused", "cannot put run %s back: %s" % (marker, SPEC_NOT_KEPT))
-    elif marker:
+    elif marker and use_spec:
         warnings.append("run %s was launched before launcher kept run specs: the playbook's "
                         "command and env are used" % marker)  # fmt: skip
     request["record"] = record
