@@ -227,9 +227,12 @@ class Launcher:
         result: LogsResult = run(self._context(target, on_line=on_line), request)
         return result
 
-    def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
-        """The deploy records kept in the container, newest first."""
-        request = COMMANDS["history"].request(dict(limit=limit))
+    def history(
+        self, target: str | None = None, *, limit: int = 0, diff: Sequence[str] = ()
+    ) -> HistoryResult:
+        """The deploy records kept in the container, newest first; with `diff` (two run ids,
+        or the start of them) `result.diff` says what changed from the first to the second."""
+        request = COMMANDS["history"].request(dict(limit=limit, diff=diff))
         result: HistoryResult = run(self._context(target), request)
         return result
 

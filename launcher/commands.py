@@ -328,9 +328,15 @@ COMMANDS: dict[str, Command] = {
             "The deploys recorded in the container, newest first.",
             (
                 Param("limit", "count", "Only the newest N records (0: all).", 0, params.LINES),
+                Param(
+                    "diff",
+                    "pairs",
+                    "Two runs: what changed from A to B (code, env, overrides).",
+                    (),
+                ),
                 JSON,
             ),
-            lambda v: HistoryRequest(v["limit"]),
+            lambda v: HistoryRequest(v["limit"], tuple(v["diff"])),
             "launcher.cli.operate:run_history",
             request_type=HistoryRequest,
         ),

@@ -355,6 +355,9 @@ class HistoryRequest(TypedDict):
     op: Literal["history"]
     workdir: str
     limit: NotRequired[int]
+    # Two runs (markers): answer `env_diff`, which env names differ between their specs (the
+    # values, which may be secrets, never leave the container).
+    diff: NotRequired[list[str]]
 
 
 # --------------------------------------------------------------------------- answers
@@ -449,3 +452,5 @@ class HistoryAnswer(Envelope):
     path: str
     records: list[dict[str, Any]]
     total: int
+    # With diff: {"known": both specs kept, "added", "removed", "changed": env names}.
+    env_diff: NotRequired[dict[str, Any]]

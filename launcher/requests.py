@@ -62,6 +62,8 @@ class HistoryRequest:
     """`launcher history`: the newest `limit` deploy records (0: all)."""
 
     limit: int = 0
+    # Two runs (their ids, or the start of them): what changed from the first to the second.
+    diff: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

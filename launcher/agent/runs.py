@@ -177,6 +177,20 @@ def where_checkpoints_are(records):
     return where
 
 
+def env_diff(workdir, first, second):
+    """Which env names differ between two runs' specs (names only: values may be secrets)."""
+    a, b = load_run_spec(workdir, first), load_run_spec(workdir, second)
+    if a is None or b is None:
+        return {"known": False, "added": [], "removed": [], "changed": []}
+    old, new = a["env"], b["env"]
+    return {
+        "known": True,
+        "added": sorted(set(new) - set(old)),
+        "removed": sorted(set(old) - set(new)),
+        "changed": sorted(k for k in set(old) & set(new) if old[k] != new[k]),
+    }
+
+
 def archive_problem(workdir, checkpoints, archive):
     """Why `archive` may not be moved back to `checkpoints`, or None: it must be one of the
     checkpoints' own archives (a sibling named <checkpoints>.archived-…), a real directory

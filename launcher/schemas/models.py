@@ -211,6 +211,12 @@ class HistoryDoc(Closed):
     exit_code: Literal[0]
     path: str = Field(description="the record file in the container")
     records: list[dict[str, Any]] = Field(description="deploy records, newest first")
+    diff: dict[str, Any] | None = Field(
+        None,
+        description="with --diff A B: from, to (the runs), changes (aspect: code, source, "
+        "command, overrides with from/to; env added/removed/changed with names, never values), "
+        "env_known",
+    )
 
 
 class DoctorCheck(Closed):

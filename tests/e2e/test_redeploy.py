@@ -112,6 +112,18 @@ def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Proje
     assert records[0]["checkpoints_now"] == {"state": "live", "path": f"{workdir}/checkpoints"}
     assert records[1]["checkpoints_now"]["state"] == "archived"  # the broken run's, its own
     assert records[2]["checkpoints_now"]["state"] == "restored"
+
+    good, new = records[2]["run"], records[1]["run"]
+    diffed = project.launcher("history", "--diff", good.split(":")[1][:20], new, "--json")
+    assert diffed.returncode == 0, diffed.stdout + diffed.stderr
+    diff = json.loads(diffed.stdout)["diff"]
+    aspects = {change["aspect"]: change for change in diff["changes"]}
+    assert aspects["code"]["from"] != aspects["code"]["to"]
+    assert aspects["env removed"]["names"] == ["DEMO_TAG"] and diff["env_known"] is True
+    assert aspects["overrides"]["from"] == "--env DEMO_TAG"
+    assert "good" not in diffed.stdout  # names, never values
+    shown = project.launcher("history", "--diff", good, new).stdout
+    assert f"{good} -> {new}" in shown and "env removed  DEMO_TAG" in shown
     project.kill_session(VMID, name)
 
 

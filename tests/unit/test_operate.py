@@ -803,3 +803,31 @@ def test_where_each_runs_checkpoints_are_follows_every_record(tmp_path: Path) ->
     assert where["s:3"] == {"state": "continued", "path": live, "by": "s:4"}
     assert where["s:4"] == {"state": "deleted"}  # the failed deploy after it purged them
     assert "s:5" not in where
+
+
+def test_a_diff_of_two_runs_names_what_changed_and_never_an_env_value() -> None:
+    from launcher.errors import UsageError
+    from launcher.operate import diff_lines, find_run, run_diff
+
+    first = {**RECORD, "run": "s:20260101T000000Z-aa", "overrides": {"env": ["LR"]}}
+    second = {
+        **RECORD,
+        "run": "s:20260102T000000Z-bb",
+        "sha256": "9" * 64,
+        "command": "python3 train.py --fast",
+    }
+    records = [second, first, {**first, "outcome": "failed: launch"}]
+    assert find_run(records, "20260101") is first
+    with pytest.raises(UsageError, match="names several runs"):
+        find_run(records, "2026")
+    env = {"known": True, "added": [], "removed": [], "changed": ["WANDB_API_KEY"]}
+    diff = run_diff(first, second, env)
+    assert [c["aspect"] for c in diff["changes"]] == ["code", "command", "overrides", "env changed"]
+    lines = diff_lines(diff)
+    assert lines[0] == "s:20260101T000000Z-aa -> s:20260102T000000Z-bb"
+    assert "  code         sha256 3f2a9c1b0d4e  ->  sha256 999999999999" in lines
+    assert "  env changed  WANDB_API_KEY" in lines
+    assert diff_lines(run_diff(first, first, None))[1:] == [
+        "  no difference in code, command, environment or overrides",
+        "  (env: a run's spec was not kept, so its values could not be compared)",
+    ]
