@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import math
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from launcher.errors import ExitCode, LauncherError, UsageError
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
 from launcher.provenance import describe as describe_source
+from launcher.provenance import describe_overrides
 from launcher.requests import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.transport.endpoint import Endpoint
@@ -524,7 +524,7 @@ def run_diff(
     compare("code", code_of(first), code_of(second))
     compare("source", describe_source(first.get("source")), describe_source(second.get("source")))
     compare("command", first.get("command"), second.get("command"))
-    compare("overrides", overrides_text(first), overrides_text(second))
+    compare("overrides", describe_overrides(first), describe_overrides(second))
     env = env or {}
     for kind in ("added", "removed", "changed"):
         if env.get(kind):
@@ -584,7 +584,7 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     source = describe_source(record.get("source"))
     if source:
         lines.append(f"  source       {source}")
-    told = overrides_text(record)
+    told = describe_overrides(record)
     if told:
         lines.append(f"  overrides    {told}")
     if record.get("user") and record.get("client_host"):
@@ -637,17 +637,6 @@ def checkpoints_now_text(now: Any) -> str:
         "none": "none",
     }
     return texts.get(str(state), str(state))
-
-
-def overrides_text(record: dict[str, Any]) -> str:
-    """A record's --env/--set/--command as they were typed (env values never recorded)."""
-    given = record.get("overrides")
-    given = given if isinstance(given, dict) else record
-    told = [f"--env {name}" for name in given.get("env") or []]
-    told += [f"--set {item}" for item in given.get("set") or []]
-    if isinstance(record.get("overrides"), dict) and given.get("command"):
-        told.append(f"--command {shlex.quote(str(given['command']))}")
-    return " ".join(told)
 
 
 # --------------------------------------------------------------------------- rollback

@@ -218,6 +218,7 @@ def test_the_2am_case_a_broken_fix_puts_the_healthy_run_back(project: Project) -
     assert resumed_at(project, name)[-1] >= reached
     status = project.launcher("status")
     assert status.returncode == 0, status.stdout
+    assert "overrides: --env DEMO_TAG" in status.stdout  # the put-back run's, shown as such
 
     records = json.loads(project.launcher("history", "--json").stdout)["records"]
     back, broken, good = records[0], records[1], records[2]
