@@ -831,3 +831,19 @@ def test_a_diff_of_two_runs_names_what_changed_and_never_an_env_value() -> None:
         "  no difference in code, command, environment or overrides",
         "  (env: a run's spec was not kept, so its values could not be compared)",
     ]
+
+
+def test_a_rollback_after_a_watchers_restart_goes_back_past_it() -> None:
+    from launcher.agent.runs import previous_run
+
+    records = [
+        {"run": "s:1", "session": "s", "outcome": "launched"},
+        {"run": "s:2", "session": "s", "outcome": "launched", "replaced": "s:1"},
+        {"run": "s:3", "session": "s", "outcome": "launched", "replaced": "s:2",
+         "restarted_by": "watch (1/3)"},
+        {"run": "s:4", "session": "s", "outcome": "launched", "replaced": "s:3",
+         "restarted_by": "watch (2/3)"},
+    ]  # fmt: skip
+    assert previous_run(records, "s") == "s:1"  # s:3 and s:4 were s:2 again
+    assert previous_run(records[:2], "s") == "s:1"
+    assert previous_run(records[:1], "s") is None
