@@ -707,7 +707,8 @@ class Deploy:
                              "to go back to" % self.session)  # fmt: skip
         spec = load_run_spec(self.workdir, marker)
         if spec is None:
-            raise AgentError("refused", "rollback impossible: run %s cannot be put back: %s"
+            raise AgentError("refused", "rollback impossible: run %s cannot be put back: %s "
+                             "(launched before launcher kept run specs, or too long ago)"
                              % (marker, SPEC_NOT_KEPT))  # fmt: skip
         code = self.rollback_code_problem(spec)
         if code:
