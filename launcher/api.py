@@ -115,12 +115,18 @@ class Launcher:
         command: str | None = None,
         message: str | None = None,
         diff: bool = False,
+        verify: bool = False,
+        rollback_on_failure: bool = False,
         on_step: Callable[[Step], None] | None = None,
     ) -> DeployReport:
         """Upload the script (verified), stop the old run (with `restart`), launch it.
 
         `env` and `sets` are KEY=VALUE strings, as for `--env` and `--set`. An active run
-        without `restart` raises RefusedError (exit code 4).
+        without `restart` raises RefusedError (exit code 4). With `verify` (or
+        `rollback_on_failure`) the new run is probed and the result is a
+        `launcher.redeploy.VerifiedDeploy` (a DeployReport with `probe` and `story`): its
+        `exit_code` is 0 healthy, 1 unhealthy, 5 rolled back (the previous run healthy again),
+        6 rolled back but not healthy, 7 the rollback failed.
         """
         options = COMMANDS["deploy"].request(
             dict(
@@ -136,6 +142,8 @@ class Launcher:
                 command=command,
                 message=message,
                 diff=diff,
+                verify=verify,
+                rollback_on_failure=rollback_on_failure,
             )
         )
         on_step = args.callback("on_step", on_step)
@@ -177,12 +185,16 @@ class Launcher:
         successes: int | None = None,
         failure_threshold: int | None = None,
         wait_lock: float | None = None,
+        rollback_on_failure: bool = False,
         on_step: Callable[[Step], None] | None = None,
     ) -> SmokeResult:
         """`deploy --restart`, then the probe of the run that deploy started (as `launcher
-        smoke`). A deploy that fails raises its LauncherError; the verdict is in the result."""
+        smoke`). A deploy that fails raises its LauncherError; the verdict is in the result.
+        With `rollback_on_failure`, a failed probe puts the previous run back (`exit_code` 5,
+        6 or 7 as for `deploy`)."""
         settings = probe_values(wait, interval, window, successes, failure_threshold)
-        request = COMMANDS["smoke"].request({**settings, "wait_lock": wait_lock})
+        values = {**settings, "wait_lock": wait_lock, "rollback_on_failure": rollback_on_failure}
+        request = COMMANDS["smoke"].request(values)
         on_step = args.callback("on_step", on_step)
         result: SmokeResult = run(self._context(target, on_step), request)
         if result.deploy_error is not None:
@@ -217,9 +229,12 @@ class Launcher:
         result: LogsResult = run(self._context(target, on_line=on_line), request)
         return result
 
-    def history(self, target: str | None = None, *, limit: int = 0) -> HistoryResult:
-        """The deploy records kept in the container, newest first."""
-        request = COMMANDS["history"].request(dict(limit=limit))
+    def history(
+        self, target: str | None = None, *, limit: int = 0, diff: Sequence[str] = ()
+    ) -> HistoryResult:
+        """The deploy records kept in the container, newest first; with `diff` (two run ids,
+        or the start of them) `result.diff` says what changed from the first to the second."""
+        request = COMMANDS["history"].request(dict(limit=limit, diff=diff))
         result: HistoryResult = run(self._context(target), request)
         return result
 

@@ -172,6 +172,8 @@ def _deploy(v: dict[str, Any]) -> DeployOptions:
         command=v["command"],
         message=v["message"],
         diff=v["diff"],
+        verify=v["verify"],
+        rollback_on_failure=v["rollback_on_failure"],
     )
 
 
@@ -214,6 +216,10 @@ PRUNE_HELP = (
     "checkpoints than the runs kept."
 )
 JSON = _flag("json", "Print the report as JSON.", cli=("as_json",), request=False)
+ROLLBACK_ON_FAILURE = _flag(
+    "rollback_on_failure",
+    "If the new run fails its probe, put the previous run back (code, env, checkpoints).",
+)
 PROBE = (
     Param("wait", "duration", "Warmup: only fatal signs are judged: 90, 3m.", type=params.WAIT),
     Param("interval", "duration", "Time between polls: 2, 2s, 1m.", type=params.INTERVAL),
@@ -267,6 +273,8 @@ COMMANDS: dict[str, Command] = {
                 Param("command", "text", "Run this command instead of the playbook's."),
                 Param("message", "text", "Why: recorded in history with the deploy."),
                 _flag("diff", "With a project: show text diffs of changed files."),
+                _flag("verify", "Then run the startup probe on the new run (exit 1 unhealthy)."),
+                ROLLBACK_ON_FAILURE,
                 JSON,
             ),
             _deploy,
@@ -284,8 +292,8 @@ COMMANDS: dict[str, Command] = {
         Command(
             "smoke",
             "CI smoke check: deploy --restart, then verify.",
-            (*PROBE, WAIT_LOCK),
-            lambda v: SmokeRequest(_probe(v), v["wait_lock"] or 0.0),
+            (*PROBE, WAIT_LOCK, ROLLBACK_ON_FAILURE),
+            lambda v: SmokeRequest(_probe(v), v["wait_lock"] or 0.0, v["rollback_on_failure"]),
             "launcher.cli.verify:run_smoke",
             request_type=SmokeRequest,
         ),
@@ -326,9 +334,15 @@ COMMANDS: dict[str, Command] = {
             "The deploys recorded in the container, newest first.",
             (
                 Param("limit", "count", "Only the newest N records (0: all).", 0, params.LINES),
+                Param(
+                    "diff",
+                    "pairs",
+                    "Two runs: what changed from A to B (code, env, overrides).",
+                    (),
+                ),
                 JSON,
             ),
-            lambda v: HistoryRequest(v["limit"]),
+            lambda v: HistoryRequest(v["limit"], tuple(v["diff"])),
             "launcher.cli.operate:run_history",
             request_type=HistoryRequest,
         ),
@@ -378,13 +392,11 @@ class Wiring(NamedTuple):
 
 # Each request type, the one function that runs it, and how a fleet shows its result.
 WORKFLOWS: dict[type, Wiring] = {
-    DeployOptions: Wiring("launcher.deploy:run_deploy", "launcher.deploy:deploy_row"),
+    DeployOptions: Wiring("launcher.redeploy:run_deploy", "launcher.deploy:deploy_row"),
     VerifyRequest: Wiring(
         "launcher.verify.workflows:run_verify", "launcher.verify.workflows:verify_row"
     ),
-    SmokeRequest: Wiring(
-        "launcher.verify.workflows:run_smoke", "launcher.verify.workflows:smoke_row"
-    ),
+    SmokeRequest: Wiring("launcher.redeploy:run_smoke", "launcher.verify.workflows:smoke_row"),
     StatusRequest: Wiring(
         "launcher.verify.workflows:run_status", "launcher.verify.workflows:status_row"
     ),

@@ -72,6 +72,11 @@ class DeployOptions:
     # A multi-node job (launcher.job): the run id every node records, and the job's name.
     run_id: str | None = None
     job: str | None = None
+    # Probe the new run after the deploy (launcher.redeploy); on failure, with
+    # rollback_on_failure, put the previous run back. rollback_on_failure also makes the
+    # transaction refuse, before any change, when that would be impossible.
+    verify: bool = False
+    rollback_on_failure: bool = False
 
 
 @dataclass
@@ -197,6 +202,8 @@ def deploy(
     report.result.update(
         {key: applied.get(key) for key in ("script", "stopped", "checkpoints", "launched")}
     )
+    # The run this one replaced: what a rollback on failure puts back.
+    report.result["replaced"] = (applied.get("record") or {}).get("replaced")
     if prepared is not None:
         report.result["release"].update(applied.get("release") or {})
     append_local_history(target.name, applied.get("record") or request["record"])
@@ -385,6 +392,8 @@ def deploy_request(
         request["run_id"] = options.run_id
     if options.job is not None:
         request["record"]["job"] = options.job
+    if options.rollback_on_failure:
+        request["rollback_guard"] = True
     return request
 
 

@@ -13,6 +13,11 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad flag, invalid inventory or playbook, unsafe path
     UNREACHABLE = 3  # SSH, auth, host key, container missing or stopped
     REFUSED = 4  # lock held by another deploy, active run without --restart
+    # deploy --verify --rollback-on-failure, smoke --rollback-on-failure: the new run failed
+    # its startup probe, and then:
+    ROLLED_BACK = 5  # the previous run was put back and is healthy again
+    ROLLED_BACK_UNHEALTHY = 6  # the previous run was put back but is not healthy either
+    ROLLBACK_FAILED = 7  # putting the previous run back failed: nothing healthy runs
     INTERRUPTED = 130
     PIPE_CLOSED = 141  # stdout's reader went away, as for a process killed by SIGPIPE
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from launcher import __version__
 from launcher.errors import UsageError
 from launcher.provenance import describe as describe_source
+from launcher.provenance import describe_overrides
 from launcher.termsafe import sanitize
 from launcher.verify.checks import Verdict, history
 from launcher.verify.prober import ProbeResult
@@ -344,6 +345,12 @@ def header_fields(run: Run, generated: str) -> list[tuple[str, str]]:
     ]
     if source is not None:  # the code's git commit, when the deploy was made from a work tree
         rows.insert(5, ("source", source))
+    overrides = describe_overrides(record) if record else ""
+    if overrides:  # what the deploy changed beyond the playbook (env names only)
+        rows.insert(rows.index(("launcher", __version__)), ("overrides", overrides))
+    if record and record.get("user") and record.get("client_host"):
+        who = f"{record['user']} from {record['client_host']}"
+        rows.insert(rows.index(("launcher", __version__)), ("deployed by", who))
     return rows
 
 

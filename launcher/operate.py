@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import math
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +24,11 @@ from launcher.deploy import (
     run_transaction,
     transaction_request,
 )
-from launcher.errors import ExitCode, LauncherError
+from launcher.errors import ExitCode, LauncherError, UsageError
 from launcher.fleet import Outcome
 from launcher.localhistory import append_local_history
 from launcher.provenance import describe as describe_source
+from launcher.provenance import describe_overrides
 from launcher.requests import HistoryRequest, LogsRequest, RollbackRequest, StopRequest
 from launcher.termsafe import Sanitizer, resolve_cr, sanitize
 from launcher.transport.endpoint import Endpoint
@@ -443,20 +443,27 @@ class HistoryResult:
     path: str
     records: list[dict[str, Any]] = field(default_factory=list)  # newest first
     target: str = ""
+    diff: dict[str, Any] | None = None  # with --diff A B: what changed (run_diff)
 
     def to_json(self) -> dict[str, Any]:
         """The target's item of `history --json` (schema launcher.history/1)."""
-        return {
+        document = {
             "target": self.target,
             "exit_code": int(self.exit_code),
             "path": self.path,
             "records": self.records,
         }
+        if self.diff is not None:
+            document["diff"] = self.diff
+        return document
 
 
 def run_history(ctx: Context, request: HistoryRequest) -> HistoryResult:
     """`launcher history` on the context's target."""
-    result = history(ctx.target, ctx.conn, limit=request.limit)
+    if request.diff:
+        result = history_diff(ctx.target, ctx.conn, request.diff)
+    else:
+        result = history(ctx.target, ctx.conn, limit=request.limit)
     result.target = ctx.target.name
     return result
 
@@ -487,6 +494,96 @@ def history(target: Target, conn: HostConnection, *, limit: int = 0) -> HistoryR
     return HistoryResult(ExitCode.OK, sanitize(summary, keep_sgr=False), path, records)
 
 
+def history_diff(target: Target, conn: HostConnection, runs: tuple[str, ...]) -> HistoryResult:
+    """`history --diff A B`: the two runs' records and what changed from A to B; the env is
+    compared in the container (names only: values may be secrets)."""
+    if len(runs) != 2:
+        raise UsageError(f"--diff takes two runs, not {len(runs)}")
+    every = history(target, conn)
+    first, second = (find_run(every.records, run) for run in runs)
+    request: p.HistoryRequest = {
+        "op": "history",
+        "workdir": target.playbook.spec.workdir,
+        "limit": 1,
+        "diff": [str(first["run"]), str(second["run"])],
+    }
+    answer = AgentClient(container_for(target, conn)).history(
+        request, timeout=conn.endpoint.command_timeout
+    )
+    diff = run_diff(first, second, answer.get("env_diff"))
+    summary = f"{target.label}: {first['run']} -> {second['run']}: {len(diff['changes'])} change(s)"
+    return HistoryResult(ExitCode.OK, sanitize(summary, keep_sgr=False), every.path,
+                         [second, first], diff=diff)  # fmt: skip
+
+
+def find_run(records: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
+    """The launched record of a run named by its marker, its id, or the start of its id."""
+    launched = [
+        r for r in records if isinstance(r.get("run"), str) and r.get("outcome") == "launched"
+    ]
+    found = [
+        r for r in launched
+        if r["run"] == wanted or r["run"].partition(":")[2].startswith(wanted)
+    ]  # fmt: skip
+    if not found:
+        raise UsageError(f"--diff: no launched run {wanted!r} in the history")
+    if len({r["run"] for r in found}) > 1:
+        names = ", ".join(sorted({str(r["run"]) for r in found})[:5])
+        raise UsageError(f"--diff: {wanted!r} names several runs ({names}): give more of it")
+    return found[0]
+
+
+def run_diff(
+    first: dict[str, Any], second: dict[str, Any], env: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What changed from run `first` to run `second`: one entry per aspect that differs."""
+    changes: list[dict[str, Any]] = []
+
+    def compare(aspect: str, old: Any, new: Any) -> None:
+        if old != new:
+            changes.append({"aspect": aspect, "from": old, "to": new})
+
+    compare("code", code_of(first), code_of(second))
+    compare("source", describe_source(first.get("source")), describe_source(second.get("source")))
+    compare("command", first.get("command"), second.get("command"))
+    compare("overrides", describe_overrides(first), describe_overrides(second))
+    env = env or {}
+    for kind in ("added", "removed", "changed"):
+        if env.get(kind):
+            changes.append({"aspect": f"env {kind}", "names": list(env[kind])})
+    return {
+        "from": first["run"],
+        "to": second["run"],
+        "changes": changes,
+        "env_known": bool(env.get("known")),
+    }
+
+
+def code_of(record: dict[str, Any]) -> str:
+    release = record.get("release")
+    if isinstance(release, dict) and release.get("id"):
+        return f"release {release['id']}"
+    return f"sha256 {str(record.get('sha256') or '?')[:12]}"
+
+
+def diff_lines(diff: dict[str, Any]) -> list[str]:
+    """`history --diff A B` for people (sanitised: it was read from the container)."""
+    lines = [f"{diff.get('from')} -> {diff.get('to')}"]
+    for change in diff.get("changes") or []:
+        aspect = str(change.get("aspect"))
+        if "names" in change:
+            lines.append(f"  {aspect:<13}{', '.join(str(n) for n in change['names'])}")
+        else:
+            lines.append(
+                f"  {aspect:<13}{change.get('from') or '-'}  ->  {change.get('to') or '-'}"
+            )
+    if not diff.get("changes"):
+        lines.append("  no difference in code, command, environment or overrides")
+    if not diff.get("env_known"):
+        lines.append("  (env: a run's spec was not kept, so its values could not be compared)")
+    return [sanitize(line, keep_sgr=False) for line in lines]
+
+
 def history_lines(record: dict[str, Any]) -> list[str]:
     """A deploy record for people: one head line and the details under it.
 
@@ -509,13 +606,15 @@ def history_lines(record: dict[str, Any]) -> list[str]:
     source = describe_source(record.get("source"))
     if source:
         lines.append(f"  source       {source}")
-    told = overrides_text(record)
+    told = describe_overrides(record)
     if told:
         lines.append(f"  overrides    {told}")
     if record.get("user") and record.get("client_host"):
         lines.append(f"  by           {record['user']} from {record['client_host']}")
     if record.get("message"):
         lines.append(f"  message      {record.get('message')}")
+    if record.get("rollback_reason"):
+        lines.append(f"  why          {record.get('rollback_reason')}")
     stopped = record.get("stopped") or {}
     if stopped.get("session_existed") or stopped.get("pids"):
         pids = ", ".join(str(p) for p in stopped.get("pids") or []) or "none"
@@ -562,17 +661,6 @@ def checkpoints_now_text(now: Any) -> str:
         "none": "none",
     }
     return texts.get(str(state), str(state))
-
-
-def overrides_text(record: dict[str, Any]) -> str:
-    """A record's --env/--set/--command as they were typed (env values never recorded)."""
-    given = record.get("overrides")
-    given = given if isinstance(given, dict) else record
-    told = [f"--env {name}" for name in given.get("env") or []]
-    told += [f"--set {item}" for item in given.get("set") or []]
-    if isinstance(record.get("overrides"), dict) and given.get("command"):
-        told.append(f"--command {shlex.quote(str(given['command']))}")
-    return " ".join(told)
 
 
 # --------------------------------------------------------------------------- rollback
@@ -698,6 +786,9 @@ def rollback(
         request["run_id"] = run_id
     if job is not None:
         request["record"]["job"] = job
+        # The job gives every node its env (ranks, JOB_ID) anew: its rollback is the previous
+        # script version with the playbook's command and env, on every node alike.
+        request["use_spec"] = False
     if spec.project is not None:
         # A project: `current` goes back to the release before it (verified, its setup done).
         request["release"] = {"rollback": True, "keep_releases": spec.project.keep_releases}

@@ -365,6 +365,12 @@ class TransactionRequest(TypedDict, total=False):
     to_run: str | None
     relaunch: bool
     need_spec: bool
+    # false (a multi-node job's rollback: the job gives every node its env anew): the previous
+    # script version (<dest>.prev) with the request's command and env, as before run specs.
+    use_spec: bool
+    # deploy --rollback-on-failure: refuse before any change unless the replaced run can be put
+    # back (its spec and code kept, its checkpoints neither purged nor pruned at once).
+    rollback_guard: bool
 
 
 class StopRequest(TypedDict):
@@ -414,6 +420,9 @@ class HistoryRequest(TypedDict):
     op: Literal["history"]
     workdir: str
     limit: NotRequired[int]
+    # Two runs (markers): answer `env_diff`, which env names differ between their specs (the
+    # values, which may be secrets, never leave the container).
+    diff: NotRequired[list[str]]
 
 
 # --------------------------------------------------------------------------- answers
@@ -508,6 +517,8 @@ class HistoryAnswer(Envelope):
     path: str
     records: list[dict[str, Any]]
     total: int
+    # With diff: {"known": both specs kept, "added", "removed", "changed": env names}.
+    env_diff: NotRequired[dict[str, Any]]
 
 
 class NetInterface(TypedDict):

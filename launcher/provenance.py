@@ -11,6 +11,7 @@ the source is not in a work tree, git is missing or slow, or the repository is r
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,16 @@ def describe(source: object) -> str | None:
     if isinstance(count, int) and count:
         text += f" + {count} uncommitted file{'s' if count != 1 else ''}"
     return text
+
+
+def describe_overrides(record: dict[str, Any]) -> str:
+    """A deploy record's --env/--set/--command as they were typed ("" when none): env names
+    only, a `--set env.NAME=…` redacted (launcher.deploy.override_record)."""
+    given = record.get("overrides")
+    structured = isinstance(given, dict)
+    given = given if isinstance(given, dict) else record  # records from before `overrides`
+    told = [f"--env {name}" for name in given.get("env") or []]
+    told += [f"--set {item}" for item in given.get("set") or []]
+    if structured and given.get("command"):
+        told.append(f"--command {shlex.quote(str(given['command']))}")
+    return " ".join(told)

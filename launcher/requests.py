@@ -36,6 +36,8 @@ class SmokeRequest:
 
     overrides: ProbeOverrides
     wait_lock: float = 0.0
+    # If the new run fails its probe, put the previous run back (launcher.redeploy).
+    rollback_on_failure: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class HistoryRequest:
     """`launcher history`: the newest `limit` deploy records (0: all)."""
 
     limit: int = 0
+    # Two runs (their ids, or the start of them): what changed from the first to the second.
+    diff: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,7 @@ from launcher.protocol import (
     LOCK_PATH,
     PANE_HEIGHT,
     PANE_WIDTH,
+    RELEASES_DIR,
     RUN_ENV,
     RUN_REPLACED,
     SPEC_NOT_KEPT,
@@ -196,6 +197,10 @@ class Deploy:
         self.expect_run = param(request, "expect_run", str)
         self.grace = grace_param(request)
         self.kill_gpu_holders = param(request, "kill_gpu_holders", bool, default=False)
+        # deploy --rollback-on-failure: refuse before any change unless the run it replaces can
+        # be put back (its spec and code kept, its checkpoints not about to be deleted).
+        self.rollback_guard = param(request, "rollback_guard", bool, default=False)
+        self.replaced = None
         self.foreign_holders: list[dict[str, Any]] = []
         self.queries: dict[str, Any] = {}
         self.wanted: set[int] = set()
@@ -309,6 +314,8 @@ class Deploy:
             ("checkpoint_guard", self.guard_checkpoints),
             ("launch_check", self.check_launch),
         ]
+        if self.rollback_guard:
+            checks.append(("rollback_guard", self.check_rollback_ready))
         # Last, so that the nvidia-smi queries (started with the transaction; slow on a real
         # 8-GPU host) answer while the checks above run.
         if self.check_resources:
@@ -697,6 +704,10 @@ class Deploy:
     def check_active(self):
         self.old_state = session_state(self.session)
         self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
+        # The run this deploy replaces: the session's, or (its session gone) the last launched.
+        self.replaced = self.old_state.get("run") or latest_run(
+            read_records(self.workdir)[0], self.session
+        )
         if self.expect_run is not None and self.old_state.get("run") != self.expect_run:
             # Checked under the deploy lock: whoever replaced the run first is the only one.
             raise AgentError(
@@ -803,6 +814,45 @@ class Deploy:
                 "unsafe_path", "checkpoints path %r is unsafe: %s" % (self.checkpoints_rel, reason)
             )
         return path
+
+    def check_rollback_ready(self):
+        """deploy --rollback-on-failure: the run being replaced must be one a rollback can put
+        back, judged now, before anything is stopped: its spec (command, env) and its code kept,
+        and its checkpoints not deleted or pruned by this deploy."""
+        marker = self.replaced
+        if not marker:
+            raise AgentError("refused", "rollback impossible: no previous run in session '%s' "
+                             "to go back to" % self.session)  # fmt: skip
+        spec = load_run_spec(self.workdir, marker)
+        if spec is None:
+            raise AgentError("refused", "rollback impossible: run %s cannot be put back: %s "
+                             "(launched before launcher kept run specs, or too long ago)"
+                             % (marker, SPEC_NOT_KEPT))  # fmt: skip
+        code = self.rollback_code_problem(spec)
+        if code:
+            raise AgentError("refused", "rollback impossible: %s" % code)
+        if self.checkpoints is not None and self.mode == "purge":
+            raise AgentError("refused", "rollback impossible: --purge-checkpoints deletes the "
+                             "checkpoints of %s that a rollback would need" % marker)  # fmt: skip
+        if self.checkpoints is not None and self.mode == "archive" and self.keep_archives < 1:
+            raise AgentError("refused", "rollback impossible: keep_archives 0 prunes the archive "
+                             "of %s's checkpoints at once" % marker)  # fmt: skip
+        self.result["rollback_to"] = marker
+        return "ok", "%s can be put back: its code, command, env and checkpoints" % marker
+
+    def rollback_code_problem(self, spec):
+        release = spec.get("release")
+        if release:
+            if os.path.isdir(os.path.join(self.workdir, RELEASES_DIR, release)):
+                return None
+            return "release %s of run %s is gone" % (release, spec["run"])
+        dest = getattr(self, "dest", None) or ""
+        if find_script(self.workdir, dest, spec.get("sha256")) is None:
+            return "the script of run %s (sha256 %s) is no longer kept" % (
+                spec["run"],
+                str(spec.get("sha256"))[:12],
+            )
+        return None
 
     def check_launch(self):
         """Everything the launch needs, proven before the old run is stopped: the shell, the
@@ -1131,7 +1181,7 @@ class Deploy:
                 "session": self.session,
                 "run": "%s:%s" % (self.session, self.run_id),
                 # The run this one replaced (its checkpoints went where `checkpoints` says).
-                "replaced": (getattr(self, "old_state", None) or {}).get("run"),
+                "replaced": self.replaced,
                 "outcome": outcome,
                 "sha256": self.sha256,
                 "previous_sha256": script.get("previous_sha256"),
@@ -1194,7 +1244,11 @@ def op_rollback(request, warnings):
     request = rollback_request(request, warnings)
     workdir = workdir_param(request)
     dest = dest_path(workdir, param(request, "dest", str, required=True))
-    previous = script_of(workdir, request.pop("script_sha256", None)) or dest + ".prev"
+    wanted = request.pop("script_sha256", None)
+    previous = find_script(workdir, dest, wanted) if wanted else dest + ".prev"
+    if previous is None:
+        raise AgentError("refused", "the script of run %s (sha256 %s) is no longer kept"
+                         % (request.get("to_run") or "being put back", wanted[:12]))  # fmt: skip
     if os.path.islink(previous) or not os.path.isfile(previous):
         raise AgentError(
             "refused", "no previous version to roll back to: %s does not exist" % previous
@@ -1232,7 +1286,8 @@ def rollback_request(request, warnings):
     record = dict(param(request, "record", dict, default={}))
     if not relaunch:
         record["rollback"] = True
-    spec = load_run_spec(workdir, marker) if marker else None
+    use_spec = param(request, "use_spec", bool, default=True)
+    spec = load_run_spec(workdir, marker) if marker and use_spec else None
     if spec is not None:
         record.update({"rolled_back_to": marker, "command": spec["command"]})
         if spec.get("overrides") is not None:
@@ -1243,7 +1298,7 @@ def rollback_request(request, warnings):
             request["release"] = dict(request["release"], to=spec["release"])
     elif marker and (relaunch or param(request, "need_spec", bool, default=False)):
         raise AgentError("refused", "cannot put run %s back: %s" % (marker, SPEC_NOT_KEPT))
-    elif marker:
+    elif marker and use_spec:
         warnings.append("run %s was launched before launcher kept run specs: the playbook's "
                         "command and env are used" % marker)  # fmt: skip
     request["record"] = record
@@ -1263,9 +1318,13 @@ def rollback_request(request, warnings):
     return request
 
 
-def script_of(workdir, sha):
-    """The kept copy of a script by its sha256 (.launcher/scripts/<sha>.py), or None."""
+def find_script(workdir, dest, sha):
+    """A file with the script of sha256 `sha`: its kept copy (.launcher/scripts/<sha>.py), the
+    installed script or its .prev; None when none of them has it."""
     if not sha or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
         return None
-    path = os.path.join(state_dir(workdir), "scripts", sha + ".py")
-    return path if sha256_or_none(path) == sha else None
+    kept = os.path.join(state_dir(workdir), "scripts", sha + ".py")
+    for path in (kept, dest, dest + ".prev") if dest else (kept,):
+        if not os.path.islink(path) and sha256_or_none(path) == sha:
+            return path
+    return None

@@ -10,9 +10,10 @@ import signal
 import sys
 import time
 
+from launcher.agent.base import AgentError
 from launcher.agent.params import param, session_param, workdir_param
 from launcher.agent.paths import exit_path, log_path, read_exit_code, state_dir
-from launcher.agent.runs import read_records, where_checkpoints_are
+from launcher.agent.runs import env_diff, read_records, where_checkpoints_are
 from launcher.agent.tmux import session_state, tmux
 
 
@@ -223,4 +224,10 @@ def op_history(request, warnings):
         if record.get("run") in where and record.get("outcome") == "launched":
             record["checkpoints_now"] = where[record["run"]]
     records.reverse()
-    return {"path": path, "records": records[:limit] if limit else records, "total": len(records)}
+    answer = {"path": path, "records": records[:limit] if limit else records, "total": len(records)}
+    pair = param(request, "diff", list)
+    if pair is not None:
+        if len(pair) != 2 or not all(isinstance(run, str) for run in pair):
+            raise AgentError("invalid", "diff takes two runs")
+        answer["env_diff"] = env_diff(workdir, pair[0], pair[1])
+    return answer

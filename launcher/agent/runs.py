@@ -113,10 +113,25 @@ def latest_run(records, session):
 
 
 def previous_run(records, session):
-    """The run that the session's latest launched run replaced (what a rollback puts back)."""
+    """The run before the session's latest one (what a rollback puts back): the run the latest
+    replaced, looking through a watcher's restarts (the same run again) to the run before."""
+    index = next((i for i in range(len(records) - 1, -1, -1) if launched(records[i])
+                  and records[i].get("session") == session), None)  # fmt: skip
+    seen = set()
+    while index is not None and index not in seen:
+        seen.add(index)
+        before = replaced_run(records, index)
+        if not records[index].get("restarted_by") or before is None:
+            return before
+        index = launch_of(records, before)  # a restart: the run it restarted, and before it
+    return None
+
+
+def launch_of(records, marker):
+    """The index of the record that launched `marker`, or None."""
     for index in range(len(records) - 1, -1, -1):
-        if launched(records[index]) and records[index].get("session") == session:
-            return replaced_run(records, index)
+        if launched(records[index]) and records[index]["run"] == marker:
+            return index
     return None
 
 
@@ -175,6 +190,20 @@ def where_checkpoints_are(records):
         if state["state"] == "archived" and not os.path.isdir(state.get("path") or ""):
             state["state"] = "gone"
     return where
+
+
+def env_diff(workdir, first, second):
+    """Which env names differ between two runs' specs (names only: values may be secrets)."""
+    a, b = load_run_spec(workdir, first), load_run_spec(workdir, second)
+    if a is None or b is None:
+        return {"known": False, "added": [], "removed": [], "changed": []}
+    old, new = a["env"], b["env"]
+    return {
+        "known": True,
+        "added": sorted(set(new) - set(old)),
+        "removed": sorted(set(old) - set(new)),
+        "changed": sorted(k for k in set(old) & set(new) if old[k] != new[k]),
+    }
 
 
 def archive_problem(workdir, checkpoints, archive):

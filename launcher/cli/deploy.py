@@ -59,6 +59,14 @@ if TYPE_CHECKING:
 @click.option("--message", "-m", help="Why: recorded in history with the deploy.")
 @click.option("--diff", is_flag=True, help="With a project: show text diffs of changed files.")
 @click.option(
+    "--verify", is_flag=True, help="Then run the startup probe on the new run (exit 1 unhealthy)."
+)
+@click.option(
+    "--rollback-on-failure",
+    is_flag=True,
+    help="If the new run fails its probe, put the previous run back (code, env, checkpoints).",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print the report as JSON (schema launcher.deploy/1)."
 )
 @pass_app
@@ -77,6 +85,8 @@ def deploy_command(
     command: str | None,
     message: str | None,
     diff: bool,
+    verify: bool,
+    rollback_on_failure: bool,
     as_json: bool,
 ) -> None:
     """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
@@ -88,9 +98,13 @@ def deploy_command(
       launcher deploy --restart --dry-run     # show the plan, change nothing
       launcher deploy --restart --all         # every target, in parallel, one table
       launcher deploy --restart --wait-lock 10m   # CI: queue behind a deploy in progress
+      launcher deploy --restart --verify --rollback-on-failure   # the last good run back if not
     Steps go to stderr as they happen (-q: none); the result or --json to stdout.
-    Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
-    4 refused (lock held, run active, GPUs busy), 130 interrupted; a fleet: the worst.
+    Exit codes: 0 deployed (or planned; with --verify: and healthy), 1 (--verify) unhealthy,
+    2 bad input, 3 unreachable or a step failed, 4 refused (lock held, run active, GPUs busy;
+    with --rollback-on-failure: no run it could go back to), 5 rolled back and the previous
+    run healthy again, 6 rolled back but not healthy, 7 the rollback failed, 130 interrupted;
+    a fleet: the highest.
     """
     from launcher.commands import COMMANDS
     from launcher.errors import UsageError
@@ -110,6 +124,8 @@ def deploy_command(
         "command": command,
         "message": message,
         "diff": diff,
+        "verify": verify,
+        "rollback_on_failure": rollback_on_failure,
     }
     app.say_inventory_from_env()
     run_deploy(app, COMMANDS["deploy"].request(values), json=as_json)

@@ -190,8 +190,18 @@ def attach_command(app: AppContext) -> None:
     metavar="N",
     help="Only the newest N records (default: all).",
 )
+@click.option(
+    "--diff",
+    nargs=2,
+    default=None,
+    metavar="A B",
+    help="What changed from run A to run B: code, command, env names, overrides (run ids, or "
+    "the start of them).",
+)
 @pass_app
-def history_command(app: AppContext, as_json: bool, limit: int) -> None:
+def history_command(
+    app: AppContext, as_json: bool, limit: int, diff: tuple[str, str] | None
+) -> None:
     """The deploys recorded in the container, newest first.
 
     Each record says when, who, the script's sha256, the command, what was stopped and
@@ -203,19 +213,20 @@ def history_command(app: AppContext, as_json: bool, limit: int) -> None:
       launcher history -t prod
       launcher history --json --limit 5 -t prod
       launcher history --limit 1 --all
+      launcher history --diff 20261207T0101 20261207T0215 -t prod
     Exit codes: 0 shown (also when none are recorded), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
     from launcher.commands import COMMANDS
 
-    COMMANDS["history"].run(app, {"limit": limit, "json": as_json})
+    COMMANDS["history"].run(app, {"limit": limit, "diff": diff or (), "json": as_json})
 
 
 def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None:
     """The deploy records on the app's targets (also `launcher.tasks.history`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
     from launcher.commands import work
-    from launcher.operate import history_lines
+    from launcher.operate import diff_lines, history_lines
 
     outcomes = run_on_targets(app, work(request))
     if json:
@@ -226,6 +237,9 @@ def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None
             continue  # printed on stderr (one target) or in the table (several)
         if len(outcomes) > 1:
             click.echo(f"== {outcome.target}")
+        if outcome.data.get("diff") is not None:
+            click.echo("\n".join(diff_lines(outcome.data["diff"])))
+            continue
         records = outcome.data["records"]
         if not records:
             click.echo(sanitize(outcome.summary, keep_sgr=False))

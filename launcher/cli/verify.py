@@ -178,10 +178,16 @@ def _paths(junit: str | Path | None, report: str | Path | None) -> tuple[Path | 
 @fleet_options
 @probe_options
 @wait_lock_option
+@click.option(
+    "--rollback-on-failure",
+    is_flag=True,
+    help="If the new run fails its probe, put the previous run back (code, env, checkpoints).",
+)
 @pass_app
 def smoke_command(
     app: AppContext,
     wait_lock: float,
+    rollback_on_failure: bool,
     wait: float | None,
     interval: float | None,
     window: float | None,
@@ -195,8 +201,10 @@ def smoke_command(
     """CI smoke check: `deploy --restart`, then `verify`, with JUnit and JSON reports.
 
     Non-interactive; deploy steps and polls are progress lines on stderr (-q: none).
-    Exit codes: 0 healthy, 1 unhealthy, 2 config, 3 unreachable, 4 refused,
-    130 interrupted; a fleet: the worst (the one table).
+    Exit codes: 0 healthy, 1 unhealthy, 2 config, 3 unreachable, 4 refused (with
+    --rollback-on-failure also: no run it could go back to), 5 rolled back and the previous
+    run healthy again, 6 rolled back but not healthy, 7 the rollback failed, 130
+    interrupted; a fleet: the highest (the one table).
 
     \b
     Example:
@@ -205,7 +213,7 @@ def smoke_command(
     from launcher.commands import COMMANDS, probe_values
 
     probe = probe_values(wait, interval, window, successes, failure_threshold)
-    values = {**probe, "wait_lock": wait_lock}
+    values = {**probe, "wait_lock": wait_lock, "rollback_on_failure": rollback_on_failure}
     shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
     COMMANDS["smoke"].run(app, {**values, **shown})
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ExitCodeValue = Literal[0, 1, 2, 3, 4, 130]
+ExitCodeValue = Literal[0, 1, 2, 3, 4, 5, 6, 7, 130]
 
 
 class Closed(BaseModel):
@@ -151,6 +151,34 @@ class DeployDoc(Closed):
     )
 
 
+Outcome = Literal[
+    "deployed", "unhealthy", "rolled_back", "rolled_back_unhealthy", "rollback_failed"
+]
+OUTCOME_HELP = (
+    "deployed (the new run healthy, exit 0) | unhealthy (no rollback asked, 1) | rolled_back "
+    "(the previous run back and healthy, 5) | rolled_back_unhealthy (back, not healthy, 6) | "
+    "rollback_failed (7)"
+)
+
+
+class VerifiedDeployDoc(Closed):
+    """`deploy --verify [--rollback-on-failure]`: the deploy, the probe of its run and, when the
+    probe failed and rollback was asked, the rollback and the probe of the run it put back."""
+
+    target: str
+    ok: bool = Field(description="true only when the new run is healthy")
+    exit_code: ExitCodeValue
+    error: str | None
+    sha256: str
+    steps: list[StepDoc] = Field(description="the deploy's steps, then the rollback's")
+    result: dict[str, Any]
+    outcome: Outcome = Field(description=OUTCOME_HELP)
+    verify: VerifyDoc = Field(description="the probe of the new run")
+    rollback: dict[str, Any] | None
+    rollback_error: str | None
+    rollback_verify: VerifyDoc | None
+
+
 class DeployFailure(Closed):
     ok: Literal[False]
     exit_code: ExitCodeValue
@@ -164,6 +192,15 @@ class SmokeDoc(Closed):
     exit_code: ExitCodeValue
     deploy: DeployDoc | DeployFailure
     verify: VerifyDoc | None = Field(description="null when the deploy failed")
+    # With --rollback-on-failure only:
+    outcome: Outcome | None = Field(None, description=OUTCOME_HELP)
+    rollback: dict[str, Any] | None = Field(
+        None, description="the rollback's result (as `launcher rollback --json`), null if none"
+    )
+    rollback_error: str | None = Field(None, description="why the rollback failed")
+    rollback_verify: VerifyDoc | None = Field(
+        None, description="the probe of the run put back, null if none"
+    )
 
 
 # -- history, doctor ---------------------------------------------------------------------------
@@ -174,6 +211,12 @@ class HistoryDoc(Closed):
     exit_code: Literal[0]
     path: str = Field(description="the record file in the container")
     records: list[dict[str, Any]] = Field(description="deploy records, newest first")
+    diff: dict[str, Any] | None = Field(
+        None,
+        description="with --diff A B: from, to (the runs), changes (aspect: code, source, "
+        "command, overrides with from/to; env added/removed/changed with names, never values), "
+        "env_known",
+    )
 
 
 class DoctorCheck(Closed):
@@ -293,7 +336,11 @@ CONTRACTS = (
     Contract(command="verify", title="launcher verify", items=(VerifyDoc, TargetError)),
     Contract(command="status", title="launcher status", items=(VerifyDoc, TargetError)),
     Contract(command="smoke", title="launcher smoke", items=(SmokeDoc, TargetError)),
-    Contract(command="deploy", title="launcher deploy", items=(DeployDoc, TargetError)),
+    Contract(
+        command="deploy",
+        title="launcher deploy",
+        items=(DeployDoc, VerifiedDeployDoc, TargetError),
+    ),
     Contract(command="history", title="launcher history", items=(HistoryDoc, TargetError)),
     Contract(command="doctor", title="launcher doctor", items=(DoctorDoc, TargetError)),
     Contract(command="job-deploy", title="launcher job deploy", items=(JobDoc,)),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from launcher.provenance import describe as describe_source
+from launcher.provenance import describe_overrides
 from launcher.termsafe import sanitize
 from launcher.verify.checks import CheckResult, Verdict, history
 from launcher.verify.gpus import status_text as gpus_status_text
@@ -306,4 +307,7 @@ def render_status(
         source = describe_source(record.get("source"))
         if source:
             lines.append(f"  source: {source}")
+        overrides = describe_overrides(record)
+        if overrides:
+            lines.append(f"  overrides: {overrides}")
     return sanitize("\n".join(lines), keep_sgr=False)

@@ -107,6 +107,8 @@ class SmokeResult:
     probe: VerifyResult | None
     target: str = ""
     deploy_error: LauncherError | None = None
+    # With --rollback-on-failure (launcher.redeploy): what happened, and the rollback's story.
+    rolled: RollbackStory | None = None
 
     @property
     def healthy(self) -> bool:
@@ -117,6 +119,8 @@ class SmokeResult:
         if self.deploy_error is not None or self.probe is None:
             message = self.deploy_error.message if self.deploy_error else "not deployed"
             return f"deploy failed: {message}"
+        if self.rolled is not None and self.rolled.outcome != "deployed":
+            return self.rolled.summary
         return self.probe.summary
 
     def deploy_json(self) -> dict[str, Any]:
@@ -135,6 +139,29 @@ class SmokeResult:
             "exit_code": int(self.exit_code),
             "deploy": self.deploy_json(),
             "verify": None if self.probe is None else self.probe.to_json(),
+            **(self.rolled.to_json() if self.rolled is not None else {}),
+        }
+
+
+@dataclass
+class RollbackStory:
+    """After a probe of a new run: `outcome` (deployed | unhealthy | rolled_back |
+    rolled_back_unhealthy | rollback_failed), the rollback's JSON (or its error) and the probe
+    of the run it put back."""
+
+    outcome: str
+    summary: str
+    rollback: dict[str, Any] | None = None
+    rollback_error: str | None = None
+    rollback_probe: VerifyResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        probe = self.rollback_probe
+        return {
+            "outcome": self.outcome,
+            "rollback": self.rollback,
+            "rollback_error": self.rollback_error,
+            "rollback_verify": None if probe is None else probe.to_json(),
         }
 
 

@@ -5,6 +5,7 @@ run, and `deploy --verify --rollback-on-failure` doing all of it in one command.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -65,8 +66,12 @@ def resumed_at(project: Project, session: str) -> list[int]:
             if line.startswith("Resuming from ")]  # fmt: skip
 
 
-def resuming_book(project: Project, name: str, **extra: object) -> dict[str, object]:
-    return project.playbook(name, env={"DEMO_RESUME": "1", "DEMO_CHECKPOINT_EVERY": "2"}, **extra)
+def resuming_book(
+    project: Project, name: str, env: dict[str, str] | None = None, **extra: object
+) -> dict[str, object]:
+    """A demo run that checkpoints every 2 steps and resumes from the newest checkpoint."""
+    resume = {"DEMO_RESUME": "1", "DEMO_CHECKPOINT_EVERY": "2", **(env or {})}
+    return project.playbook(name, env=resume, **extra)
 
 
 def changed_script(project: Project, text: str) -> str:
@@ -107,6 +112,18 @@ def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Proje
     assert records[0]["checkpoints_now"] == {"state": "live", "path": f"{workdir}/checkpoints"}
     assert records[1]["checkpoints_now"]["state"] == "archived"  # the broken run's, its own
     assert records[2]["checkpoints_now"]["state"] == "restored"
+
+    good, new = records[2]["run"], records[1]["run"]
+    diffed = project.launcher("history", "--diff", good.split(":")[1][:20], new, "--json")
+    assert diffed.returncode == 0, diffed.stdout + diffed.stderr
+    diff = json.loads(diffed.stdout)["diff"]
+    aspects = {change["aspect"]: change for change in diff["changes"]}
+    assert aspects["code"]["from"] != aspects["code"]["to"]
+    assert aspects["env removed"]["names"] == ["DEMO_TAG"] and diff["env_known"] is True
+    assert aspects["overrides"]["from"] == "--env DEMO_TAG"
+    assert "good" not in diffed.stdout  # names, never values
+    shown = project.launcher("history", "--diff", good, new).stdout
+    assert f"{good} -> {new}" in shown and "env removed  DEMO_TAG" in shown
     project.kill_session(VMID, name)
 
 
@@ -148,4 +165,131 @@ def test_a_watchers_restart_is_the_same_run_with_its_env_and_checkpoints(
     assert resumed_at(project, name)[0] > 0
     shown = project.launcher("history", "--limit", "1").stdout
     assert "[restarted by watch (1/1)]" in shown and "--env DEMO_MODE" in shown
+    project.kill_session(VMID, name)
+
+
+def broken_script(project: Project) -> str:
+    """The demo trainer with a fix that breaks it: it dies at start with a traceback."""
+    from tests.e2e.project import DEMO_TRAINER
+
+    path = project.root / "train_demo_broken.py"
+    path.write_text("raise RuntimeError('the 2 a.m. fix')\n" + DEMO_TRAINER.read_text())
+    return str(path)
+
+
+def sha_in(project: Project, path: str) -> str:
+    return project.ct_text(VMID, "sha256sum", path).split()[0]
+
+
+def test_the_2am_case_a_broken_fix_puts_the_healthy_run_back(project: Project) -> None:
+    name, workdir = "twoam", "/root/twoam"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    first = project.launcher("deploy", "--restart", "--env", "DEMO_TAG=good")
+    assert first.returncode == 0, first.stderr
+    good_sha = sha_in(project, f"{workdir}/train_demo.py")
+    reached = project.wait_for(lambda: newest_step(project, workdir) >= 6, what="step 6")
+    good_inode = inode(project, f"{workdir}/checkpoints")
+
+    book["script"] = {"source": broken_script(project), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    started = time.monotonic()
+    fixed = project.launcher(
+        "deploy", "--restart", "--verify", "--rollback-on-failure", "--env", "DEMO_TAG=broken",
+        "-m", "the 2 a.m. fix", "--json",
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert fixed.returncode == 5, fixed.stdout + fixed.stderr
+    result = json.loads(fixed.stdout)
+    assert result["outcome"] == "rolled_back" and result["exit_code"] == 5
+    assert result["verify"]["verdict"] == "unhealthy"
+    assert result["rollback_verify"]["verdict"] == "healthy"
+    assert result["rollback"]["result"]["checkpoints"]["action"] == "restore"
+    names = [s["name"] for s in result["steps"]]
+    assert names.index("launch") < names.index("rollback") < len(names) - 1
+    print(f"2 a.m. case: broken deploy, probe, rollback and probe took {took:.1f} s")
+
+    assert sha_in(project, f"{workdir}/train_demo.py") == good_sha  # the old code
+    assert inode(project, f"{workdir}/checkpoints") == good_inode  # its checkpoints, moved back
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert "export DEMO_TAG=good" in run_file  # its env, not the fix's
+    project.wait_for(lambda: resumed_at(project, name), what="the old run's resume")
+    assert resumed_at(project, name)[-1] >= reached
+    status = project.launcher("status")
+    assert status.returncode == 0, status.stdout
+    assert "overrides: --env DEMO_TAG" in status.stdout  # the put-back run's, shown as such
+
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    back, broken, good = records[0], records[1], records[2]
+    assert back["rollback"] is True and back["rolled_back_to"] == good["run"]
+    assert back["rollback_reason"].startswith(f"run {broken['run']} failed its startup probe")
+    assert broken["overrides"]["message"] == "the 2 a.m. fix"
+    assert good["checkpoints_now"]["state"] == "restored"
+    assert broken["checkpoints_now"]["state"] in ("archived", "none")
+    shown = project.launcher("history", "--limit", "1").stdout
+    assert "[rollback]" in shown and "failed its startup probe" in shown
+    project.kill_session(VMID, name)
+
+
+def test_a_broken_fix_over_a_run_that_is_broken_too(project: Project) -> None:
+    name, workdir = "bothbad", "/root/bothbad"
+    book = resuming_book(project, name, env={"DEMO_MODE": "crash", "DEMO_CRASH_AFTER": "3"})
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    assert project.launcher("deploy", "--restart").returncode == 0
+    book["script"] = {"source": broken_script(project), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    fixed = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure")
+    assert fixed.returncode == 6, fixed.stdout + fixed.stderr
+    assert "rolled back to" in fixed.stdout and "not healthy either" in fixed.stdout
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    assert records[0]["rollback"] is True
+    project.kill_session(VMID, name)
+
+
+def test_a_rollback_that_would_be_impossible_is_refused_before_the_stop(project: Project) -> None:
+    name, workdir = "norb", "/root/norb"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    # A first deploy: no run to go back to.
+    fresh = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure")
+    assert fresh.returncode == 4, fresh.stdout + fresh.stderr
+    assert "rollback impossible: no previous run" in fresh.stderr
+    assert project.ct(VMID, "test", "-e", f"{workdir}/train_demo.py").returncode != 0
+
+    assert project.launcher("deploy", "--restart").returncode == 0
+    project.wait_for(lambda: project.processes(VMID, "train_demo.py"), what="the run")
+    pane = project.ct_text(VMID, "tmux", "display-message", "-p", "-t", f"={name}:", "#{pane_pid}")
+    book["script"] = {"source": broken_script(project), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    purge = project.launcher(
+        "deploy", "--restart", "--verify", "--rollback-on-failure", "--purge-checkpoints"
+    )
+    assert purge.returncode == 4, purge.stdout + purge.stderr
+    assert "rollback impossible: --purge-checkpoints deletes the checkpoints" in purge.stderr
+    after = project.ct_text(VMID, "tmux", "display-message", "-p", "-t", f"={name}:", "#{pane_pid}")
+    assert after == pane  # nothing was stopped
+    assert "the 2 a.m. fix" not in project.ct_text(VMID, "cat", f"{workdir}/train_demo.py")
+    project.kill_session(VMID, name)
+
+
+def test_smoke_rolls_back_too(project: Project) -> None:
+    name, workdir = "smokeback", "/root/smokeback"
+    book = resuming_book(project, name)
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    assert project.launcher("deploy", "--restart").returncode == 0
+    good_sha = sha_in(project, f"{workdir}/train_demo.py")
+    project.wait_for(lambda: newest_step(project, workdir) >= 2, what="a checkpoint")
+    book["script"] = {"source": broken_script(project), "dest": "train_demo.py"}
+    project.write({name: (VMID, book)})
+    smoke = project.launcher("smoke", "--rollback-on-failure", "--json")
+    assert smoke.returncode == 5, smoke.stdout + smoke.stderr
+    document = json.loads(smoke.stdout)
+    assert document["outcome"] == "rolled_back"
+    assert document["verify"]["verdict"] == "unhealthy"
+    assert document["rollback_verify"]["verdict"] == "healthy"
+    assert sha_in(project, f"{workdir}/train_demo.py") == good_sha
     project.kill_session(VMID, name)

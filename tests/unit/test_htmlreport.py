@@ -198,6 +198,17 @@ def test_the_header_names_the_code_s_git_commit_when_the_deploy_recorded_one() -
     assert list(header).index("source") == list(header).index("script sha256") + 1
 
 
+def test_the_header_says_the_deploys_overrides_and_who_made_it() -> None:
+    result = probe(crash_at=9)
+    result.run = "dflash:abc123"
+    overrides = {"env": ["WANDB_API_KEY"], "set": ["env.HF_TOKEN=<redacted>"], "command": None}
+    result.record = {"run": "dflash:abc123", "sha256": "f" * 64, "overrides": overrides,
+                     "user": "ann", "client_host": "laptop"}  # fmt: skip
+    header = header_of(render_html([Run("prod", result, None, [])]))
+    assert header["overrides"] == "--env WANDB_API_KEY --set env.HF_TOKEN=<redacted>"
+    assert header["deployed by"] == "ann from laptop"
+
+
 def test_a_crash_during_the_warmup_fills_the_chart() -> None:
     result = probe(crash_at=3)
     assert result.verdict == "unhealthy"

@@ -789,3 +789,70 @@ def test_a_deploys_overrides_are_recorded_with_secrets_redacted() -> None:
         "--set verify.wait=60 --command 'python3 train.py --fast'"
     ) in shown
     assert "  by           ann from laptop" in shown
+
+
+def test_where_each_runs_checkpoints_are_follows_every_record(tmp_path: Path) -> None:
+    from launcher.agent.runs import where_checkpoints_are
+
+    live, kept = str(tmp_path / "c"), tmp_path / "c.archived-2"
+    kept.mkdir()
+    records = [
+        {"run": "s:1", "outcome": "launched", "checkpoints": {"action": "none", "from": live}},
+        {"run": "s:2", "replaced": "s:1", "outcome": "launched",
+         "checkpoints": {"action": "archive", "from": live, "to": live + ".archived-1"}},
+        {"run": "s:3", "replaced": "s:2", "outcome": "launched",
+         "checkpoints": {"action": "archive", "from": live, "to": str(kept)}},
+        {"run": "s:4", "replaced": "s:3", "outcome": "launched",
+         "checkpoints": {"action": "keep", "from": live}},
+        {"run": "s:5", "outcome": "failed: launch", "checkpoints": {"action": "purge"}},
+    ]  # fmt: skip
+    where = where_checkpoints_are(records)
+    assert where["s:1"] == {"state": "gone", "path": live + ".archived-1"}  # not there any more
+    assert where["s:2"] == {"state": "archived", "path": str(kept)}
+    assert where["s:3"] == {"state": "continued", "path": live, "by": "s:4"}
+    assert where["s:4"] == {"state": "deleted"}  # the failed deploy after it purged them
+    assert "s:5" not in where
+
+
+def test_a_diff_of_two_runs_names_what_changed_and_never_an_env_value() -> None:
+    from launcher.errors import UsageError
+    from launcher.operate import diff_lines, find_run, run_diff
+
+    first = {**RECORD, "run": "s:20260101T000000Z-aa", "overrides": {"env": ["LR"]}}
+    second = {
+        **RECORD,
+        "run": "s:20260102T000000Z-bb",
+        "sha256": "9" * 64,
+        "command": "python3 train.py --fast",
+    }
+    records = [second, first, {**first, "outcome": "failed: launch"}]
+    assert find_run(records, "20260101") is first
+    with pytest.raises(UsageError, match="names several runs"):
+        find_run(records, "2026")
+    env = {"known": True, "added": [], "removed": [], "changed": ["WANDB_API_KEY"]}
+    diff = run_diff(first, second, env)
+    assert [c["aspect"] for c in diff["changes"]] == ["code", "command", "overrides", "env changed"]
+    lines = diff_lines(diff)
+    assert lines[0] == "s:20260101T000000Z-aa -> s:20260102T000000Z-bb"
+    assert "  code         sha256 3f2a9c1b0d4e  ->  sha256 999999999999" in lines
+    assert "  env changed  WANDB_API_KEY" in lines
+    assert diff_lines(run_diff(first, first, None))[1:] == [
+        "  no difference in code, command, environment or overrides",
+        "  (env: a run's spec was not kept, so its values could not be compared)",
+    ]
+
+
+def test_a_rollback_after_a_watchers_restart_goes_back_past_it() -> None:
+    from launcher.agent.runs import previous_run
+
+    records = [
+        {"run": "s:1", "session": "s", "outcome": "launched"},
+        {"run": "s:2", "session": "s", "outcome": "launched", "replaced": "s:1"},
+        {"run": "s:3", "session": "s", "outcome": "launched", "replaced": "s:2",
+         "restarted_by": "watch (1/3)"},
+        {"run": "s:4", "session": "s", "outcome": "launched", "replaced": "s:3",
+         "restarted_by": "watch (2/3)"},
+    ]  # fmt: skip
+    assert previous_run(records, "s") == "s:1"  # s:3 and s:4 were s:2 again
+    assert previous_run(records[:2], "s") == "s:1"
+    assert previous_run(records[:1], "s") is None
