@@ -182,6 +182,7 @@ SANDBOX_GPUS = GpuSlice()
 SANDBOX_STALL = Duration(0, DAY)  # `sandbox stall`: how long a pct call waits on the host
 PCT_CALLS = Count(0, 1_000_000)
 STALL_CALLS = Count(1, 1_000_000)
+TRIAL = Duration(2, 600)  # `init --trial-seconds`: how long the trial run of the trainer lasts
 # buckets plan: the lower bounds of --budget, --buckets, --max-len and --epochs are checked by
 # the command itself, with messages that say why.
 TOKENS = Count(None, 2**40)
