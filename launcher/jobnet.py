@@ -33,7 +33,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher import protocol as p
 from launcher.agentclient import AgentClient, container_for
@@ -42,7 +42,7 @@ from launcher.container import HostConnection
 from launcher.errors import ExitCode, LauncherError
 
 if TYPE_CHECKING:
-    from launcher.job import Job, JobNodes
+    from launcher.job import Job, JobNodes, NodeResult
 
 Say = Callable[[str, str], None]  # (node, line)
 
@@ -388,13 +388,14 @@ def _answer(value: p.NetworkAnswer | None) -> p.NetworkAnswer:
     return value
 
 
-def _raise_first(results: Sequence[object], what: str) -> None:
+def _raise_first(results: Sequence[NodeResult[Any]], what: str) -> None:
+    """The first node's failure as the job's NetworkProblem, naming that node."""
     for result in results:
-        error = getattr(result, "error", None)
+        error = result.error
         if error is not None:
-            name = result.target.name  # type: ignore[attr-defined]
+            node = result.target.name
             raise NetworkProblem(
-                f"{what}: {error.message}", error.exit_code, hint=error.hint, node=name
+                f"{what}: {error.message}", error.exit_code, hint=error.hint, node=node
             )
 
 

@@ -70,7 +70,7 @@ def _ensure_bridge(bridge: str) -> None:
         raise NetworkError(f"cannot bring bridge {bridge} up: {up.stderr.strip()}")
 
 
-# How each container's /etc/hosts is written (_write_hosts): as Proxmox writes it for a CT with
+# How each container's /etc/hosts is written (write_hosts): as Proxmox writes it for a CT with
 # a static address, or without one (DHCP), or (opt-in) every container's name in every file, as
 # a cluster's DNS would answer them.
 HOSTS_MODES = ("static", "dhcp", "all")
@@ -102,14 +102,14 @@ def enable(
         containers.stop(lxcpath, restart)
         containers.start(lxcpath, restart)
     for vmid in vmids:
-        _write_hosts(lxcpath / str(vmid) / "rootfs" / "etc" / "hosts", vmid, vmids, hosts)
+        write_hosts(lxcpath / str(vmid) / "rootfs" / "etc" / "hosts", vmid, vmids, hosts)
         result = containers.attach(lxcpath, vmid, ["ip", "link", "set", "dev", "lo", "up"])
         if result.returncode != 0:
             raise NetworkError(f"container {vmid}: loopback: {result.stdout.decode().strip()}")
     return {vmid: address(vmid) for vmid in vmids}
 
 
-def _write_hosts(path: Path, vmid: int, vmids: Sequence[int], mode: str) -> None:
+def write_hosts(path: Path, vmid: int, vmids: Sequence[int], mode: str) -> None:
     """The container's /etc/hosts as Proxmox writes it (pve-container src/PVE/LXC/Setup/Base.pm,
     `update_etc_hosts`, inside its `# --- BEGIN PVE ---` section, `ct_modify_file`): localhost,
     then the CT's own name on its static address, or on 127.0.1.1 when it has none (DHCP).
