@@ -11,6 +11,7 @@ import pytest
 
 from launcher.protocol import RUN_ENV
 from tests.e2e.project import Project
+from tests.e2e.test_json_contract import document
 
 pytestmark = pytest.mark.e2e
 
@@ -116,7 +117,7 @@ def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Proje
     good, new = records[2]["run"], records[1]["run"]
     diffed = project.launcher("history", "--diff", good.split(":")[1][:20], new, "--json")
     assert diffed.returncode == 0, diffed.stdout + diffed.stderr
-    diff = json.loads(diffed.stdout)["diff"]
+    diff = document(diffed, "history")["diff"]
     aspects = {change["aspect"]: change for change in diff["changes"]}
     assert aspects["code"]["from"] != aspects["code"]["to"]
     assert aspects["env removed"]["names"] == ["DEMO_TAG"] and diff["env_known"] is True
@@ -201,7 +202,7 @@ def test_the_2am_case_a_broken_fix_puts_the_healthy_run_back(project: Project) -
     )  # fmt: skip
     took = time.monotonic() - started
     assert fixed.returncode == 5, fixed.stdout + fixed.stderr
-    result = json.loads(fixed.stdout)
+    result = document(fixed, "deploy")
     assert result["outcome"] == "rolled_back" and result["exit_code"] == 5
     assert result["verify"]["verdict"] == "unhealthy"
     assert result["rollback_verify"]["verdict"] == "healthy"
@@ -287,9 +288,9 @@ def test_smoke_rolls_back_too(project: Project) -> None:
     project.write({name: (VMID, book)})
     smoke = project.launcher("smoke", "--rollback-on-failure", "--json")
     assert smoke.returncode == 5, smoke.stdout + smoke.stderr
-    document = json.loads(smoke.stdout)
-    assert document["outcome"] == "rolled_back"
-    assert document["verify"]["verdict"] == "unhealthy"
-    assert document["rollback_verify"]["verdict"] == "healthy"
+    smoked = document(smoke, "smoke")
+    assert smoked["outcome"] == "rolled_back"
+    assert smoked["verify"]["verdict"] == "unhealthy"
+    assert smoked["rollback_verify"]["verdict"] == "healthy"
     assert sha_in(project, f"{workdir}/train_demo.py") == good_sha
     project.kill_session(VMID, name)
