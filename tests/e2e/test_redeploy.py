@@ -294,3 +294,37 @@ def test_smoke_rolls_back_too(project: Project) -> None:
     assert smoked["rollback_verify"]["verdict"] == "healthy"
     assert sha_in(project, f"{workdir}/train_demo.py") == good_sha
     project.kill_session(VMID, name)
+
+
+def test_a_watcher_leaves_a_failed_verified_deploy_to_its_rollback(project: Project) -> None:
+    """One story: a watcher with --restart-on-failure does not restart the new run that a
+    deploy --rollback-on-failure is judging; that deploy puts the previous run back."""
+    from tests.e2e.test_watch import Watch, wait_until
+
+    name, workdir = "onestory", "/root/onestory"
+    book = resuming_book(project, name, verify={"wait": 2, "interval": 1})
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    assert project.launcher("deploy", "--restart").returncode == 0
+    watch = Watch(
+        project, "-t", name, "--restart-on-failure", "--restart-backoff", "0", "--for", "60"
+    )
+    try:
+        wait_until(lambda: "healthy" in watch.stderr(), 30, "the watcher's healthy", watch)
+        # The fix crashes at once; the deploy's probe polls every 8 s: the watcher (every 1 s)
+        # sees the crash first, and must leave it to the deploy.
+        crash = ("--env", "DEMO_MODE=crash", "--env", "DEMO_CRASH_AFTER=1")
+        crash += ("--set", "verify.interval=8")
+        fixed = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure", *crash)
+        assert fixed.returncode == 5, fixed.stdout + fixed.stderr
+        time.sleep(3)  # the watcher's polls of the run put back
+        seen = watch.stderr()
+    finally:
+        watch.kill()
+    assert "unhealthy" in seen, seen  # it saw the new run crash, and said whose call that is
+    assert "not restarted: its deploy (--rollback-on-failure) decides" in seen, seen
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    assert not any(r.get("restarted_by") for r in records), records[0]
+    assert records[0]["rollback"] is True
+    assert "DEMO_MODE=crash" not in project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    project.kill_session(VMID, name)
