@@ -328,3 +328,31 @@ def test_a_watcher_leaves_a_failed_verified_deploy_to_its_rollback(project: Proj
     assert records[0]["rollback"] is True
     assert "DEMO_MODE=crash" not in project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
     project.kill_session(VMID, name)
+
+
+def test_a_broken_release_puts_the_previous_release_back(project: Project) -> None:
+    from tests.e2e.test_releases import make_package
+
+    name, workdir = "pkgback", "/root/pkgback"
+    src = make_package(project.root)
+    book = resuming_book(project, name, command="python3 -m trainer")
+    del book["script"]
+    book["project"] = {"source": str(src), "keep_releases": 3}
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    first = project.launcher("deploy", "--restart", "--json")
+    assert first.returncode == 0, first.stderr
+    good = json.loads(first.stdout)["result"]["release"]["id"]
+    project.wait_for(lambda: newest_step(project, workdir) >= 4, what="step 4")
+    good_inode = inode(project, f"{workdir}/checkpoints")
+
+    (src / "trainer" / "__main__.py").write_text("raise SystemExit('the broken release')\n")
+    fixed = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure", "--json")
+    assert fixed.returncode == 5, fixed.stdout + fixed.stderr
+    result = document(fixed, "deploy")
+    assert result["rollback"]["result"]["release"]["id"] == good
+    assert project.ct_text(VMID, "readlink", f"{workdir}/current").strip() == f"releases/{good}"
+    assert inode(project, f"{workdir}/checkpoints") == good_inode
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert f"export LAUNCHER_RELEASE={good}" in run_file
+    project.kill_session(VMID, name)
