@@ -394,6 +394,8 @@ def deploy_request(
         request["record"]["job"] = options.job
     if options.rollback_on_failure:
         request["rollback_guard"] = True
+        # A watcher leaves this run's failure to the deploy (launcher.watch.monitor).
+        request["record"]["rollback_on_failure"] = True
     return request
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 DIRECTORY = Path(__file__).parent
-EXIT_CODES = [0, 1, 2, 3, 4, 130]
+EXIT_CODES = [0, 1, 2, 3, 4, 5, 6, 7, 130]
 
 
 def schema_id(command: str) -> str:

@@ -120,6 +120,9 @@ class TargetWatch:
         )
         self.last_reason = ""
         self.polls = 0
+        self.deployed: dict[str, object] | None = None  # the latest deploy record polled
+        self.session_age: float | None = None
+        self.deferred: str | None = None  # the run whose failure was left to its deploy
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -135,7 +138,7 @@ class TargetWatch:
     def poll_and_judge(self) -> None:
         started = time.monotonic()
         try:
-            state, _ = poll_once(self.container, self.target, self.spec.lines)
+            state, answer = poll_once(self.container, self.target, self.spec.lines)
         except PausedError as error:
             self._metrics_poll(time.monotonic() - started, ok=False)
             self.on_paused(error.message)
@@ -155,6 +158,7 @@ class TargetWatch:
             settle = max(SETTLE_INTERVALS * self.interval, SETTLE_MIN)
             self.settle_until = time.monotonic() + settle
             self.transition("resumed", self.record.status, "the CT answers again")
+        self.deployed, self.session_age = answer.get("record"), state.age
         obs = self.runs.observe(state, time.monotonic())
         if self.hub.metrics is not None and state.gpus is not None:
             self.hub.metrics.set_gpus(self.labels, state.gpus)
@@ -224,12 +228,29 @@ class TargetWatch:
 
     # -- recovery -------------------------------------------------------------------------
 
+    def left_to_its_deploy(self) -> bool:
+        """A run deployed with --rollback-on-failure fails into that deploy's hands: it puts the
+        previous run back, and a restart here would race it. Only while that deploy can still
+        be probing (warmup + window + a minute since launch); after that, ours to recover."""
+        record = self.deployed or {}
+        if record.get("run") != self.record.run or not record.get("rollback_on_failure"):
+            return False
+        age = self.session_age
+        if age is None or age > self.spec.wait + self.spec.window + 60:
+            return False
+        if self.deferred != self.record.run:
+            self.deferred = self.record.run
+            self.hub.say(self._note("not restarted: its deploy (--rollback-on-failure) decides"))
+        return True
+
     def recover(self) -> None:
-        """Redeploy with checkpoints kept, within the policy; or leave the run stopped."""
+        """Restart the same run, within the policy; or leave the run stopped."""
         policy = self.settings.policy
         now = time.time()
         if not self.record.reachable or self.paused:
             return  # unreachable or paused (a backup) is never a reason to restart
+        if self.left_to_its_deploy():
+            return
         if not policy.allowed(self.record.restarts, now):
             self.give_up()
             return

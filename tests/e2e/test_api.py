@@ -111,14 +111,24 @@ def test_the_clis_newer_deploy_options_and_smoke_through_the_api(project: Projec
         newest = api.history("prod", limit=1).records[0]
         assert newest["message"] == "second" and newest["env"] == ["SEED"]
         assert newest["set"] == ["stop_grace=2"]
-        # The previous run back: the same script, without the second run's SEED.
-        api.rollback("prod", restart=True, wait_lock=5)
-        back = api.history("prod", limit=1).records[0]
-        assert back.get("rollback") and not back.get("env"), back
+        # The same script twice, the first run without --env: a rollback puts that run back, as
+        # the CLI's does (which undoes it); the API's diff names what changed, not the value.
+        rolled = api.rollback("prod", restart=True, wait_lock=5)
+        assert rolled.exit_code == ExitCode.OK and "SEED" not in run_file(project)
+        cli = project.launcher("rollback", "-t", "prod", "--restart", "--wait-lock", "5s")
+        assert cli.returncode == 0 and "export SEED=41" in run_file(project)
+        runs = [r["run"] for r in api.history("prod").records if r.get("outcome") == "launched"]
+        diff = api.history("prod", diff=(runs[1], runs[0])).diff
+        assert diff is not None and {"aspect": "env added", "names": ["SEED"]} in diff["changes"]
         smoked = api.smoke("prod", wait=3)
         assert smoked.healthy and smoked.probe.exit_code == ExitCode.OK
         assert smoked.deploy.sha256
         api.stop("prod")
+
+
+def run_file(project: Project) -> str:
+    """The run file of the `apiopts` playbook's session (its env, as the run gets it)."""
+    return project.ct_text(VMID, "cat", "/root/apiopts/.launcher/apiopts.run")
 
 
 def test_watch_through_the_api_ends_on_its_duration_or_on_stop(project: Project) -> None:

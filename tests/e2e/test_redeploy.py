@@ -11,6 +11,7 @@ import pytest
 
 from launcher.protocol import RUN_ENV
 from tests.e2e.project import Project
+from tests.e2e.test_json_contract import document
 
 pytestmark = pytest.mark.e2e
 
@@ -116,7 +117,7 @@ def test_rollback_puts_the_previous_run_back_with_its_checkpoints(project: Proje
     good, new = records[2]["run"], records[1]["run"]
     diffed = project.launcher("history", "--diff", good.split(":")[1][:20], new, "--json")
     assert diffed.returncode == 0, diffed.stdout + diffed.stderr
-    diff = json.loads(diffed.stdout)["diff"]
+    diff = document(diffed, "history")["diff"]
     aspects = {change["aspect"]: change for change in diff["changes"]}
     assert aspects["code"]["from"] != aspects["code"]["to"]
     assert aspects["env removed"]["names"] == ["DEMO_TAG"] and diff["env_known"] is True
@@ -201,7 +202,7 @@ def test_the_2am_case_a_broken_fix_puts_the_healthy_run_back(project: Project) -
     )  # fmt: skip
     took = time.monotonic() - started
     assert fixed.returncode == 5, fixed.stdout + fixed.stderr
-    result = json.loads(fixed.stdout)
+    result = document(fixed, "deploy")
     assert result["outcome"] == "rolled_back" and result["exit_code"] == 5
     assert result["verify"]["verdict"] == "unhealthy"
     assert result["rollback_verify"]["verdict"] == "healthy"
@@ -287,9 +288,71 @@ def test_smoke_rolls_back_too(project: Project) -> None:
     project.write({name: (VMID, book)})
     smoke = project.launcher("smoke", "--rollback-on-failure", "--json")
     assert smoke.returncode == 5, smoke.stdout + smoke.stderr
-    document = json.loads(smoke.stdout)
-    assert document["outcome"] == "rolled_back"
-    assert document["verify"]["verdict"] == "unhealthy"
-    assert document["rollback_verify"]["verdict"] == "healthy"
+    smoked = document(smoke, "smoke")
+    assert smoked["outcome"] == "rolled_back"
+    assert smoked["verify"]["verdict"] == "unhealthy"
+    assert smoked["rollback_verify"]["verdict"] == "healthy"
     assert sha_in(project, f"{workdir}/train_demo.py") == good_sha
+    project.kill_session(VMID, name)
+
+
+def test_a_watcher_leaves_a_failed_verified_deploy_to_its_rollback(project: Project) -> None:
+    """One story: a watcher with --restart-on-failure does not restart the new run that a
+    deploy --rollback-on-failure is judging; that deploy puts the previous run back."""
+    from tests.e2e.test_watch import Watch, wait_until
+
+    name, workdir = "onestory", "/root/onestory"
+    book = resuming_book(project, name, verify={"wait": 2, "interval": 1})
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    assert project.launcher("deploy", "--restart").returncode == 0
+    watch = Watch(
+        project, "-t", name, "--restart-on-failure", "--restart-backoff", "0", "--for", "60"
+    )
+    try:
+        wait_until(lambda: "healthy" in watch.stderr(), 30, "the watcher's healthy", watch)
+        # The fix crashes at once; the deploy's probe polls every 8 s: the watcher (every 1 s)
+        # sees the crash first, and must leave it to the deploy.
+        crash = ("--env", "DEMO_MODE=crash", "--env", "DEMO_CRASH_AFTER=1")
+        crash += ("--set", "verify.interval=8")
+        fixed = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure", *crash)
+        assert fixed.returncode == 5, fixed.stdout + fixed.stderr
+        time.sleep(3)  # the watcher's polls of the run put back
+        seen = watch.stderr()
+    finally:
+        watch.kill()
+    assert "unhealthy" in seen, seen  # it saw the new run crash, and said whose call that is
+    assert "not restarted: its deploy (--rollback-on-failure) decides" in seen, seen
+    records = json.loads(project.launcher("history", "--json").stdout)["records"]
+    assert not any(r.get("restarted_by") for r in records), records[0]
+    assert records[0]["rollback"] is True
+    assert "DEMO_MODE=crash" not in project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    project.kill_session(VMID, name)
+
+
+def test_a_broken_release_puts_the_previous_release_back(project: Project) -> None:
+    from tests.e2e.test_releases import make_package
+
+    name, workdir = "pkgback", "/root/pkgback"
+    src = make_package(project.root)
+    book = resuming_book(project, name, command="python3 -m trainer")
+    del book["script"]
+    book["project"] = {"source": str(src), "keep_releases": 3}
+    project.write({name: (VMID, book)})
+    project.ct(VMID, "rm", "-rf", workdir)
+    first = project.launcher("deploy", "--restart", "--json")
+    assert first.returncode == 0, first.stderr
+    good = json.loads(first.stdout)["result"]["release"]["id"]
+    project.wait_for(lambda: newest_step(project, workdir) >= 4, what="step 4")
+    good_inode = inode(project, f"{workdir}/checkpoints")
+
+    (src / "trainer" / "__main__.py").write_text("raise SystemExit('the broken release')\n")
+    fixed = project.launcher("deploy", "--restart", "--verify", "--rollback-on-failure", "--json")
+    assert fixed.returncode == 5, fixed.stdout + fixed.stderr
+    result = document(fixed, "deploy")
+    assert result["rollback"]["result"]["release"]["id"] == good
+    assert project.ct_text(VMID, "readlink", f"{workdir}/current").strip() == f"releases/{good}"
+    assert inode(project, f"{workdir}/checkpoints") == good_inode
+    run_file = project.ct_text(VMID, "cat", f"{workdir}/.launcher/{name}.run")
+    assert f"export LAUNCHER_RELEASE={good}" in run_file
     project.kill_session(VMID, name)
