@@ -834,7 +834,8 @@ class Deploy:
         if self.checkpoints is not None and self.mode == "purge":
             raise AgentError("refused", "rollback impossible: --purge-checkpoints deletes the "
                              "checkpoints of %s that a rollback would need" % marker)  # fmt: skip
-        if self.checkpoints is not None and self.mode == "archive" and self.keep_archives < 1:
+        # keep_archives None keeps every archive; 0 prunes the one this deploy makes at once.
+        if self.checkpoints is not None and self.mode == "archive" and self.keep_archives == 0:
             raise AgentError("refused", "rollback impossible: keep_archives 0 prunes the archive "
                              "of %s's checkpoints at once" % marker)  # fmt: skip
         self.result["rollback_to"] = marker
