@@ -452,3 +452,25 @@ def test_a_hung_nvidia_smi_neither_stalls_status_nor_piles_up(faulty: Project) -
     assert time.monotonic() - started < 10, "status waited for the hung nvidia-smi"
     assert "nvidia-smi" in status.stdout, status.stdout
     assert nvidia_smi_count(project, VMID) <= 1
+
+
+def test_without_compute_apps_rows_a_shared_gpu_still_keeps_the_new_run_off(
+    shared: Project,
+) -> None:
+    """A container whose nvidia-smi lists no compute-apps rows (it drops what it cannot
+    resolve) cannot count a shared GPU's contexts before the stop: the memory that stays after
+    the old run stopped still refuses to launch onto it (exit 4), naming the GPU."""
+    project = shared
+    deploy(project, "gpunoapps")
+    project.wait_for(lambda: holders(project, VMID), what="the run's GPUs")
+    other = hold_gpu3(project)
+    project.sandbox.set_gpu_fault(VMID, "no-apps")
+    try:
+        assert project.ct_text(VMID, *APPS) == ""
+        refused = project.launcher("deploy", "--restart")
+    finally:
+        project.sandbox.set_gpu_fault(VMID)
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    out = refused.stdout + refused.stderr
+    assert "GPU 3 (22512 MiB in use) after the old run stopped" in out, out
+    assert other in holders(project, OTHER)
