@@ -411,6 +411,7 @@ def test_utilization_nvidia_smi_cannot_give_is_unknown_and_the_run_healthy(
     assert "util % ? ? ? ? ? ? ? ?" in project.launcher("status").stdout
 
 
+@pytest.mark.timing
 def test_a_20_s_nvidia_smi_does_not_slow_verify(faulty: Project) -> None:
     """Without the persistence daemon each call can take 20 s: verify decides in its usual
     time, its polls keep their interval, and never two of launcher's nvidia-smi run at once."""
@@ -432,6 +433,7 @@ def test_a_20_s_nvidia_smi_does_not_slow_verify(faulty: Project) -> None:
     assert nvidia_smi_count(project, VMID) <= 1
 
 
+@pytest.mark.timing
 def test_a_hung_nvidia_smi_neither_stalls_status_nor_piles_up(faulty: Project) -> None:
     project = faulty
     deploy(project, "gpuhang", verify={"wait": 50, "window": 60})
