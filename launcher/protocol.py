@@ -164,6 +164,7 @@ class GpuReport(TypedDict):
     holders: list[GpuHolder]
     skipped: bool
     outside: list[GpuOutside]
+    watchers: str  # `nvtop (pid 812) watches GPUs 0-7`: device files open, no GPU in use
 
 
 class PollGpus(TypedDict, total=False):

@@ -77,7 +77,7 @@ def start_gpu_queries(names, devices, contexts=False, timeout=QUERY_TIMEOUT):
     return {key: Part(query, i) for i, (key, _) in enumerate(tails)}
 
 
-def asked(started, key, tail):
+def asked(started, key):
     """The Part of `started` for `key`, or a query of its own, started now."""
     if started is not None:
         return started
@@ -208,7 +208,7 @@ def with_minors(devices, minors):
 
 def gpu_contexts(started=None):
     """({GPU uuid: [MiB of each context]}, error): no PIDs are asked for or kept."""
-    rc, out, err = asked(started, "contexts", GPU_CONTEXTS_ARGS).result()
+    rc, out, err = asked(started, "contexts").result()
     if rc != 0:
         return {}, describe_failure(rc, out, err)[1]
     contexts: dict[str, list[Any]] = {}
@@ -236,7 +236,7 @@ def shared_from_outside(devices, held, wanted, contexts):
 def gpu_names(started=None):
     """(names, error, listing): one name per visible GPU from `nvidia-smi -L`, and its text
     (MIG devices are listed under their GPU)."""
-    rc, out, err = asked(started, "names", GPU_NAMES_ARGS).result()
+    rc, out, err = asked(started, "names").result()
     if rc != 0:
         return [], describe_failure(rc, out, err)[1], ""
     names = []
@@ -250,7 +250,7 @@ def gpu_names(started=None):
 def gpu_devices(started=None):
     """(devices, error): per GPU its index, UUID, bus id, minor number, memory used and total
     (MiB) and utilization (%); a value nvidia-smi did not give is None."""
-    rc, out, err = asked(started, "devices", GPU_QUERY_ARGS).result()
+    rc, out, err = asked(started, "devices").result()
     if rc != 0:
         return [], describe_failure(rc, out, err)[1]
     return with_minors(parse_devices(out), minor_map()), None
@@ -320,11 +320,6 @@ def gpu_holders(pids=None, devices=None, scan=None):
         if indexes:
             (users if uvm else watchers)[pid] = indexes
     return users, watchers
-
-
-def gpu_device_holders(pids=None, devices=None):
-    """{pid: [GPU index]}: the processes of this container using GPUs (gpu_holders)."""
-    return gpu_holders(pids, devices)[0]
 
 
 def held_gpus(held):

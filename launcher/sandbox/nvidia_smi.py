@@ -84,13 +84,17 @@ def gpu_count():
 
 
 def gpu_minors():
-    """The host's GPUs this container was given, by minor number, in bus order (= index)."""
+    """The host's GPUs this container was given, by minor number, in bus order (= index);
+    none when /etc/sandbox-gpus says 0 (the driver is missing)."""
+    count = gpu_count()
     text = read_word(MINORS_FILE, "")
     try:
         minors = sorted(set(int(m) for m in text.split(",") if m.strip()))
     except ValueError:
         minors = []
-    return minors if text else list(range(gpu_count()))
+    if count <= 0:
+        return []
+    return minors if text else list(range(count))
 
 
 def faults():

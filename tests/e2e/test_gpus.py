@@ -411,6 +411,7 @@ def test_utilization_nvidia_smi_cannot_give_is_unknown_and_the_run_healthy(
     assert "util % ? ? ? ? ? ? ? ?" in project.launcher("status").stdout
 
 
+@pytest.mark.timing
 def test_a_20_s_nvidia_smi_does_not_slow_verify(faulty: Project) -> None:
     """Without the persistence daemon each call can take 20 s: verify decides in its usual
     time, its polls keep their interval, and never two of launcher's nvidia-smi run at once."""
@@ -432,6 +433,7 @@ def test_a_20_s_nvidia_smi_does_not_slow_verify(faulty: Project) -> None:
     assert nvidia_smi_count(project, VMID) <= 1
 
 
+@pytest.mark.timing
 def test_a_hung_nvidia_smi_neither_stalls_status_nor_piles_up(faulty: Project) -> None:
     project = faulty
     deploy(project, "gpuhang", verify={"wait": 50, "window": 60})
@@ -452,3 +454,25 @@ def test_a_hung_nvidia_smi_neither_stalls_status_nor_piles_up(faulty: Project) -
     assert time.monotonic() - started < 10, "status waited for the hung nvidia-smi"
     assert "nvidia-smi" in status.stdout, status.stdout
     assert nvidia_smi_count(project, VMID) <= 1
+
+
+def test_without_compute_apps_rows_a_shared_gpu_still_keeps_the_new_run_off(
+    shared: Project,
+) -> None:
+    """A container whose nvidia-smi lists no compute-apps rows (it drops what it cannot
+    resolve) cannot count a shared GPU's contexts before the stop: the memory that stays after
+    the old run stopped still refuses to launch onto it (exit 4), naming the GPU."""
+    project = shared
+    deploy(project, "gpunoapps")
+    project.wait_for(lambda: holders(project, VMID), what="the run's GPUs")
+    other = hold_gpu3(project)
+    project.sandbox.set_gpu_fault(VMID, "no-apps")
+    try:
+        assert project.ct_text(VMID, *APPS) == ""
+        refused = project.launcher("deploy", "--restart")
+    finally:
+        project.sandbox.set_gpu_fault(VMID)
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    out = refused.stdout + refused.stderr
+    assert "GPU 3 (22512 MiB in use) after the old run stopped" in out, out
+    assert other in holders(project, OTHER)

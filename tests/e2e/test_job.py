@@ -229,7 +229,10 @@ def test_preflight_failure_on_node1_leaves_node0_running(job_project: Project) -
     before = deploy_and_wait(project)
     pids = [session_pid(project, vmid) for vmid in NODES]
     # A process outside the run holds a GPU on node 1: its deploy would refuse (exit 4).
-    holder = f"import time\nf = open({GPU_DEVICE!r})\ntime.sleep(600)  # gpu-holder\n"
+    holder = (
+        f"import time\nf = open({GPU_DEVICE!r}), open('/dev/nvidia-uvm')  # CUDA's\n"
+        "time.sleep(600)  # gpu-holder\n"
+    )
     subprocess.Popen(
         ["lxc-attach", "-n", str(NODES[1]), "-P", str(project.sandbox.lxcpath), *HOLD, holder],
         stdin=subprocess.DEVNULL,

@@ -1363,3 +1363,43 @@ def test_a_removed_tmux_socket_is_made_again_for_its_live_server(target: Target)
     assert refused["ok"] is False and refused["error"]["kind"] == "refused", refused["error"]
     assert tmux_format(target, "#{pid}") == server
     assert agent_tmux.restore_socket() is None  # the socket is there: nothing to do
+def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """A fake nvidia-smi: a shell script that runs `body`; the PID of each call in calls.log."""
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho $$ >> {shlex.quote(str(log))}\n{body}\n")
+    fake.chmod(0o755)
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
+    return log
+
+
+def test_a_hung_nvidia_smi_is_not_joined_by_another_and_polls_do_not_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    log = fake_nvidia_smi(tmp_path, monkeypatch, "exec sleep 30")
+    queries = [agent_gpus.poll_query() for _ in range(6)]
+    try:
+        started = time.monotonic()
+        first = agent_gpus.poll_gpus(8, set(), queries[0], 0.5)
+        assert "has not answered in" in first["error"] and first["devices"] == []
+        later = [agent_gpus.poll_gpus(8, set(), q, 0.5) for q in queries[1:]]
+        assert time.monotonic() - started < 3.0  # the busy ones are not waited for
+        assert all("an earlier nvidia-smi has run for" in p["error"] for p in later), later
+        assert len(log.read_text().split()) == 1  # one nvidia-smi, however many polls
+    finally:
+        for query in queries:
+            query.cancel()
+
+
+def test_an_endless_answer_is_cut_and_unknown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """100 MB from nvidia-smi: cut at its limit (RLIMIT_FSIZE on the runner's file), read as
+    unknown, quickly."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "exec yes '0, GPU-1, 00000000:18:00.0, 1, 2, 3, X'")
+    started = time.monotonic()
+    answer = agent_gpus.poll_gpus(8, set(), agent_gpus.poll_query(), 10.0)
+    assert time.monotonic() - started < 5.0
+    assert "cut at its size limit" in answer["error"] and answer["devices"] == []
