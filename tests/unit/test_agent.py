@@ -1363,6 +1363,8 @@ def test_a_removed_tmux_socket_is_made_again_for_its_live_server(target: Target)
     assert refused["ok"] is False and refused["error"]["kind"] == "refused", refused["error"]
     assert tmux_format(target, "#{pid}") == server
     assert agent_tmux.restore_socket() is None  # the socket is there: nothing to do
+
+
 def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
     """A fake nvidia-smi: a shell script that runs `body`; the PID of each call in calls.log."""
     log = tmp_path / "calls.log"
