@@ -70,6 +70,7 @@ def preflight_answer(**overrides: Any) -> dict[str, Any]:
             "holders": [],
             "skipped": False,
             "outside": [],
+            "watchers": "",
         },
         "session": dict(NO_SESSION),
         "dest_sha256": None,
