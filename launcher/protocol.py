@@ -164,7 +164,7 @@ class GpuReport(TypedDict):
     holders: list[GpuHolder]
     skipped: bool
     outside: list[GpuOutside]
-    watchers: str  # `nvtop (pid 812) watches GPUs 0-7`: device files open, no GPU in use
+    watchers: NotRequired[str]  # `nvtop (pid 812) watches GPUs 0-7`: files open, no GPU used
 
 
 class PollGpus(TypedDict, total=False):

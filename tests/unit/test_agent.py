@@ -1405,3 +1405,18 @@ def test_an_endless_answer_is_cut_and_unknown(
     answer = agent_gpus.poll_gpus(8, set(), agent_gpus.poll_query(), 10.0)
     assert time.monotonic() - started < 5.0
     assert "cut at its size limit" in answer["error"] and answer["devices"] == []
+
+
+def test_cuda_visible_devices_naming_no_gpu_here_refuses_the_deploy_as_a_config_error(
+    target: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI)
+    fake.chmod(0o755)
+    real_which = agent_base.which
+    patch_agent(monkeypatch, "which", lambda n: str(fake) if n == "nvidia-smi" else real_which(n))
+    patch_agent(monkeypatch, "scan_device_files", lambda pids=None: {})
+    result = target.apply(gpus=1, env={"CUDA_VISIBLE_DEVICES": "GPU-9"})
+    assert result["error"]["kind"] == "invalid", result["error"]
+    assert "CUDA_VISIBLE_DEVICES=GPU-9: GPU-9 matches no GPU here" in result["error"]["message"]
+    assert target.apply(gpus=1, env={"CUDA_VISIBLE_DEVICES": "GPU-2"})["ok"] is True
