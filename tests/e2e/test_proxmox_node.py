@@ -107,7 +107,10 @@ def test_a_push_that_fails_and_exits_0_is_reported_and_stops_nothing(project: Pr
 ENV_CT = 203
 # A root SSH session on a Proxmox node (the sandbox's sshd sets them as PAM would) and sshd's.
 NODE_SESSION = ("XDG_RUNTIME_DIR", "XDG_SESSION_ID", "MOTD_SHOWN", "SSH_CONNECTION", "SSH_CLIENT")
-PER_RUN = ("LAUNCHER_RUN", "TMUX", "TMUX_PANE", "PWD")  # the run's marker, pane, workdir
+# The run's marker, pane and workdir, and what launcher tells each run about itself (its id,
+# workdir, checkpoints): the two runs differ in those by design.
+PER_RUN = ("LAUNCHER_RUN", "TMUX", "TMUX_PANE", "PWD", "LAUNCHER_RUN_ID", "LAUNCHER_WORKDIR",
+           "LAUNCHER_CHECKPOINTS")  # fmt: skip
 
 
 def env_of(text: str) -> dict[str, str]:
