@@ -143,6 +143,7 @@ def wait_lock_option(command: Any) -> Any:
 
 
 INTERVAL = Duration(0.2, HOUR)
+TRIAL = Duration(2, 10 * 60)  # launcher init's trial run of the trainer
 # launcher watch (and launcher job watch)
 WATCH_FOR = Duration(0, 365 * DAY)
 RESTART_WINDOW = Duration(1, 30 * DAY)
