@@ -37,8 +37,8 @@ HOST_KEY_TIMEOUT = 10.0
 @click.option("--sample", type=click.Path(dir_okay=False, path_type=Path),
               help="A log of the trainer's output to find its status lines in (else asked; "
               "none: a trial run in the container).")  # fmt: skip
-@click.option("--trial-seconds", type=TRIAL, default=20.0, show_default=True,
-              help="How long the trial run lasts.")  # fmt: skip
+@click.option("--trial-seconds", type=TRIAL, default=20.0, show_default=True, metavar="DURATION",
+              help="How long the trial run lasts: 20, 45s, 2m; 2 s to 10 min.")  # fmt: skip
 @click.option("--yes", "-y", "trust", is_flag=True, help="Trust the host key shown, unasked.")
 @click.option("--force", is_flag=True, help="Replace an existing inventory or playbook.")
 @click.option("--no-doctor", is_flag=True, help="Do not run doctor at the end.")

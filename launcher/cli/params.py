@@ -143,6 +143,7 @@ def wait_lock_option(command: Any) -> Any:
 
 
 INTERVAL = Duration(0.2, HOUR)
+TRIAL = Duration(2, 10 * 60)  # launcher init's trial run of the trainer
 # launcher watch (and launcher job watch)
 WATCH_FOR = Duration(0, 365 * DAY)
 RESTART_WINDOW = Duration(1, 30 * DAY)
@@ -182,7 +183,6 @@ SANDBOX_GPUS = GpuSlice()
 SANDBOX_STALL = Duration(0, DAY)  # `sandbox stall`: how long a pct call waits on the host
 PCT_CALLS = Count(0, 1_000_000)
 STALL_CALLS = Count(1, 1_000_000)
-TRIAL = Duration(2, 600)  # `init --trial-seconds`: how long the trial run of the trainer lasts
 # buckets plan: the lower bounds of --budget, --buckets, --max-len and --epochs are checked by
 # the command itself, with messages that say why.
 TOKENS = Count(None, 2**40)
