@@ -1,4 +1,4 @@
-"""Safety, round 4, on the sandbox: launcher deletes only what it made, prunes no checkpoint
+"""Nothing lost, on the sandbox: launcher deletes only what it made, prunes no checkpoint
 archive without the user's word, checks the command before the stop, and holds at the edges
 (closed output streams, odd project trees, a watcher killed mid-restart).
 
