@@ -330,10 +330,12 @@ def status_job(job: Job, nodes: JobNodes) -> JobResult:
         probe = status_outcome.data.get("probe")
         expected = getattr(probe, "run", None)
     result = JobResult(job.name, "status", "", run_id=run_id(expected))
+    # Training: the status rank is healthy past its warmup (not starting: every rank's GPUs
+    # are still warming up then; not finished: its ranks are letting go of them).
     training = (
         isinstance(status_outcome, Outcome)
         and not status_outcome.exit_code
-        and getattr(status_outcome.data.get("probe"), "state", None) is not State.FINISHED
+        and getattr(status_outcome.data.get("probe"), "state", None) is State.HEALTHY
     )
     for entry in polled:
         target = entry.target

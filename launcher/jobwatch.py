@@ -179,14 +179,17 @@ class JobWatch:
         while not self.stop.is_set() and (end is None or self.clock() < end):
             polled = self.poll()
             word = polled.summary.partition(":")[0]
-            if word != shown:  # changes whenever ok does, and healthy -> finished
+            ok = polled.exit_code == ExitCode.OK
+            failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
+            # Changes whenever ok does, and healthy -> finished; an unhealthy poll is said once
+            # it counts (failures in a row), as watch says it: one bad poll is not a verdict.
+            counted = word != "unhealthy" or failing >= options.failures
+            if word != shown and counted:
                 self.note(polled.summary)
                 shown = word
             self.on_word(word, polled)  # a transition only when the job's status changes
             if self.stop.is_set():
                 break  # no restart begins after SIGTERM
-            ok = polled.exit_code == ExitCode.OK
-            failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
             if failing < options.failures or word == "unreachable":
                 self.pause(options.interval)  # unreachable is never a reason to restart
                 continue

@@ -81,8 +81,12 @@ def distro_project(
 ) -> Iterator[Project]:
     sb, info = distro_sandbox
     yield Project(tmp_path / "project", sb, info)
+    # Every run of the test gone before the next one deploys: a trainer that outlives its tmux
+    # server (its socket removed, or SIGHUP still being handled) holds GPUs the next run wants.
     for vmid, _, _ in MATRIX.values():
-        sb.ct_exec(vmid, ["sh", "-c", "tmux kill-server 2>/dev/null; true"])
+        sb.ct_exec(
+            vmid, ["sh", "-c", "tmux kill-server 2>/dev/null; pkill -KILL -f '[t]rain_demo'; true"]
+        )
 
 
 @pytest.mark.parametrize("distro", list(MATRIX))
