@@ -189,13 +189,19 @@ single_target_option = click.option(
 
 
 KNOWN_HOSTS_ENV = "LAUNCHER_KNOWN_HOSTS"
+IDENTITY_ENV = "LAUNCHER_IDENTITY"
 
 
-def _set_known_hosts(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    # Through the environment: endpoints are resolved in several places (persist's
-    # background process, attach's ssh), and each reads it there.
-    if value:
-        os.environ[KNOWN_HOSTS_ENV] = os.path.abspath(os.path.expanduser(value))
+def _exported_path(env: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    """A callback that puts the option's file, made absolute, into the environment variable
+    `env`: endpoints are resolved in several places (persist's background process, attach's
+    ssh), and each reads it there."""
+
+    def export(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        if value:
+            os.environ[env] = os.path.abspath(os.path.expanduser(value))
+
+    return export
 
 
 known_hosts_option = click.option(
@@ -203,26 +209,17 @@ known_hosts_option = click.option(
     metavar="FILE",
     envvar=KNOWN_HOSTS_ENV,
     expose_value=False,
-    callback=_set_known_hosts,
+    callback=_exported_path(KNOWN_HOSTS_ENV),
     help="known_hosts file for every host and jump host, instead of the inventory's and "
     "ssh_config's (env LAUNCHER_KNOWN_HOSTS; for CI: a file written from a secret).",
 )
-
-IDENTITY_ENV = "LAUNCHER_IDENTITY"
-
-
-def _set_identity(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    # Through the environment, as --known-hosts: every place that resolves an endpoint reads it.
-    if value:
-        os.environ[IDENTITY_ENV] = os.path.abspath(os.path.expanduser(value))
-
 
 identity_option = click.option(
     "--identity",
     metavar="FILE",
     envvar=IDENTITY_ENV,
     expose_value=False,
-    callback=_set_identity,
+    callback=_exported_path(IDENTITY_ENV),
     help="Private key for every host and jump host, instead of the inventory's identity_file "
     "and ssh_config's (env LAUNCHER_IDENTITY). Without it, a missing identity_file falls back "
     "to the keys ssh-agent holds.",
