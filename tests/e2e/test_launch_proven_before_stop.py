@@ -1,6 +1,5 @@
-"""Safety, round 3, on the sandbox: a redeploy over a long run never leaves nothing running,
-everything the launch needs is proven before the stop, launcher's own files are no script
-destination.
+"""A redeploy never leaves nothing running, on the sandbox: over a long run, everything the
+launch needs is proven before the stop, and launcher's own files are no script destination.
 
 Each case is one a user or a long run produced; none may stop a run and then fail to launch.
 """
