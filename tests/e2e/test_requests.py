@@ -1,4 +1,4 @@
-"""No request acts after its client gave up, and a frozen CT is paused, not down: the red team's
+"""No request acts after its client gave up, and a frozen CT is paused, not down: the hostile
 cases on the sandbox (a `pct` stalled on the host, a CT frozen by a backup mid-deploy).
 
 The stall and the freeze are the sandbox's own (`launcher sandbox stall`, `launcher sandbox
@@ -53,7 +53,7 @@ def thawed(project: Project) -> Iterator[list[int]]:
 
 
 def test_an_abandoned_stop_never_kills_the_run_deployed_after_it(project: Project) -> None:
-    """The red team's F-high: `stop` gave up (exit 3) while `pct` was blocked 70 s on the host;
+    """The worst case: `stop` gave up (exit 3) while `pct` was blocked 70 s on the host;
     the operator redeployed; at second 70 the abandoned stop killed the new run. Now the stop
     names the run it is for and carries a deadline: it is refused in the container."""
     name = "abandon"
@@ -104,7 +104,7 @@ def hold_deploy_lock(project: Project, vmid: int) -> int:
 def test_a_deploy_frozen_mid_transaction_does_not_go_on_after_the_thaw(
     project: Project, thawed: list[int]
 ) -> None:
-    """The red team's frozen deploy: a vzdump suspend backup froze the CT while the transaction
+    """A deploy frozen mid-way: a vzdump suspend backup froze the CT while the transaction
     ran its checks; launcher gave up (exit 3) and, after the thaw, the transaction stopped the
     old run and launched a new one. Now it is refused at its first change: the old run stays."""
     name = "frozen"

@@ -138,7 +138,7 @@ def transaction(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 def test_a_deploy_held_up_in_its_checks_does_not_begin_after_its_deadline(
     clock: list[float], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The red team's frozen deploy: the checks were under way when the CT froze; after the
+    """A deploy frozen mid-way: the checks were under way when the CT froze; after the
     thaw the transaction must not stop the old run and launch the new one."""
 
     def frozen_check() -> tuple[str, str]:
