@@ -135,17 +135,21 @@ def is_gpu_file(name):
     return name.startswith("nvidia") and name[6:].isdigit()
 
 
+def gpu_pool():
+    """Which pool of the sandbox's GPUs this container uses (default `host`)."""
+    try:
+        with open("/etc/sandbox-gpu-pool") as f:
+            return f.read().strip() or "host"
+    except OSError:
+        return "host"
+
+
 def gpu_uuid(minor):
     """The UUID the sandbox's nvidia-smi gives the GPU (launcher/sandbox/nvidia_smi.py)."""
     import uuid
 
-    pool = "host"
-    try:
-        with open("/etc/sandbox-gpu-pool") as f:
-            pool = f.read().strip() or pool
-    except OSError:
-        pass
-    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, "sandbox-gpu:%s:%d" % (pool, minor)))
+    name = "sandbox-gpu:%s:%d" % (gpu_pool(), minor)
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, name))
 
 
 def visible_minors():
@@ -255,13 +259,7 @@ class GpuUse:
         pid = host_pid() if self.devices else None
         if pid is None:
             return
-        pool = "host"
-        try:
-            with open("/etc/sandbox-gpu-pool") as f:
-                pool = f.read().strip() or pool
-        except OSError:
-            pass
-        self.path = os.path.join(DRIVER_DIR, "pools", pool, "%d.json" % pid)
+        self.path = os.path.join(DRIVER_DIR, "pools", gpu_pool(), "%d.json" % pid)
         self.record = {"pid": os.getpid(), "host_pid": pid, "start": start_time("/proc", "self")}
         self.report(0)
         atexit.register(self.release)
