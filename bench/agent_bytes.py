@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Recording  # also puts the checkout on sys.path
 
-from launcher.agentclient import BOOT, container_for, payload
-from launcher.config import inventory_path, load_inventory
+from launcher.config.models import inventory_path, load_inventory
+from launcher.container.agentclient import BOOT, container_for, payload
+from launcher.probe.poll import poll_once, poll_request
 from launcher.transport.pool import ConnectionPool
-from launcher.verify.poll import poll_once, poll_request
 
 LINES = 500  # what the benchmark playbooks' verify reads per poll
 

@@ -77,7 +77,7 @@ def _counts(values: list[int]) -> float | str:
     return float(lo) if lo == hi else f"{lo}–{hi}"
 
 
-# -- through the command server (launcher/cmdserver/) -------------------------------------------
+# -- through the command server (launcher/entry/cmdserver/) ----------------------------------
 
 # What a terminal's user gets by default (console.py sets LAUNCHER_CONTROL_PERSIST=60 there): the
 # command handed to the command server and the host's connection persisted. The benchmark has

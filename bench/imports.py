@@ -4,9 +4,9 @@ Per command: the total import time (the top-level entries' cumulative times, whi
 every import the process made) and the packages that cost the most. launcher's own modules
 import nearly everything else, so grouping the top-level entries alone would name launcher and
 little more; a package's cost is instead the cumulative time of each import of it made by
-launcher's code or by the interpreter itself (pydantic imported inside `launcher.config` counts
-as pydantic; invoke, which paramiko imports, counts as paramiko). Those costs and the self time of
-launcher's own modules add up to the total.
+launcher's code or by the interpreter itself (pydantic imported inside `launcher.config.models`
+counts as pydantic; invoke, which paramiko imports, counts as paramiko). Those costs and the self
+time of launcher's own modules add up to the total.
 """
 
 from __future__ import annotations

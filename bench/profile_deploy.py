@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from phase_timer import NESTED, Phases, timed  # noqa: E402
 
-import launcher.agentclient  # noqa: E402
 import launcher.cli.main  # noqa: E402
-import launcher.container  # noqa: E402
-import launcher.deploy  # noqa: E402
+import launcher.container.agentclient  # noqa: E402
+import launcher.container.pct  # noqa: E402
+import launcher.deploy.deploy  # noqa: E402
 import launcher.transport.pool  # noqa: E402
 import launcher.transport.ssh  # noqa: E402
 
@@ -38,7 +38,7 @@ phases: Phases = [("imports (cli, deploy, remote: paramiko, pydantic)", 0.0)]
 def time_transaction() -> None:
     """The transaction's round trip, and before it (nested) each of its steps as the agent
     timed it in the container."""
-    owner = launcher.agentclient.AgentClient
+    owner = launcher.container.agentclient.AgentClient
     original = owner.transaction
 
     def transaction(client: Any, request: Any, **kwargs: Any) -> Any:
@@ -69,13 +69,13 @@ def main() -> None:
     )
     timed(
         phases,
-        launcher.container.Container,
+        launcher.container.pct.Container,
         "push",
         lambda *a, **k: "push: stdin to a host temp file + pct push (one ssh exec)",
     )
     timed(
         phases,
-        launcher.agentclient.AgentClient,
+        launcher.container.agentclient.AgentClient,
         "call",
         lambda client, request, **k: f"agent {request.get('op')} (one pct exec)",
     )
@@ -95,9 +95,9 @@ def main() -> None:
     after = time.perf_counter()
 
     # One bare agent round trip on a connection that is already open, for reference.
-    from launcher.agentclient import container_for
-    from launcher.config import inventory_path, load_inventory
-    from launcher.verify.poll import poll_once
+    from launcher.config.models import inventory_path, load_inventory
+    from launcher.container.agentclient import container_for
+    from launcher.probe.poll import poll_once
 
     target = load_inventory(inventory_path(args.inventory)).target(args.target)
     with launcher.transport.pool.ConnectionPool() as pool:

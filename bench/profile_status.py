@@ -3,7 +3,7 @@
 With a new SSH connection (the target's host sets no control_persist): runs the real CLI in
 this process with timers wrapped around launcher's functions (in memory only; nothing in
 launcher/ changes). With its connection persisted: as a terminal's user gets it, through the
-command server (launcher/cmdserver/, started first if none runs for this code): the client's
+command server (launcher/entry/cmdserver/, started first if none runs for this code): the client's
 parts timed here (the code's fingerprint, the connection, the hand-over, the server's child
 running the command). Then, on a connection of the same kind, the parts of the poll's round
 trip for reference: an
@@ -57,7 +57,7 @@ def main() -> None:
     if served:
         os.environ.setdefault(*SERVED_ENV)
         began = time.perf_counter()
-        from launcher.cmdserver import client  # noqa: F401 - what the console script imports
+        from launcher.entry.cmdserver import client  # noqa: F401 - what the console script imports
 
         imports = time.perf_counter() - began
         prepared = time.perf_counter() - start - imports
@@ -85,7 +85,7 @@ def main() -> None:
         sys.stdout,
     )
     print(flush=True)
-    # As the console script ends (launcher/console.py): without the interpreter's teardown, so
+    # As the console script ends (launcher/entry/console.py): without the interpreter's teardown, so
     # that the wall time less `total` is the interpreter's start-up alone.
     os._exit(0)
 
@@ -106,10 +106,10 @@ def profile_in_process(inventory: str, target: str) -> None:
     import launcher.cli.main
 
     cli_imported = time.perf_counter()
-    import launcher.commands  # (what `status` imports: config, pydantic, verify)
+    import launcher.commands.table  # (what `status` imports: config, pydantic, verify)
 
     imported = time.perf_counter()
-    import launcher.config
+    import launcher.config.models
     import launcher.transport.connection
     import launcher.transport.pool
     import launcher.transport.ssh
@@ -121,8 +121,8 @@ def profile_in_process(inventory: str, target: str) -> None:
             imported - cli_imported,
         )
     )
-    timed(phases, launcher.config, "load_inventory", "configuration: the inventory")
-    timed(phases, launcher.config, "load_playbook", "configuration: the playbook")
+    timed(phases, launcher.config.models, "load_inventory", "configuration: the inventory")
+    timed(phases, launcher.config.models, "load_playbook", "configuration: the playbook")
     timed(
         phases,
         launcher.transport.pool,
@@ -152,7 +152,7 @@ def profile_in_process(inventory: str, target: str) -> None:
 def serve_ready(inventory: str, target: str) -> float:
     """A command server for this process's code, started if none answers, and one command
     through it (its persisted connection, the agent cache): seconds it took."""
-    from launcher.cmdserver import client, wire
+    from launcher.entry.cmdserver import client, wire
 
     start = time.perf_counter()
     print_ = wire.fingerprint()
@@ -176,7 +176,7 @@ def hand_over(inventory: str, target: str) -> None:
     """client.hand_over's steps, each timed; the command's report to stderr (fd 1 is ours)."""
     import socket
 
-    from launcher.cmdserver import client, wire
+    from launcher.entry.cmdserver import client, wire
 
     argv = ["launcher", "-i", inventory, "-t", target, "status"]  # sys.argv: its [1:] are read
     start = time.perf_counter()
@@ -227,10 +227,10 @@ def hand_over(inventory: str, target: str) -> None:
 def measure_references(inventory: str, name: str, runs: int) -> list[tuple[str, float]]:
     """The poll's round trip in parts, on a connection of the kind the command used."""
     import launcher.transport.pool
-    from launcher.agentclient import container_for
-    from launcher.config import inventory_path, load_inventory
-    from launcher.container import exec_command
-    from launcher.verify.poll import poll_once
+    from launcher.config.models import inventory_path, load_inventory
+    from launcher.container.agentclient import container_for
+    from launcher.container.pct import exec_command
+    from launcher.probe.poll import poll_once
 
     target = load_inventory(inventory_path(inventory)).target(name)
     spec = target.playbook.spec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.version import __version__
+from launcher.core.version import __version__
 
 __all__ = ["Launcher", "__version__"]
 

@@ -19,7 +19,7 @@ def _interrupt_or_report(unraisable: sys.UnraisableHookArgs) -> None:
 
 sys.unraisablehook = _interrupt_or_report
 try:
-    from launcher.console import main
+    from launcher.entry.console import main
 except KeyboardInterrupt:
     _interrupted()
 

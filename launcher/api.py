@@ -21,21 +21,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher import apiargs as args
-from launcher.cluster import place
-from launcher.commands import CHECKPOINT_MODES, COMMANDS, probe_values, run
-from launcher.config import Inventory, Target, inventory_path, load_inventory
-from launcher.deploy import CheckpointMode, DeployReport
-from launcher.doctor import DoctorResult
-from launcher.errors import ExitCode, UnhealthyError, UsageError
-from launcher.operate import HistoryResult, LogsResult, RollbackResult, StopResult
+from launcher.commands import args
+from launcher.commands.table import CHECKPOINT_MODES, COMMANDS, probe_values, run
+from launcher.config.models import Inventory, Target, inventory_path, load_inventory
+from launcher.core.errors import ExitCode, UnhealthyError, UsageError
+from launcher.deploy.deploy import CheckpointMode, DeployReport
+from launcher.deploy.doctor import DoctorResult
+from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
+from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
+from launcher.targets.cluster import place
+from launcher.targets.workflow import Context, Step, StepSink
 from launcher.transport.connection import Connection
 from launcher.transport.pool import ConnectionPool
-from launcher.verify.workflows import SmokeResult, StatusResult, VerifyResult
-from launcher.workflow import Context, Step, StepSink
 
 if TYPE_CHECKING:
-    from launcher.apijobs import Jobs
+    from launcher.jobs.api import Jobs
     from launcher.watch.events import Event
     from launcher.watch.session import WatchResult, WatchSession
 
@@ -124,7 +124,7 @@ class Launcher:
         `env` and `sets` are KEY=VALUE strings, as for `--env` and `--set`. An active run
         without `restart` raises RefusedError (exit code 4). With `verify` (or
         `rollback_on_failure`) the new run is probed and the result is a
-        `launcher.redeploy.VerifiedDeploy` (a DeployReport with `probe` and `story`): its
+        `launcher.deploy.redeploy.VerifiedDeploy` (a DeployReport with `probe` and `story`): its
         `exit_code` is 0 healthy, 1 unhealthy, 5 rolled back (the previous run healthy again),
         6 rolled back but not healthy, 7 the rollback failed.
         """
@@ -294,7 +294,7 @@ class Launcher:
         `session.stop()` ends it from another thread (the result's exit code is then 0).
         The watch opens its own connections and closes them when it ends.
         """
-        from launcher.cli import params
+        from launcher.commands import params
         from launcher.watch.monitor import WatchSettings
         from launcher.watch.policy import RestartPolicy
         from launcher.watch.session import WatchRequest, WatchSession, guarded
@@ -333,8 +333,8 @@ class Launcher:
     def jobs(self) -> Jobs:
         """The inventory's multi-node jobs (`launcher job`): `l.jobs.deploy("train",
         restart=True)`, `verify`, `status`, `stop`, `history`, `rollback`, `logs`, `watch`
-        (launcher.apijobs). Progress lines go to `on_line` as `[node] line`."""
-        from launcher.apijobs import Jobs
+        (launcher.jobs.api). Progress lines go to `on_line` as `[node] line`."""
+        from launcher.jobs.api import Jobs
 
         return Jobs(self.inventory, lambda node, line: self._say(f"[{node}] {line}"))
 

@@ -6,7 +6,7 @@
     $ fab deploy --target prod --restart --env LR=3e-4 --env SEED=1 -m "new lr"
     $ fab verify --target prod --wait 180      # exit 0 healthy, 1 unhealthy, 3 unreachable
 
-Each task is generated from the command's declaration (launcher.commands): the same
+Each task is generated from the command's declaration (launcher.commands.table): the same
 parameters as the CLI's options, the same request, and the same function the CLI runs, in
 this process (no subprocess, no click). So what it prints and the code `fab` exits with are
 the CLI's. The inventory is --inventory, else $LAUNCHER_INVENTORY, else ./inventory.yaml.
@@ -24,9 +24,9 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import Task
 
-from launcher import apiargs
-from launcher.commands import COMMANDS, Command, Param
-from launcher.errors import UsageError
+from launcher.commands import args
+from launcher.commands.table import COMMANDS, Command, Param
+from launcher.core.errors import UsageError
 
 # Short flags are given out in signature order: `target` then `inventory` come first in every
 # task, so -t and -i mean what they mean for the CLI.
@@ -68,7 +68,7 @@ def _default(param: Param) -> Any:
 def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
     """The app context as the CLI's global options fill it."""
     from launcher.cli.context import IDENTITY_ENV, KNOWN_HOSTS_ENV
-    from launcher.cli.params import PARALLEL
+    from launcher.commands.params import PARALLEL
 
     # As the CLI's --known-hosts and --identity: through the environment.
     for option, variable in (("known_hosts", KNOWN_HOSTS_ENV), ("identity", IDENTITY_ENV)):
@@ -83,7 +83,7 @@ def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
         app.all_targets = given.pop("all")
         parallel = given.pop("parallel")
         if parallel is not None:
-            app.parallel = apiargs.converted("parallel", parallel, PARALLEL)
+            app.parallel = args.converted("parallel", parallel, PARALLEL)
 
 
 def _execute(command: Command, given: dict[str, Any]) -> None:

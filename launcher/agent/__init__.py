@@ -4,10 +4,10 @@ launcher runs it inside the container with
 
     pct exec VMID -- python3 -I -S -c BOOT
 
-where BOOT (`launcher.protocol.BOOT`) reads one JSON line from stdin and runs the loader it
+where BOOT (`launcher.agent.protocol.BOOT`) reads one JSON line from stdin and runs the loader it
 carries (`boot.py`). It therefore runs on whatever python3 the container has: every module here
 is Python 3.8 syntax and standard library only, and imports nothing from launcher but
-`launcher.protocol` (which travels with it) and its own modules.
+`launcher.agent.protocol` (which travels with it) and its own modules.
 
 The package, one job a module (each imports only the ones before it in MODULES):
 
@@ -33,8 +33,9 @@ The package, one job a module (each imports only the ones before it in MODULES):
     main       the op table (HANDLERS), the envelope, `main(request)`
     boot       the loader BOOT runs: not part of the bundle, it travels on every call
 
-How it travels (`launcher.agentclient.bundle`): "the bundle" is the sources of
-`launcher.protocol` and of MODULES, in that order, as one text: name, NUL, source, NUL, name, ...
+How it travels (`launcher.container.agentclient.bundle`): "the bundle" is the sources of
+`launcher.agent.protocol` and of MODULES, in that order, as one text: name, NUL, source, NUL,
+name, ...
 (Python source never holds a NUL). One text means one sha256 (the cache key and the pin of both
 sides of the protocol to one version), one file in the container's cache, one compiled copy.
 The loader compiles each source on its own and runs it as a real module registered in
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 # The bundle's modules in dependency order: a module imports only modules before it
 # (tests/unit/test_agent_package.py checks it, and that every module of the package but boot is
-# here). launcher.protocol comes first of all.
+# here). launcher.agent.protocol comes first of all.
 MODULES = (
     "base",
     "processes",

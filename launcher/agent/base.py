@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from launcher.protocol import ERROR_KINDS
+from launcher.agent.protocol import ERROR_KINDS
 
 PYTHON_VERSION = "%d.%d.%d" % sys.version_info[:3]  # what platform.python_version() says
 MARKER_VAR = "LAUNCHER_RUN"
@@ -41,7 +41,7 @@ class AgentError(Exception):
 # --------------------------------------------------------------------------- the call's clock
 
 # When the host's shell received this call, by the host's clock, read before `pct` ran (the
-# agent's last argument: launcher.container.STAMPED_EXEC), so a stalled `pct` or a frozen CT
+# agent's last argument: launcher.container.pct.STAMPED_EXEC), so a stalled `pct` or a frozen CT
 # delays everything after it but not it. The container shares the host's kernel and so its
 # CLOCK_REALTIME: this and time.time() here are one clock, whatever the client's says. main()
 # sets it; None (BOOT run by hand, unit tests): the agent's own start stands in for it.

@@ -1,9 +1,9 @@
-# The loader: what BOOT (launcher.protocol) runs inside the container, in BOOT's own namespace,
-# where `m` is the stdin line: {"boot" (this source), "request", and "bundle" (the agent's
-# sources, see launcher/agent/__init__.py) and/or "sha256" (the cache key); "cache_dir" is for
-# tests}. It travels on every call, so it is kept small: the client sends it without its comment
-# lines and blank lines (agentclient.boot_source; a test checks that this changes no code),
-# zlib-compressed in base64 (agentclient.boot_wire).
+# The loader: what BOOT (launcher.agent.protocol) runs inside the container, in BOOT's own
+# namespace, where `m` is the stdin line: {"boot" (this source), "request", and "bundle" (the
+# agent's sources, see launcher/agent/__init__.py) and/or "sha256" (the cache key);
+# "cache_dir" is for tests}. It travels on every call, so it is kept small: the client sends it
+# without its comment lines and blank lines (agentclient.boot_source; a test checks that this
+# changes no code), zlib-compressed in base64 (agentclient.boot_wire).
 #
 # With a bundle it runs that (and caches it when a sha256 came too); with only the sha256 it runs
 # the cached copy whose bytes hash to it, or answers a miss and runs nothing (the client then
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 CACHE_DIR = "/run/launcher"
 MISS_EXIT = 75
 MISS_MARKER = "launcher-agent-not-cached"
-# Set in each module the loader makes: launcher.protocol skips the typing import then.
+# Set in each module the loader makes: launcher.agent.protocol skips the typing import then.
 BUNDLED = "__launcher_bundled__"
 
 

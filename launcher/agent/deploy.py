@@ -87,6 +87,16 @@ from launcher.agent.paths import (
 )
 from launcher.agent.preflight import free_bytes
 from launcher.agent.processes import run_pids
+from launcher.agent.protocol import (
+    HISTORY_LIMIT,
+    LOCK_PATH,
+    PANE_HEIGHT,
+    PANE_WIDTH,
+    RELEASES_DIR,
+    RUN_ENV,
+    RUN_REPLACED,
+    SPEC_NOT_KEPT,
+)
 from launcher.agent.runs import (
     archive_problem,
     checkpoints_of,
@@ -113,16 +123,6 @@ from launcher.agent.tmux import (
     tmux_arg,
     tmux_version,
     tmux_version_tuple,
-)
-from launcher.protocol import (
-    HISTORY_LIMIT,
-    LOCK_PATH,
-    PANE_HEIGHT,
-    PANE_WIDTH,
-    RELEASES_DIR,
-    RUN_ENV,
-    RUN_REPLACED,
-    SPEC_NOT_KEPT,
 )
 
 # Only mypy reads the annotations (postponed by the __future__ import): the

@@ -13,10 +13,10 @@ from launcher.agent.logs import op_follow, op_history, op_logs
 from launcher.agent.network import op_network
 from launcher.agent.poll import op_poll
 from launcher.agent.preflight import op_preflight
+from launcher.agent.protocol import OPS, STREAMING_OPS
 from launcher.agent.release import dispatching, op_releases
 from launcher.agent.stop import op_stop
 from launcher.agent.tmux import NOTES
-from launcher.protocol import OPS, STREAMING_OPS
 
 # A request with a release runs the release transaction; apply and rollback without one, a
 # script's.

@@ -1,6 +1,6 @@
 # mypy: allow-untyped-calls
 """The `network` op: what torchrun will need from this container's network, asked before a
-job's deploy changes anything (launcher.jobnet decides with it).
+job's deploy changes anything (launcher.jobs.network decides with it).
 
 - its hostname and the name torch 1.13's elastic agent publishes for it (`_get_fq_hostname`,
   torch/distributed/elastic/agent/server/api.py: socket.getfqdn(socket.gethostname()));

@@ -9,7 +9,7 @@ import re
 import time
 
 from launcher.agent.base import COMMAND_VAR, MARKER_VAR, AgentError, request_received, utc_iso
-from launcher.protocol import RUN_ENV, system_path_problem
+from launcher.agent.protocol import RUN_ENV, system_path_problem
 
 # Patterns are compiled on first use (re keeps them): each call starts a new interpreter.
 SESSION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"

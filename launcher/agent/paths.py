@@ -18,7 +18,7 @@ from launcher.agent.base import (
     remove_quietly,
     write_atomic,
 )
-from launcher.protocol import STATE_DIR
+from launcher.agent.protocol import STATE_DIR
 
 # --------------------------------------------------------------------------- paths
 

@@ -20,8 +20,8 @@ from launcher.agent.paths import (
     stopped_path,
 )
 from launcher.agent.processes import run_pids
+from launcher.agent.protocol import LOCK_PATH
 from launcher.agent.tmux import PANE_FORMAT, PANE_PREFIX, no_session, parse_pane_line, tmux
-from launcher.protocol import LOCK_PATH
 
 
 def op_poll(request, warnings):

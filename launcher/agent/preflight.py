@@ -11,8 +11,8 @@ from launcher.agent.gpus import gpu_report
 from launcher.agent.lock import lock_state
 from launcher.agent.params import param, session_param, workdir_param
 from launcher.agent.paths import checkpoint_problem, protected_paths, state_dir
+from launcher.agent.protocol import LOCK_PATH
 from launcher.agent.tmux import session_state, tmux_version
-from launcher.protocol import LOCK_PATH
 
 # --------------------------------------------------------------------------- op: preflight
 

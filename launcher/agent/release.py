@@ -4,7 +4,7 @@
 Layout in the workdir:
     releases/<id>/             one release: the project's files (and what its setup made)
     current -> releases/<id>   the release the run starts in; switched by a symlink rename
-    .launcher/releases/<id>.json  its manifest, setup hash and the release it replaced
+    .launcher/deploy/releases/<id>.json  its manifest, setup hash and the release it replaced
 
 ReleaseDeploy is the deploy transaction (deploy.Deploy) with the release built and checked among
 the checks: files received or copied from an earlier release, every sha256 verified, every .py
@@ -54,7 +54,7 @@ from launcher.agent.paths import (
     remove_tree,
     state_dir,
 )
-from launcher.protocol import CURRENT_LINK, RELEASES_DIR
+from launcher.agent.protocol import CURRENT_LINK, RELEASES_DIR
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.
@@ -89,7 +89,7 @@ def manifest_path(workdir, rid):
 
 
 def release_path_problem(rel):
-    """The client's path rules (launcher.project.path_problem), checked again here."""
+    """The client's path rules (launcher.deploy.project.path_problem), checked again here."""
     if not isinstance(rel, str) or not rel or rel.startswith("/"):
         return "it is empty or absolute"
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in rel):

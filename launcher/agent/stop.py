@@ -41,8 +41,8 @@ from launcher.agent.processes import (
     signal_pids,
     wait_for,
 )
+from launcher.agent.protocol import LOCK_PATH, RUN_REPLACED
 from launcher.agent.tmux import pane_active, session_state, tmux
-from launcher.protocol import LOCK_PATH, RUN_REPLACED
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.

@@ -11,7 +11,7 @@ numpy (the optional extra `proxmox-launcher[buckets]`) is needed by every module
 
 from __future__ import annotations
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 
 INSTALL_HINT = "pip install 'proxmox-launcher[buckets]'   (or: pip install 'numpy>=1.24')"
 

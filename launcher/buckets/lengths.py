@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 
 Lengths = NDArray[np.int64]
 

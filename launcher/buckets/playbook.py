@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from launcher.config import load_playbook
-from launcher.errors import ConfigError
+from launcher.config.models import load_playbook
+from launcher.core.errors import ConfigError
 from launcher.verify.spec import queue_spec
 
 

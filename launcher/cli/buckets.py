@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from launcher.cli.params import BUCKET_COUNT, EPOCHS, KTOK_PER_S, SEED, TOKENS
+from launcher.commands.params import BUCKET_COUNT, EPOCHS, KTOK_PER_S, SEED, TOKENS
 
 # Inputs at least this large (bytes) get a progress bar on a terminal.
 PROGRESS_BYTES = 1 << 20
@@ -102,7 +102,7 @@ def plan_command(
     Exit codes: 0 planned, 2 bad input (file, option, numpy missing).
     """
     from launcher.buckets import require_numpy
-    from launcher.errors import UsageError
+    from launcher.core.errors import UsageError
 
     require_numpy()
     from launcher.buckets.report import make_report, render_text, to_json, total_steps
@@ -131,7 +131,7 @@ def plan_command(
 
         report.playbook = record_plan(playbook_path, report.plan.boundaries)
     if as_json:
-        from launcher.jsonout import emit, envelope
+        from launcher.output.jsonout import emit, envelope
 
         document = to_json(report)
         document.pop("schema", None)
@@ -143,7 +143,7 @@ def plan_command(
 @contextmanager
 def _progress(path: Path, steps: int) -> Iterator[Callable[[str], None]]:
     """A rich progress bar on stderr for large inputs on a terminal; otherwise nothing."""
-    from launcher.ui import is_tty
+    from launcher.output.ui import is_tty
 
     try:
         large = path.stat().st_size >= PROGRESS_BYTES

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from launcher.cli.params import PARALLEL
-from launcher.errors import LauncherError
+from launcher.commands.params import PARALLEL
+from launcher.core.errors import LauncherError
 
 if TYPE_CHECKING:
-    from launcher.config import Inventory, Target
+    from launcher.config.models import Inventory, Target
 
 
 @dataclass
@@ -37,7 +37,7 @@ class AppContext:
     _inventory: Inventory | None = None
 
     def inventory(self) -> Inventory:
-        from launcher.config import inventory_path, load_inventory
+        from launcher.config.models import inventory_path, load_inventory
 
         if self._inventory is None:
             self._inventory = load_inventory(inventory_path(self.inventory_option))
@@ -47,7 +47,7 @@ class AppContext:
         """One line on stderr when the inventory is LAUNCHER_INVENTORY's: a shell that once ran
         `eval "$(launcher sandbox env)"` acts on the sandbox in any directory, its own
         ./inventory.yaml aside (-q silences it)."""
-        from launcher.config import DEFAULT_INVENTORY
+        from launcher.config.models import DEFAULT_INVENTORY
 
         chosen = self.inventory_option
         if not (self.inventory_from_env and chosen) or self.quiet:
@@ -128,7 +128,7 @@ def complete_targets(
     nothing when it cannot be read: completion never prints an error."""
     from click.shell_completion import CompletionItem
 
-    from launcher.config import inventory_path, load_inventory
+    from launcher.config.models import inventory_path, load_inventory
 
     option = None
     for context in (ctx, *_parents(ctx)):
@@ -280,7 +280,7 @@ def fleet_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def print_error(error: LauncherError, *, debug: bool = False) -> None:
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     if debug:
         import traceback

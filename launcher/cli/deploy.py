@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import GRACE, wait_lock_option
+from launcher.commands.params import GRACE, wait_lock_option
 
 if TYPE_CHECKING:
-    from launcher.deploy import DeployOptions
+    from launcher.deploy.deploy import DeployOptions
 
 
 @click.command("deploy")
@@ -106,8 +106,8 @@ def deploy_command(
     run healthy again, 6 rolled back but not healthy, 7 the rollback failed, 130 interrupted;
     a fleet: the highest.
     """
-    from launcher.commands import COMMANDS
-    from launcher.errors import UsageError
+    from launcher.commands.table import COMMANDS
+    from launcher.core.errors import UsageError
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
@@ -134,7 +134,7 @@ def deploy_command(
 def run_deploy(app: AppContext, options: DeployOptions, *, json: bool) -> None:
     """Deploy on the app's targets and show the result (also `launcher.tasks.deploy`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     outcomes = run_on_targets(app, work(options))
     if json:

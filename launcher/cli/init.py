@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.cli.params import TRIAL
-from launcher.errors import HostKeyError, LauncherError, UsageError
+from launcher.commands.params import TRIAL
+from launcher.core.errors import HostKeyError, LauncherError, UsageError
 
 if TYPE_CHECKING:
-    from launcher.init import HostKey
+    from launcher.deploy.init import HostKey
 
 HOST_KEY_TIMEOUT = 10.0
 
@@ -77,7 +77,7 @@ def init_command(
     Exit codes: 0 written and doctor passed, 2 bad input or files exist, 3 unreachable or host
     key not trusted, else doctor's.
     """
-    from launcher import init
+    from launcher.deploy import init
 
     inventory = Path(app.inventory_option or "inventory.yaml")
     if app.inventory_from_env:  # a shell's LAUNCHER_INVENTORY is where it works, not new
@@ -121,7 +121,7 @@ def init_command(
     click.echo(f"next: launcher -i {inventory} deploy   then: launcher verify", err=True)
     if no_doctor:
         return
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     app.inventory_option, app.inventory_from_env = str(inventory), False
     app.target_names[:] = [name]
@@ -129,7 +129,7 @@ def init_command(
 
 
 def _refuse_existing(paths: list[Path], force: bool) -> None:
-    from launcher.init import existing
+    from launcher.deploy.init import existing
 
     found = existing(paths)
     if found and not force:
@@ -140,7 +140,7 @@ def _refuse_existing(paths: list[Path], force: bool) -> None:
 
 
 def _trust_host_key(key: HostKey, known_hosts: Path, trust: bool) -> None:
-    from launcher import init
+    from launcher.deploy import init
 
     state = init.host_key_state(known_hosts, key)
     if state == "same":
@@ -167,9 +167,9 @@ def _find_status(
     app: AppContext, inventory: Path, name: str, sample: Path | None, seconds: float
 ) -> tuple[dict[str, object], str] | None:
     """The `status:` block the trainer's lines need (None: none needed, or none found)."""
-    from launcher import init
-    from launcher.config import load_inventory
-    from launcher.termsafe import sanitize
+    from launcher.config.models import load_inventory
+    from launcher.deploy import init
+    from launcher.output.termsafe import sanitize
 
     if sample is not None:
         lines, origin = init.sample_lines(sample), str(sample)

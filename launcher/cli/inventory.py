@@ -40,9 +40,9 @@ def check(app: AppContext, as_json: bool) -> None:
     (a queue a preset's lines do not print) are warnings.
     Exit codes: 0 valid, 2 a problem (each printed on stderr with its file and key).
     """
-    from launcher.config import check_all, inventory_path
-    from launcher.errors import ConfigError
-    from launcher.keyfiles import key_file_findings
+    from launcher.config.keyfiles import key_file_findings
+    from launcher.config.models import check_all, inventory_path
+    from launcher.core.errors import ConfigError
 
     inv, targets, problems = check_all(inventory_path(app.inventory_option))
     key_problems, warnings = key_file_findings(inv)
@@ -69,7 +69,7 @@ def check(app: AppContext, as_json: bool) -> None:
         for t in targets
     }
     if as_json:
-        from launcher.jsonout import emit, envelope
+        from launcher.output.jsonout import emit, envelope
 
         emit(
             envelope(
@@ -99,8 +99,8 @@ def check(app: AppContext, as_json: bool) -> None:
 
 def _check_warnings(targets: list[Any]) -> list[str]:
     """Each playbook's checks that name a field its status format cannot produce."""
+    from launcher.config.yamlsource import load_yaml
     from launcher.verify.fieldcheck import unproducible
-    from launcher.yamlsource import load_yaml
 
     found: list[str] = []
     seen: set[str] = set()

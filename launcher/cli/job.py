@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.cli.params import (
+from launcher.commands.params import (
     GRACE,
     INTERVAL,
     LINES,
@@ -24,7 +24,7 @@ from launcher.cli.params import (
 )
 
 if TYPE_CHECKING:
-    from launcher.jobdeploy import JobResult
+    from launcher.jobs.deploy import JobResult
 
 
 @click.group("job")
@@ -46,7 +46,7 @@ def job() -> None:
 
 
 def _say(app: AppContext) -> Callable[[str, str], None]:
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     def say(node: str, line: str) -> None:
         if not app.quiet:
@@ -58,13 +58,13 @@ def _say(app: AppContext) -> Callable[[str, str], None]:
 def _emit(command: str, documents: list[dict[str, Any]], exit_code: int) -> None:
     """The `--json` envelope every command prints (launcher/schemas/job-*.schema.json): one
     item per job, its fields repeated at the top level when there is one."""
-    from launcher.jsonout import emit, envelope
+    from launcher.output.jsonout import emit, envelope
 
     emit(envelope(f"job-{command}", documents, exit_code=exit_code))
 
 
 def _render(result: JobResult, as_json: bool) -> None:
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     if as_json:
         _emit(result.action, [result.to_json()], int(result.exit_code))
@@ -126,9 +126,9 @@ def deploy_command(
     Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (lock held, run active, GPUs busy): the worst node's.
     """
-    from launcher import jobcommands
-    from launcher.deploy import DeployOptions
-    from launcher.errors import UsageError
+    from launcher.core.errors import UsageError
+    from launcher.deploy.deploy import DeployOptions
+    from launcher.jobs import commands as jobcommands
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
@@ -173,8 +173,8 @@ def verify_command(
       launcher job verify --wait 3m train
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 a node unreachable.
     """
-    from launcher import jobcommands
-    from launcher.requests import ProbeOverrides
+    from launcher.core.requests import ProbeOverrides
+    from launcher.jobs import commands as jobcommands
 
     overrides = ProbeOverrides(wait=wait, interval=interval, successes=successes)
     result = jobcommands.verify(app.inventory(), name, overrides, _say(app))
@@ -195,8 +195,8 @@ def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> No
       launcher job status train
     Exit codes: 0 every job healthy, 1 a job unhealthy, 2 bad input, 3 a node unreachable.
     """
-    from launcher import jobcommands
-    from launcher.fleet import worst
+    from launcher.jobs import commands as jobcommands
+    from launcher.targets.fleet import worst
 
     results = jobcommands.status(app.inventory(), names)
     code = int(worst([r.exit_code for r in results]))
@@ -223,7 +223,7 @@ def stop_command(app: AppContext, name: str, grace: float | None, as_json: bool)
     Exit codes: 0 stopped everywhere (or nothing to stop), 2 bad input, 3 a node unreachable
     or not stopped completely, 4 refused (lock held).
     """
-    from launcher import jobcommands
+    from launcher.jobs import commands as jobcommands
 
     result = jobcommands.stop(app.inventory(), name, grace, _say(app))
     _render(result, as_json)
@@ -247,8 +247,8 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
       launcher job history --limit 5 train
     Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher import jobcommands
-    from launcher.termsafe import sanitize
+    from launcher.jobs import commands as jobcommands
+    from launcher.output.termsafe import sanitize
 
     result = jobcommands.history(app.inventory(), name, limit)
     if as_json:
@@ -337,9 +337,9 @@ def watch_command(
     stopped after the last restart, 2 bad input, 3 a node unreachable or a restart failed;
     SIGTERM ends it with 0, Ctrl-C with 130.
     """
-    from launcher import jobcommands
-    from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm
-    from launcher.termsafe import sanitize
+    from launcher.jobs import commands as jobcommands
+    from launcher.jobs.watch import JobWatchOptions, terminated_by_sigterm
+    from launcher.output.termsafe import sanitize
 
     inventory = app.inventory()
     options = JobWatchOptions(
@@ -397,8 +397,8 @@ def rollback_command(
     Exit codes: 0 rolled back (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (no previous version, lock held, run active): the worst node's.
     """
-    from launcher import jobcommands
-    from launcher.jobrollback import JobRollbackOptions
+    from launcher.jobs import commands as jobcommands
+    from launcher.jobs.rollback import JobRollbackOptions
 
     options = JobRollbackOptions(
         restart=restart, dry_run=dry_run, keep_checkpoints=keep, grace=grace
@@ -440,9 +440,9 @@ def logs_command(
     Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
     2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher import jobcommands
-    from launcher.joblogs import JobLogsOptions
-    from launcher.termsafe import sanitize
+    from launcher.jobs import commands as jobcommands
+    from launcher.jobs.logs import JobLogsOptions
+    from launcher.output.termsafe import sanitize
 
     inventory = app.inventory()
 

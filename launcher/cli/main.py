@@ -24,8 +24,8 @@ from launcher.cli.context import (
     known_hosts_option,
     print_error,
 )
-from launcher.errors import ExitCode, LauncherError
-from launcher.version import __version__
+from launcher.core.errors import ExitCode, LauncherError
+from launcher.core.version import __version__
 
 
 class OutputClosed(Exception):

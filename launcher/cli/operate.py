@@ -15,11 +15,11 @@ from launcher.cli.context import (
     pass_app,
     single_target_option,
 )
-from launcher.cli.params import GRACE, LINES, wait_lock_option
-from launcher.termsafe import sanitize
+from launcher.commands.params import GRACE, LINES, wait_lock_option
+from launcher.output.termsafe import sanitize
 
 if TYPE_CHECKING:
-    from launcher.requests import (
+    from launcher.core.requests import (
         DoctorRequest,
         HistoryRequest,
         LogsRequest,
@@ -70,7 +70,7 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
     Exit codes: 0 shown, 1 nothing to show (no log, or no session with --raw), 2 --raw-bytes
     on a terminal, 3 unreachable, 141 the reader went away (`| head`).
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     values = {"tail": tail, "follow": follow, "raw": raw, "raw_bytes": raw_bytes}
     COMMANDS["logs"].run(app, values)
@@ -78,10 +78,10 @@ def logs_command(app: AppContext, tail: int, follow: bool, raw: bool, raw_bytes:
 
 def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     """The run's log on one target (also `launcher.tasks.logs`)."""
-    from launcher.commands import run
-    from launcher.errors import UsageError
-    from launcher.fleet import run_one
-    from launcher.operate import LogsResult
+    from launcher.commands.table import run
+    from launcher.core.errors import UsageError
+    from launcher.operate.commands import LogsResult
+    from launcher.targets.fleet import run_one
 
     target = app.target()
     if raw_bytes and sys.stdout.isatty():
@@ -133,7 +133,7 @@ def stop_command(app: AppContext, grace: float | None) -> None:
     Exit codes: 0 stopped (or nothing to stop), 2 bad input, 3 unreachable or the stop
     failed, 4 refused (lock held); a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     COMMANDS["stop"].run(app, {"grace": grace})
 
@@ -141,7 +141,7 @@ def stop_command(app: AppContext, grace: float | None) -> None:
 def run_stop(app: AppContext, request: StopRequest) -> None:
     """Stop the run on the app's targets (also `launcher.tasks.stop`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     outcomes = run_on_targets(app, work(request))
     say_result(outcomes)
@@ -162,9 +162,9 @@ def attach_command(app: AppContext) -> None:
       launcher attach -t prod
     Exit codes: 0 detached, 1 no session, 2 not a terminal or bad input, 3 unreachable.
     """
-    from launcher.errors import UsageError
-    from launcher.fleet import on_target
-    from launcher.operate import attach
+    from launcher.core.errors import UsageError
+    from launcher.operate.commands import attach
+    from launcher.targets.fleet import on_target
 
     result = on_target(app.target(), attach)
     if result.exit_code:
@@ -217,7 +217,7 @@ def history_command(
     Exit codes: 0 shown (also when none are recorded), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     COMMANDS["history"].run(app, {"limit": limit, "diff": diff or (), "json": as_json})
 
@@ -225,8 +225,8 @@ def history_command(
 def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None:
     """The deploy records on the app's targets (also `launcher.tasks.history`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
-    from launcher.commands import work
-    from launcher.operate import diff_lines, history_lines
+    from launcher.commands.table import work
+    from launcher.operate.commands import diff_lines, history_lines
 
     outcomes = run_on_targets(app, work(request))
     if json:
@@ -290,7 +290,7 @@ def rollback_command(
     Exit codes: 0 rolled back, 2 bad input, 3 unreachable or a step failed, 4 refused
     (no previous version, lock held, run active without --restart); a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     values = {
         "restart": restart,
@@ -305,7 +305,7 @@ def rollback_command(
 def run_rollback(app: AppContext, request: RollbackRequest) -> None:
     """Roll back on the app's targets (also `launcher.tasks.rollback`)."""
     from launcher.cli.targets import exit_with, run_on_targets, say_result
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     outcomes = run_on_targets(app, work(request))
     say_result(outcomes)
@@ -332,7 +332,7 @@ def doctor_command(app: AppContext, as_json: bool) -> None:
     Exit codes: 0 all pass; else the first failure's: 2 config, 3 host or container, 4 lock;
     a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     COMMANDS["doctor"].run(app, {"json": as_json})
 
@@ -341,10 +341,10 @@ def run_doctor(app: AppContext, request: DoctorRequest, *, json: bool) -> None:
     """Every check on the app's targets (also `launcher.tasks.doctor`). An inventory that
     does not load is doctor's first failed check, not an error."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets, say_result
-    from launcher.commands import work
-    from launcher.doctor import check_fix, config_failed
-    from launcher.errors import LauncherError, UsageError
-    from launcher.ui import progress_line, step_line
+    from launcher.commands.table import work
+    from launcher.core.errors import LauncherError, UsageError
+    from launcher.deploy.doctor import check_fix, config_failed
+    from launcher.output.ui import progress_line, step_line
 
     try:
         app.targets()
@@ -377,7 +377,7 @@ def disconnect_command() -> None:
       launcher disconnect
     Exit codes: 0 (also when there was none).
     """
-    from launcher.operate import disconnect
+    from launcher.operate.commands import disconnect
 
     connections, servers = disconnect()
     click.echo(f"ended {connections} persisted connection(s) and {servers} command server(s)")

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launcher.cli.params import PCT_CALLS, SANDBOX_GPUS, SANDBOX_STALL, STALL_CALLS
-from launcher.errors import UsageError
+from launcher.commands.params import PCT_CALLS, SANDBOX_GPUS, SANDBOX_STALL, STALL_CALLS
+from launcher.core.errors import UsageError
 
 if TYPE_CHECKING:
     from launcher.sandbox import Sandbox

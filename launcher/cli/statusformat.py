@@ -94,7 +94,7 @@ def test_command(playbook: Path, source: str, all_fields: bool) -> None:
     Exit codes: 0 status lines with a step (or the counter standing for it) were read,
     1 none were, 2 the playbook is invalid.
     """
-    from launcher.config import load_playbook
+    from launcher.config.models import load_playbook
     from launcher.verify.lines import logical_lines
     from launcher.verify.parse import parse_pane
 
@@ -210,10 +210,10 @@ def _read_lines(source: str) -> list[str]:
 
 def _pane_lines(app: AppContext) -> list[str]:
     """The target's pane, as `launcher logs --raw` shows it."""
-    from launcher.commands import run
-    from launcher.fleet import run_one
-    from launcher.operate import LogsResult
-    from launcher.requests import LogsRequest
+    from launcher.commands.table import run
+    from launcher.core.requests import LogsRequest
+    from launcher.operate.commands import LogsResult
+    from launcher.targets.fleet import run_one
 
     lines: list[str] = []
     result: LogsResult = run_one(
@@ -223,7 +223,7 @@ def _pane_lines(app: AppContext) -> list[str]:
         output=lines.append,
     )
     if result.exit_code:
-        from launcher.termsafe import sanitize
+        from launcher.output.termsafe import sanitize
 
         click.echo(sanitize(result.summary, keep_sgr=False), err=True)
         sys.exit(int(result.exit_code))
@@ -231,6 +231,6 @@ def _pane_lines(app: AppContext) -> list[str]:
 
 
 def _safe(line: str) -> str:
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     return sanitize(line, keep_sgr=False)

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from launcher.cli.context import AppContext, print_error
-from launcher.errors import LauncherError
-from launcher.fleet import FleetResult, Outcome, Work, error_outcome, run_fleet, run_one
+from launcher.core.errors import LauncherError
+from launcher.targets.fleet import FleetResult, Outcome, Work, error_outcome, run_fleet, run_one
 
 
 def run_on_targets(
@@ -25,7 +25,7 @@ def run_on_targets(
     """One target: run in this thread, its error printed once on stderr (with its hint).
     Several: in parallel, with progress per target (the caller prints the closing table).
     `live`: the progress is polls (one updating line on a terminal), not steps to keep."""
-    from launcher.ui import FleetDisplay, LiveLine, progress_line
+    from launcher.output.ui import FleetDisplay, LiveLine, progress_line
 
     targets = app.targets()
     silent = quiet or app.quiet
@@ -60,7 +60,7 @@ def result_output() -> Iterator[None]:
 
 def say_result(outcomes: Sequence[Outcome]) -> None:
     """One target's summary on stdout, unless it is the error already printed on stderr."""
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     if len(outcomes) == 1 and outcomes[0].error is None:
         with result_output():
@@ -70,9 +70,9 @@ def say_result(outcomes: Sequence[Outcome]) -> None:
 def emit_json(
     command: str, outcomes: Sequence[Outcome], items: Sequence[dict[str, Any]] | None = None
 ) -> None:
-    """The command's envelope (launcher/jsonout.py) on stdout; `items`: each target's item,
+    """The command's envelope (launcher/output/jsonout.py) on stdout; `items`: each target's item,
     when not its result's own JSON form."""
-    from launcher.jsonout import emit
+    from launcher.output.jsonout import emit
 
     with result_output():
         emit(FleetResult(command, list(outcomes)).to_json(items))
@@ -81,7 +81,7 @@ def emit_json(
 def exit_with(outcomes: Sequence[Outcome], *, title: str, table: bool = True) -> None:
     """End a command: the closing table for a fleet (last, after any details), the job summary
     and annotations under GitHub Actions, then the code."""
-    from launcher import ci
+    from launcher.probe import ci
 
     result = FleetResult(title, list(outcomes))
     if table and len(outcomes) > 1:

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
+from launcher.commands.params import INTERVAL, SUCCESSES, WAIT, WINDOW, wait_lock_option
 
 if TYPE_CHECKING:
-    from launcher.config import Target
-    from launcher.fleet import Outcome
-    from launcher.requests import SmokeRequest, StatusRequest, VerifyRequest
+    from launcher.config.models import Target
+    from launcher.core.requests import SmokeRequest, StatusRequest, VerifyRequest
+    from launcher.targets.fleet import Outcome
 
 
 def _report_destination(_ctx: Any, _param: Any, path: Path | None) -> Path | None:
     """A report that could not be written is bad input: exit 2 before any connection."""
-    from launcher.htmlreport import destination_problem
+    from launcher.probe.htmlreport import destination_problem
 
     problem = destination_problem(path) if path is not None else None
     if problem:
@@ -134,7 +134,7 @@ def verify_command(
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 unreachable, 130 interrupted;
     a fleet: the worst.
     """
-    from launcher.commands import COMMANDS, probe_values
+    from launcher.commands.table import COMMANDS, probe_values
 
     values = probe_values(wait, interval, window, successes, failure_threshold)
     shown = {"json": as_json, "junit": junit, "report": report, "verbose": verbose}
@@ -152,7 +152,7 @@ def run_verify(
 ) -> None:
     """The probe on the app's targets, its reports (also `launcher.tasks.verify`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     junit, report = _paths(junit, report)
     outcomes = run_on_targets(app, work(request), live=True)
@@ -163,8 +163,8 @@ def run_verify(
 
 def _paths(junit: str | Path | None, report: str | Path | None) -> tuple[Path | None, Path | None]:
     """Report paths; an HTML report that could not be written: exit 2 before connecting."""
-    from launcher.errors import UsageError
-    from launcher.htmlreport import destination_problem
+    from launcher.core.errors import UsageError
+    from launcher.probe.htmlreport import destination_problem
 
     junit = Path(junit) if junit is not None else None
     report = Path(report) if report is not None else None
@@ -210,7 +210,7 @@ def smoke_command(
     Example:
       launcher smoke -t staging --wait 60 --junit smoke.xml --report smoke.html --json > smoke.json
     """
-    from launcher.commands import COMMANDS, probe_values
+    from launcher.commands.table import COMMANDS, probe_values
 
     probe = probe_values(wait, interval, window, successes, failure_threshold)
     values = {**probe, "wait_lock": wait_lock, "rollback_on_failure": rollback_on_failure}
@@ -229,7 +229,7 @@ def run_smoke(
 ) -> None:
     """Deploy, then the probe, on the app's targets (also `launcher.tasks.smoke`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     junit, report = _paths(junit, report)
     outcomes = run_on_targets(app, work(request))
@@ -255,7 +255,7 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
     Exit codes: 0 healthy, 1 unhealthy (or no run), 2 bad input, 3 unreachable;
     a fleet: the worst.
     """
-    from launcher.commands import COMMANDS
+    from launcher.commands.table import COMMANDS
 
     app.say_inventory_from_env()
     COMMANDS["status"].run(app, {"json": as_json, "verbose": verbose})
@@ -264,7 +264,7 @@ def status_command(app: AppContext, as_json: bool, verbose: bool) -> None:
 def run_status(app: AppContext, request: StatusRequest, *, json: bool, verbose: bool) -> None:
     """One poll on the app's targets (also `launcher.tasks.status`)."""
     from launcher.cli.targets import exit_with, run_on_targets
-    from launcher.commands import work
+    from launcher.commands.table import work
 
     outcomes = run_on_targets(app, work(request), quiet=True)
     if json or len(outcomes) == 1:
@@ -282,8 +282,8 @@ def _report(
     verbose: bool = False,
 ) -> None:
     from launcher.cli.targets import emit_json
-    from launcher.ui import coloured_verdicts
-    from launcher.verify.report import render_status, render_text, to_junit
+    from launcher.output.ui import coloured_verdicts
+    from launcher.probe.report import render_status, render_text, to_junit
 
     targets = {t.name: t for t in app.targets()}
     documents: list[dict[str, Any]] = []
@@ -334,7 +334,7 @@ def _failed_item(outcome: Outcome, *, smoke: bool) -> dict[str, Any]:
 def _html_report(app: AppContext, outcomes: list[Outcome], path: Path | None, what: str) -> None:
     if path is None:
         return
-    from launcher.htmlreport import runs_from, write_report
+    from launcher.probe.htmlreport import runs_from, write_report
 
     targets = app.targets()
     queues = {t.name: _queues(t) for t in targets}

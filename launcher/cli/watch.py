@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.cli.params import (
+from launcher.commands.params import (
     HOUR,
     INTERVAL,
     MAX_RESTARTS,
@@ -150,7 +150,7 @@ def watch_command(
     restart; else 3 one unreachable; else 0 (a finished run or one a person stopped included).
     SIGTERM ends it with 0, Ctrl-C with 130, bad input with 2.
     """
-    from launcher.config import inventory_path
+    from launcher.config.models import inventory_path
     from launcher.watch.monitor import WatchSettings
     from launcher.watch.policy import RestartPolicy
     from launcher.watch.session import WatchRequest, WatchSession
@@ -189,7 +189,7 @@ def watch_command(
 
 
 def _printer(as_json: bool) -> Callable[[Event], None]:
-    from launcher.termsafe import sanitize
+    from launcher.output.termsafe import sanitize
 
     lock = threading.Lock()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 from launcher.sandbox import sshd
 
 if TYPE_CHECKING:  # manager.py imports this module (Sandbox.down stops the second node)

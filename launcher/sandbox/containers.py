@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from launcher.errors import RemoteError
+from launcher.core.errors import RemoteError
 from launcher.sandbox import gpus as sandbox_gpus
 from launcher.sandbox import rootfs
 

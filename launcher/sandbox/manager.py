@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 from launcher.sandbox import containers, network, ownership, rootfs, sshd
 from launcher.sandbox import gpus as sandbox_gpus
 

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 
 MARKER = ".launcher-sandbox"
 # Every entry of the state dir a sandbox writes (manager.py, sshd.py, gpus.py, network.py,

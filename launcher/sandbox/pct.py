@@ -97,7 +97,7 @@ def log_call(argv):
 def stall(faults, number):
     """The host-side stall: this call waits before doing anything, as a `pct` held up on the
     host does (a busy pmxcfs, a slow storage probe), so the host's shell has already stamped
-    the request (launcher.container.STAMPED_EXEC) when the container sees it much later."""
+    the request (launcher.container.pct.STAMPED_EXEC) when the container sees it much later."""
     spec = faults.get("pct_stall")
     if not isinstance(spec, dict):
         return

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 
 # `host`: the container bind-mounts this machine's /usr (seconds to create, no download).
 HOST = "host"

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launcher.errors import RemoteError
+from launcher.core.errors import RemoteError
 
 SSHD = "/usr/sbin/sshd"
 ADDRESS = "127.0.0.1"

@@ -15,7 +15,7 @@ EXIT_CODES = [0, 1, 2, 3, 4, 5, 6, 7, 130]
 
 
 def schema_id(command: str) -> str:
-    from launcher.jsonout import schema_name
+    from launcher.output.jsonout import schema_name
 
     return schema_name(command)
 

@@ -1,6 +1,6 @@
 """The result models of every `--json` output: the shipped JSON Schemas are generated from these.
 
-Each command prints one envelope (see launcher/jsonout.py):
+Each command prints one envelope (see launcher/output/jsonout.py):
 `{"schema": "launcher.<command>/<version>", "exit_code": N, "targets": [...], ...}`. A target's
 item is the command's own document, or a TargetError when the command could not act on that target.
 """

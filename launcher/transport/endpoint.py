@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from launcher.errors import CommandTimeout, ConnectError
+from launcher.core.errors import CommandTimeout, ConnectError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@
                    Output {id, fd: 1 | 2, data}   output as it arrives
                    Exit {id, exit: code}          the command's end
                    Failed {id, kind, message, hint}  a persisted connection's error (its kind
-                                                  one of launcher.errors': CommandTimeout, ...)
+                                                  one of launcher.core.errors': CommandTimeout, ...)
 
 The relay's host program (relayhost.py, run by the host's python3) writes and reads the same
 frames with the standard library alone; a frame that is not one of these, or whose fields have

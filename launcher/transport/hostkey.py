@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import ConfigError, ConnectError
+from launcher.core.errors import ConfigError, ConnectError
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from launcher.errors import (
+from launcher.core.errors import (
     AuthError,
     CommandTimeout,
     ConnectError,

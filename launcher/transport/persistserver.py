@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.errors import CommandTimeout, LauncherError
+from launcher.core.errors import CommandTimeout, LauncherError
 from launcher.transport import frames
 from launcher.transport.endpoint import Endpoint
 from launcher.transport.persist import (

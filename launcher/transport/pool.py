@@ -10,7 +10,7 @@ from launcher.transport.connection import Connection
 from launcher.transport.resolve import resolve_endpoint
 
 if TYPE_CHECKING:
-    from launcher.config import HostSpec
+    from launcher.config.models import HostSpec
 
 
 class ConnectionPool:

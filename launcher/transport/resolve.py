@@ -9,12 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.errors import ConfigError
+from launcher.core.errors import ConfigError
 from launcher.transport import sshconfig
 from launcher.transport.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from launcher.config import HostSpec
+    from launcher.config.models import HostSpec
 
 MAX_HOPS = 8  # jump hosts in one chain, the jump hosts' own included
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from launcher.errors import CommandTimeout, ConnectError, LauncherError
+from launcher.core.errors import CommandTimeout, ConnectError, LauncherError
 from launcher.transport.endpoint import (
     CommandResult,
     Endpoint,

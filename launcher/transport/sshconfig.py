@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import ConfigError
+from launcher.core.errors import ConfigError
 
 # One ProxyJump hop: [user@]host[:port], IPv6 in brackets.
 JUMP_RE = re.compile(

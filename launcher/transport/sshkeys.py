@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.bounded import read_regular, regular_file_problem
-from launcher.errors import AuthError, UsageError
+from launcher.core.bounded import read_regular, regular_file_problem
+from launcher.core.errors import AuthError, UsageError
 from launcher.transport.sshlibs import paramiko
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import AuthError, ConfigError, HostKeyError
+from launcher.core.errors import AuthError, ConfigError, HostKeyError
 from launcher.transport import sshkeys
 from launcher.transport.sshlibs import fabric, paramiko
 

@@ -135,7 +135,7 @@ def to_rate(value: object, unit: tuple[str, float, bool]) -> float | None:
 
 
 class _Model(BaseModel):
-    # Built on first use, as launcher.config's models (its _Model says why).
+    # Built on first use, as launcher.config.models's models (its _Model says why).
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 

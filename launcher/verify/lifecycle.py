@@ -16,8 +16,8 @@ once, so that status, verify and watch cannot disagree (see `status_exit` and `p
 
 from __future__ import annotations
 
-from launcher.enums import StrEnum
-from launcher.errors import ExitCode
+from launcher.core.enums import StrEnum
+from launcher.core.errors import ExitCode
 from launcher.verify.pane import PaneState
 
 

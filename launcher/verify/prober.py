@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from launcher.errors import ContainerError, ExitCode, RemoteError
+from launcher.core.errors import ContainerError, ExitCode, RemoteError
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.lifecycle import State, ended
 from launcher.verify.parse import Sample, parse_pane

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from launcher.enums import StrEnum
+from launcher.core.enums import StrEnum
 
 __all__ = ["CheckResult", "Failure", "Verdict", "worst_verdict"]
 

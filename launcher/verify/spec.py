@@ -19,7 +19,7 @@ from launcher.verify.samples import parse_rate
 
 __all__ = ["ChecksSpec", "LossSpec", "QueueSpec", "StepSpec", "ThroughputSpec", "queue_spec"]
 
-# The models are built on first use (defer_build), as launcher.config's (its _Model says why).
+# The models are built on first use (defer_build), as launcher.config.models's (_Model says why).
 
 
 class ThroughputSpec(BaseModel, extra="forbid", allow_inf_nan=False, defer_build=True):

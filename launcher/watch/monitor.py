@@ -18,18 +18,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from launcher.agentclient import container_for
-from launcher.config import Target
-from launcher.container import HostConnection
-from launcher.deploy import DeployOptions, deploy
-from launcher.errors import LauncherError, PausedError, RefusedError, RemoteError
-from launcher.job import new_run_id
-from launcher.operate import RunBack, rollback, stop
-from launcher.protocol import RUN_REPLACED, SPEC_NOT_KEPT
+from launcher.agent.protocol import RUN_REPLACED, SPEC_NOT_KEPT
+from launcher.config.models import Target
+from launcher.container.agentclient import container_for
+from launcher.container.pct import HostConnection
+from launcher.core.errors import LauncherError, PausedError, RefusedError, RemoteError
+from launcher.deploy.deploy import DeployOptions, deploy
+from launcher.jobs.job import new_run_id
+from launcher.operate.commands import RunBack, rollback, stop
+from launcher.probe.poll import poll_once
+from launcher.probe.workflows import deployed_run, parser_for
 from launcher.verify.lifecycle import State
-from launcher.verify.poll import poll_once
 from launcher.verify.prober import UNREACHABLE_LIMIT
-from launcher.verify.workflows import deployed_run, parser_for
 from launcher.watch.events import QUIET_KINDS, Event
 from launcher.watch.judging import JudgeSettings, Observation, RunJudge
 from launcher.watch.metrics import Metrics

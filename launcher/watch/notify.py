@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from launcher.errors import UsageError
-from launcher.version import __version__
+from launcher.core.errors import UsageError
+from launcher.core.version import __version__
 from launcher.watch.events import Event
 from launcher.watch.state import WatchState
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Target
-from launcher.errors import ExitCode, UsageError
-from launcher.fleet import connections_for
+from launcher.config.models import Target
+from launcher.core.errors import ExitCode, UsageError
+from launcher.targets.fleet import connections_for
 from launcher.watch.events import Event
 from launcher.watch.metrics import Metrics
 from launcher.watch.monitor import Hub, Watcher, WatchSettings

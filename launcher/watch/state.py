@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from launcher.errors import RefusedError, UsageError
+from launcher.core.errors import RefusedError, UsageError
 from launcher.watch.events import Event
 
 # Delivered events are forgotten; undelivered ones are kept up to this many (the oldest go).

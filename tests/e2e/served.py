@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.cmdserver import client, wire
+from launcher.entry.cmdserver import client, wire
 
 START_TIMEOUT = 60.0  # the server's imports, on a machine the other workers keep busy
 STARTED_TIMEOUT = 20.0  # the fork and the child's inventory look

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from launcher.agentclient import AgentClient, bundle
-from launcher.config import HostSpec
-from launcher.container import Container
-from launcher.protocol import FollowRequest
+from launcher.agent.protocol import FollowRequest
+from launcher.config.models import HostSpec
+from launcher.container.agentclient import AgentClient, bundle
+from launcher.container.pct import Container
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.transport.connection import Connection
 from launcher.transport.endpoint import CommandResult, Endpoint

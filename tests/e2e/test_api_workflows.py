@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from launcher import Launcher
-from launcher.errors import ExitCode, LauncherError
+from launcher.core.errors import ExitCode, LauncherError
 from launcher.schemas import shipped
 from tests.e2e.project import Project
 

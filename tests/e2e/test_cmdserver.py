@@ -1,5 +1,5 @@
-"""The command server (launcher/cmdserver/) against the sandbox: a served command prints, exits
-and ends as the same command run in-process does, and every way it can go wrong (a signal, a
+"""The command server (launcher/entry/cmdserver/) against the sandbox: a served command prints,
+exits and ends as the same command run in-process does, and every way it can go wrong (a signal, a
 closed pipe, a killed client or server, another user, changed code, a stale socket, a host
 that prompts) ends in a command run once, correctly."""
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.cmdserver import wire
+from launcher.entry.cmdserver import wire
 from tests.e2e.project import Project, local_processes
 from tests.e2e.test_ssh_paths import (  # locked_key: the fixture, a key with a passphrase
     PASSPHRASE,
@@ -87,7 +87,7 @@ def servers(runtime: Path) -> list[int]:
     return [
         pid
         for pid, cmdline, environ in local_processes()
-        if b"launcher.cmdserver.server" in cmdline and mine in environ
+        if b"launcher.entry.cmdserver.server" in cmdline and mine in environ
     ]
 
 
@@ -132,13 +132,13 @@ def assert_served(result: subprocess.CompletedProcess[str]) -> None:
     """Run with `-X importtime`: the client imported neither click nor pydantic, and the
     server's child (whose stderr is the client's) imported nothing the server had not."""
     names = imported(result.stderr)
-    assert "launcher.cmdserver.client" in names, result.stderr[-2000:]
+    assert "launcher.entry.cmdserver.client" in names, result.stderr[-2000:]
     heavy = {n for n in names if n.split(".")[0] in ("click", "pydantic", "paramiko", "yaml")}
     assert not heavy, heavy
-    client = {"launcher", "launcher.console", "launcher.version", "launcher.transport"}
-    client |= {"launcher.transport.rundir", "launcher.cmdserver"}
+    client = {"launcher", "launcher.entry.console", "launcher.core.version", "launcher.transport"}
+    client |= {"launcher.transport.rundir", "launcher.entry.cmdserver"}
     later = {n for n in names if n.startswith("launcher")} - client
-    later -= {n for n in names if n.startswith("launcher.cmdserver.")}
+    later -= {n for n in names if n.startswith("launcher.entry.cmdserver.")}
     assert not later, sorted(later)
 
 

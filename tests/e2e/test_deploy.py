@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from launcher.deploy import INLINE_LIMIT
-from launcher.protocol import LOCK_PATH
+from launcher.agent.protocol import LOCK_PATH
+from launcher.deploy.deploy import INLINE_LIMIT
 from tests.e2e.project import (
     DEMO_TRAINER,
     Project,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 from launcher.sandbox import Sandbox, SandboxInfo, rootfs
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
 from tests.e2e.project import DEMO_TRAINER, Project, json_out, verify_json

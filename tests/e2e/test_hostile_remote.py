@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config import HostSpec
-from launcher.errors import ConnectError
-from launcher.protocol import LOCK_PATH
+from launcher.agent.protocol import LOCK_PATH
+from launcher.config.models import HostSpec
+from launcher.core.errors import ConnectError
 from launcher.transport.connection import Connection
 from launcher.transport.resolve import resolve_endpoint
 from tests.e2e.project import DEMO_TRAINER, Project

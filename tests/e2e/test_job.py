@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from launcher import Launcher
-from launcher.errors import ExitCode
+from launcher.core.errors import ExitCode
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.network import address
 from launcher.schemas import shipped

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from launcher.jsonout import schema_name
+from launcher.output.jsonout import schema_name
 from launcher.schemas import shipped
 from tests.e2e.project import Project
 

@@ -446,7 +446,7 @@ def test_the_api_checks_its_arguments_as_the_cli_does(
     program = (
         "import sys\n"
         "from launcher import Launcher\n"
-        "from launcher.errors import LauncherError\n"
+        "from launcher.core.errors import LauncherError\n"
         f"l = Launcher({str(project.inventory)!r})\n"
         "try:\n"
         f"    {call}\n"

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from launcher import protocol as p
-from launcher.agentclient import AgentClient, AgentFailure
-from launcher.config import load_inventory
-from launcher.container import Container
-from launcher.deploy import operator_info, transaction_request
-from launcher.errors import ExitCode, ProtocolError
-from launcher.protocolcheck import declared_keys, problem
+from launcher.agent import protocol as p
+from launcher.config.models import load_inventory
+from launcher.container.agentclient import AgentClient, AgentFailure
+from launcher.container.answers import declared_keys, problem
+from launcher.container.pct import Container
+from launcher.core.errors import ExitCode, ProtocolError
+from launcher.deploy.deploy import operator_info, transaction_request
 from launcher.transport.pool import ConnectionPool
 from tests.e2e.project import DEMO_TRAINER, Project
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.protocol import RUN_ENV
+from launcher.agent.protocol import RUN_ENV
 from tests.e2e.project import Project
 from tests.e2e.test_json_contract import document
 

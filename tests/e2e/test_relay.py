@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from launcher.container import Container
-from launcher.errors import CommandTimeout, ConnectError
+from launcher.container.pct import Container
+from launcher.core.errors import CommandTimeout, ConnectError
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.transport import relay
 from launcher.transport.connection import Connection

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.config import HostSpec
-from launcher.container import Container
-from launcher.errors import CommandTimeout, ConnectError, ContainerError, HostKeyError
+from launcher.config.models import HostSpec
+from launcher.container.pct import Container
+from launcher.core.errors import CommandTimeout, ConnectError, ContainerError, HostKeyError
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.transport import ssh
 from launcher.transport.connection import Connection

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 import launcher.transport.sshopen  # imported up front: the timings are about connecting
-from launcher.config import HostSpec
-from launcher.errors import ConnectError, HostKeyError
+from launcher.config.models import HostSpec
+from launcher.core.errors import ConnectError, HostKeyError
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.manager import JumpHost
 from launcher.transport.connection import Connection

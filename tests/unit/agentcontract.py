@@ -14,11 +14,11 @@ from typing import Any, get_args
 
 import pytest
 
-from launcher import protocol as p
 from launcher.agent import base as agent_base
 from launcher.agent import main as agent_main
-from launcher.agentclient import ANSWERS, REQUESTS
-from launcher.protocolcheck import declared_keys, is_typeddict, present_problem, problem
+from launcher.agent import protocol as p
+from launcher.container.agentclient import ANSWERS, REQUESTS
+from launcher.container.answers import declared_keys, is_typeddict, present_problem, problem
 
 Reads = set[tuple[str, str]]  # (type name, key)
 

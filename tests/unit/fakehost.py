@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.agentclient import AGENT_ARGV
-from launcher.container import VERIFY_SCRIPT as VERIFY
-from launcher.container import split_stamped
+from launcher.container.agentclient import AGENT_ARGV
+from launcher.container.pct import VERIFY_SCRIPT as VERIFY
+from launcher.container.pct import split_stamped
 from launcher.transport.endpoint import CommandResult
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.agent.tmux import no_session
-from launcher.config import Target, load_inventory
+from launcher.config.models import Target, load_inventory
 
 # The agent's own answer for a missing session (protocol.SessionState): the client checks
 # every key, so the fakes answer with exactly what the agent sends.

@@ -26,8 +26,7 @@ from typing import Any
 
 import pytest
 
-from launcher import protocol
-from launcher.agent import MODULES
+from launcher.agent import MODULES, protocol
 from launcher.agent import base as agent_base
 from launcher.agent import deploy as agent_deploy
 from launcher.agent import gpus as agent_gpus
@@ -38,8 +37,8 @@ from launcher.agent import poll as agent_poll
 from launcher.agent import processes as agent_processes
 from launcher.agent import stop as agent_stop
 from launcher.agent import tmux as agent_tmux
-from launcher.agentclient import BOOT, agent_sources, payload
-from launcher.protocol import RUN_ENV
+from launcher.agent.protocol import RUN_ENV
+from launcher.container.agentclient import BOOT, agent_sources, payload
 from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

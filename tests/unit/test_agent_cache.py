@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from launcher.agent import cache as agent_cache
-from launcher.agentclient import (
+from launcher.agent.protocol import FollowRequest
+from launcher.container.agentclient import (
     AGENT_ARGV,
     BOOT,
     MISS_EXIT,
@@ -32,8 +33,7 @@ from launcher.agentclient import (
     bundle,
     payload,
 )
-from launcher.container import Container, split_stamped
-from launcher.protocol import FollowRequest
+from launcher.container.pct import Container, split_stamped
 from launcher.transport.endpoint import CommandResult
 
 PYTHON = shutil.which("python3") or "python3"

@@ -18,8 +18,8 @@ from launcher.buckets import require_numpy
 from launcher.buckets.optimize import model_padded_tokens, optimal_groups, plan_buckets
 from launcher.buckets.simulate import pack, simulate
 from launcher.cli.main import cli, main
-from launcher.config import load_playbook
-from launcher.errors import LauncherError, UsageError
+from launcher.config.models import load_playbook
+from launcher.core.errors import LauncherError, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 49_152

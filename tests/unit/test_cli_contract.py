@@ -13,7 +13,7 @@ from click.shell_completion import ShellComplete
 
 from launcher.cli.completion import COMPLETE_VAR, completion_script
 from launcher.cli.main import cli, main
-from launcher.jsonout import envelope
+from launcher.output.jsonout import envelope
 from launcher.schemas import DIRECTORY, commands, render, shipped
 from launcher.schemas.__main__ import main as schemas_main
 from tests.unit.projectfiles import write_project

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster import (
+from launcher.config.models import Cluster, HostSpec, load_inventory
+from launcher.core.errors import ConfigError, ContainerError, ExitCode, RemoteError
+from launcher.targets.cluster import (
     NodeOffline,
     PveshError,
     locate,
@@ -15,8 +17,6 @@ from launcher.cluster import (
     parse_resources,
     place,
 )
-from launcher.config import Cluster, HostSpec, load_inventory
-from launcher.errors import ConfigError, ContainerError, ExitCode, RemoteError
 from launcher.transport.endpoint import CommandResult
 
 RESOURCES = [
@@ -228,7 +228,7 @@ class RunawayNode(FakeNode):
 def test_pvesh_answers_are_bounded_and_their_exit_status_kept(
     answer: bytes, stderr: bytes, message: str
 ) -> None:
-    from launcher.cluster import _pvesh
+    from launcher.targets.cluster import _pvesh
 
     node = RunawayNode("n", [], answer, stderr)
     with pytest.raises(PveshError) as raised:

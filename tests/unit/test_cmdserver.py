@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.cmdserver import client, server, wire
+from launcher.entry.cmdserver import client, server, wire
 
 PACKAGE = Path(launcher.__file__).resolve().parent
 
@@ -222,7 +222,7 @@ def test_the_audit_sees_what_it_looks_for() -> None:
 
 def test_the_server_preloads_every_module_it_may_fork_for() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in preloaded()}
-    assert {"cli/main.py", "config.py", "verify/workflows.py", "deploy.py"} <= names
+    assert {"cli/main.py", "config/models.py", "probe/workflows.py", "deploy/deploy.py"} <= names
     assert "agent/main.py" not in names and "sandbox/manager.py" not in names
     assert os.path.basename(server.__file__) == "server.py"
 
@@ -231,7 +231,7 @@ def test_the_server_builds_every_model_a_child_would_build_again() -> None:
     """The configuration's models build on first use (defer_build); the server builds them all
     before it forks, so that no child spends ~30 ms building them for each command."""
     code = (
-        "from launcher.cmdserver import server; server.preload()\n"
+        "from launcher.entry.cmdserver import server; server.preload()\n"
         "from pydantic import BaseModel\n"
         "pending, unbuilt = [BaseModel], []\n"
         "while pending:\n"

@@ -1,5 +1,5 @@
 """The CLI, the API and the Fabric tasks cannot drift: every CLI option of the commands in
-launcher.commands has a counterpart in the declaration, the API's keywords and the tasks (or
+launcher.commands.table has a counterpart in the declaration, the API's keywords and the tasks (or
 is listed here as deliberately CLI-only, with the reason)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from invoke.exceptions import Exit
 from launcher import tasks
 from launcher.api import Launcher
 from launcher.cli.main import cli
-from launcher.commands import COMMANDS
-from launcher.errors import ExitCode, UsageError
+from launcher.commands.table import COMMANDS
+from launcher.core.errors import ExitCode, UsageError
 
 # The CLI's options that every command shares, and the task option each one is.
 GLOBAL_OPTIONS = {

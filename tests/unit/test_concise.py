@@ -3,9 +3,9 @@ its expectation; the table of several targets shows each one's state and reason.
 
 from __future__ import annotations
 
-from launcher.errors import ExitCode
-from launcher.fleet import Outcome, render_table
-from launcher.verify.report import render_text
+from launcher.core.errors import ExitCode
+from launcher.probe.report import render_text
+from launcher.targets.fleet import Outcome, render_table
 from tests.unit.test_htmlreport import probe
 
 

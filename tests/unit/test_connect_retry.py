@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import AuthError, ConnectError
+from launcher.core.errors import AuthError, ConnectError
 from launcher.transport import ssh, sshopen
 from launcher.transport.endpoint import Endpoint
 

@@ -1,10 +1,11 @@
-"""stderr whose reader is gone (launcher/console.py, TolerantStream): lines dropped, no error."""
+"""stderr whose reader is gone (launcher/entry/console.py, TolerantStream): lines dropped, no
+error."""
 
 from __future__ import annotations
 
 import io
 
-from launcher.console import TolerantStream
+from launcher.entry.console import TolerantStream
 
 
 class GoneAfter(io.StringIO):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import demo
 from launcher.cli.main import main
+from launcher.entry import demo
 
 
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

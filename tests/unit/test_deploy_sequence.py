@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from launcher import deploy as deploy_module
-from launcher.deploy import DeployOptions, Step, deploy
-from launcher.errors import ContainerError, ExitCode, LauncherError
+from launcher.core.errors import ContainerError, ExitCode, LauncherError
+from launcher.deploy import deploy as deploy_module
+from launcher.deploy.deploy import DeployOptions, Step, deploy
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import SCRIPT, load_target
 from tests.unit.projectfiles import preflight_answer as preflight

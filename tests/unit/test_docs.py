@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 import pytest
 
-from launcher import docsref
 from launcher.cli.main import cli
+from launcher.entry import docsref
 from launcher.sandbox import demo_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ OTHER_FLAGS = {
     "--shim-dir": "./run demo",
     "--no-shim": "./run demo",
     "--stock-home": "./run bench",
-    "--check": "python -m launcher.schemas / launcher.docsref",
-    "--write": "python -m launcher.docsref",
+    "--check": "python -m launcher.schemas / launcher.entry.docsref",
+    "--write": "python -m launcher.entry.docsref",
     "--user": "systemctl --user",
     "--now": "systemctl enable --now",
     "--type": "pvesh get /cluster/resources --type vm",
@@ -223,7 +223,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 def test_generated_references_are_current() -> None:
-    assert docsref.main(["--check"]) == 0, "run: python -m launcher.docsref --write"
+    assert docsref.main(["--check"]) == 0, "run: python -m launcher.entry.docsref --write"
 
 
 def test_readme_reads_in_ten_minutes() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from launcher.config import load_inventory
+from launcher.config.models import load_inventory
 from tests.unit.test_docs import problems_of
 from tests.unit.test_htmlreport import probe
 
@@ -197,9 +197,9 @@ def test_gitlab_setup_loads_the_key_and_names_the_known_hosts(repo: Path, tmp_pa
 def test_github_job_summary_and_annotations_come_from_launcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from launcher import ci
-    from launcher.errors import ExitCode
-    from launcher.fleet import Outcome
+    from launcher.core.errors import ExitCode
+    from launcher.probe import ci
+    from launcher.targets.fleet import Outcome
 
     crashed = probe(crash_at=9)
     outcomes = [

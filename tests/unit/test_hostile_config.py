@@ -16,12 +16,12 @@ from types import FrameType
 
 import pytest
 
-from launcher import yamlsource
 from launcher.cli.main import main
-from launcher.cli.params import GRACE, INTERVAL, WAIT, Duration, human, parse_duration
-from launcher.config import load_inventory, load_playbook, parse_jump
-from launcher.errors import ConfigError
-from launcher.yamlsource import MAX_BYTES, load_yaml
+from launcher.commands.params import GRACE, INTERVAL, WAIT, Duration, human, parse_duration
+from launcher.config import yamlsource
+from launcher.config.models import load_inventory, load_playbook, parse_jump
+from launcher.config.yamlsource import MAX_BYTES, load_yaml
+from launcher.core.errors import ConfigError
 from tests.unit.projectfiles import write_project
 
 # The classic "billion laughs": 9 levels of 9 aliases, about a billion strings once expanded.

@@ -15,10 +15,10 @@ from html.parser import HTMLParser
 import pytest
 
 from launcher import __version__
-from launcher.htmlreport import Run, render_html, step_rate, throughput_unit, timeline
+from launcher.probe.htmlreport import Run, render_html, step_rate, throughput_unit, timeline
+from launcher.probe.report import SPARKS, sparkline, to_junit
 from launcher.verify.checks import ChecksSpec, PaneState
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
-from launcher.verify.report import SPARKS, sparkline, to_junit
 from launcher.verify.samples import Reading, ReadSample, Sample
 
 HOSTILE = (

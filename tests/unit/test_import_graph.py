@@ -119,14 +119,14 @@ def test_the_cycle_finder_finds_cycles_and_ignores_type_only_imports(tmp_path: P
         "    from launcher.transport.connection import Connection\n"
         "def f():\n"
         "    from launcher.transport import persist\n"
-        "    from launcher import version\n"
+        "    from launcher.core import version\n"
         "    from launcher.transport.endpoint import Endpoint\n"
     )
     modules = module_files()
     got = imports_of("launcher.m", source, modules)
     assert got == {
         "launcher.transport.persist",
-        "launcher.version",
+        "launcher.core.version",
         "launcher.transport.endpoint",
     }
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import init
 from launcher.cli.main import main
-from launcher.config import load_inventory
-from launcher.errors import UsageError
+from launcher.config.models import load_inventory
+from launcher.core.errors import UsageError
+from launcher.deploy import init
 from launcher.transport import hostkey
 
 KEY = hostkey.HostKey(

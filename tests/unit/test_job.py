@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from launcher.config import load_inventory
-from launcher.errors import ConfigError, ExitCode
-from launcher.fleet import Outcome
-from launcher.job import NodeResult, Rendezvous, load_job, with_env
-from launcher.jobdeploy import JobResult, NodeState
-from launcher.jobverify import (
+from launcher.config.models import load_inventory
+from launcher.core.errors import ConfigError, ExitCode
+from launcher.jobs.deploy import JobResult, NodeState
+from launcher.jobs.job import NodeResult, Rendezvous, load_job, with_env
+from launcher.jobs.verify import (
     NodeWatch,
     gpu_problem,
     has_finished,
@@ -30,7 +29,8 @@ from launcher.jobverify import (
     run_id,
     status_job,
 )
-from launcher.jobwatch import JobWatchOptions, terminated_by_sigterm, watch_job
+from launcher.jobs.watch import JobWatchOptions, terminated_by_sigterm, watch_job
+from launcher.targets.fleet import Outcome
 from launcher.verify.checks import PaneState
 from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
@@ -216,8 +216,8 @@ def test_sigterm_ends_a_job_watch_after_the_poll_under_way_and_restarts_nothing(
     def no_restart(*args: object, **kwargs: object) -> JobResult:
         raise AssertionError("restarted after SIGTERM")
 
-    monkeypatch.setattr("launcher.jobwatch.status_job", one_poll)
-    monkeypatch.setattr("launcher.jobwatch.deploy_job", no_restart)
+    monkeypatch.setattr("launcher.jobs.watch.status_job", one_poll)
+    monkeypatch.setattr("launcher.jobs.watch.deploy_job", no_restart)
     lines: list[str] = []
     options = JobWatchOptions(interval=60, restart_on_failure=True)
     with terminated_by_sigterm() as stop:
@@ -260,9 +260,9 @@ def polled_job(
     def status_work(ctx: Any) -> Outcome:
         return Outcome(ctx.target.name, code, f"{rank0.value}: step 9", {"probe": probe})
 
-    monkeypatch.setattr("launcher.jobverify.status_work", status_work)
-    monkeypatch.setattr("launcher.jobverify.container_for", lambda target, conn: None)
-    monkeypatch.setattr("launcher.jobverify.poll_once", lambda *args: (node1, None))
+    monkeypatch.setattr("launcher.jobs.verify.status_work", status_work)
+    monkeypatch.setattr("launcher.jobs.verify.container_for", lambda target, conn: None)
+    monkeypatch.setattr("launcher.jobs.verify.poll_once", lambda *args: (node1, None))
     return job, PolledNodes(list(job.nodes))
 
 
@@ -314,7 +314,7 @@ def test_a_job_watch_does_not_restart_a_finished_job(
     def no_restart(*args: object, **kwargs: object) -> JobResult:
         raise AssertionError("a finished job was redeployed")
 
-    monkeypatch.setattr("launcher.jobwatch.deploy_job", no_restart)
+    monkeypatch.setattr("launcher.jobs.watch.deploy_job", no_restart)
     ticks = iter(range(100))
     lines: list[str] = []
     options = JobWatchOptions(interval=1, duration=5, restart_on_failure=True, failures=1)
@@ -405,10 +405,10 @@ def test_a_job_watch_restarts_after_its_backoff_and_records_every_transition(
         ]
     )
     deployed = JobResult("train", "deploy", "launched run R2 on 2 node(s)", run_id="R2")
-    monkeypatch.setattr("launcher.jobwatch.status_job", lambda j, n: next(polls))
-    monkeypatch.setattr("launcher.jobwatch.deploy_job", lambda *a, **k: deployed)
+    monkeypatch.setattr("launcher.jobs.watch.status_job", lambda j, n: next(polls))
+    monkeypatch.setattr("launcher.jobs.watch.deploy_job", lambda *a, **k: deployed)
     monkeypatch.setattr(
-        "launcher.jobwatch.verify_job",
+        "launcher.jobs.watch.verify_job",
         lambda *a, **k: JobResult("train", "verify", "healthy: 2 node(s) in run R2"),
     )
     state = tmp_path / "watch.json"
@@ -442,7 +442,7 @@ def test_a_job_document_is_what_its_schema_says(action: str) -> None:
     fields at the top level, valid against launcher/schemas/job-ACTION.schema.json."""
     import jsonschema
 
-    from launcher.jsonout import envelope
+    from launcher.output.jsonout import envelope
     from launcher.schemas import shipped
 
     result = job_result("healthy: 2 node(s) in run R1", ("healthy", ExitCode.OK), ("alive", 0))

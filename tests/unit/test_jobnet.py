@@ -1,4 +1,4 @@
-"""A job's network plan without a host (launcher.jobnet): the addresses and interfaces chosen
+"""A job's network plan without a host (launcher.jobs.network): the addresses and interfaces chosen
 from what the nodes report, and the rendezvous torchrun gets for the names they resolve."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from launcher import protocol as p
+from launcher.agent import protocol as p
 from launcher.agent.base import AgentError
 from launcher.agent.network import write_hosts_block
-from launcher.errors import ExitCode
-from launcher.jobnet import (
+from launcher.core.errors import ExitCode
+from launcher.jobs.network import (
     Interface,
     NetworkPlan,
     NetworkProblem,

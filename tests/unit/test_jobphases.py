@@ -1,4 +1,4 @@
-"""A job's phases (launcher.jobdeploy.run_phases) and `job logs`' choice of nodes, on fakes
+"""A job's phases (launcher.jobs.deploy.run_phases) and `job logs`' choice of nodes, on fakes
 that fail loudly on anything unexpected: what runs on which node, in which order, and what
 stops the phases before any change."""
 
@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from launcher import jobdeploy
-from launcher.config import Target, load_inventory
-from launcher.deploy import Step
-from launcher.errors import ExitCode, LauncherError, RefusedError, RemoteError, UsageError
-from launcher.job import Job, NodeResult, load_job
-from launcher.jobdeploy import Phases, run_phases
-from launcher.joblogs import chosen_nodes
-from launcher.jobnet import NetworkPlan
-from launcher.operate import StopResult
+from launcher.config.models import Target, load_inventory
+from launcher.core.errors import ExitCode, LauncherError, RefusedError, RemoteError, UsageError
+from launcher.deploy.deploy import Step
+from launcher.jobs import deploy as jobdeploy
+from launcher.jobs.deploy import Phases, run_phases
+from launcher.jobs.job import Job, NodeResult, load_job
+from launcher.jobs.logs import chosen_nodes
+from launcher.jobs.network import NetworkPlan
+from launcher.operate.commands import StopResult
 from tests.unit.test_job import JOB, inventory_with
 
 ADDRESSED = JOB + "    addresses: {prod: 10.0.0.5}\n"  # rank 0's address: no remote call

@@ -26,9 +26,8 @@ from launcher.agent import main as agent_main
 from launcher.agent import paths as agent_paths
 from launcher.agent import stop as agent_stop
 from launcher.cli.main import cli
-from launcher.config import HostSpec
-from launcher.doctor import config_failed, doctor
-from launcher.errors import (
+from launcher.config.models import HostSpec
+from launcher.core.errors import (
     ConfigError,
     ConnectError,
     ExitCode,
@@ -36,7 +35,8 @@ from launcher.errors import (
     LauncherError,
     RemoteError,
 )
-from launcher.operate import (
+from launcher.deploy.doctor import config_failed, doctor
+from launcher.operate.commands import (
     LineSplitter,
     attach,
     attach_argv,
@@ -767,7 +767,7 @@ def test_every_command_has_help_with_an_example(name: str) -> None:
 
 
 def test_a_deploys_overrides_are_recorded_with_secrets_redacted() -> None:
-    from launcher.deploy import DeployOptions, override_record
+    from launcher.deploy.deploy import DeployOptions, override_record
 
     options = DeployOptions(
         env={"WANDB_API_KEY": "s3cret", "LR": "3e-4"},
@@ -815,8 +815,8 @@ def test_where_each_runs_checkpoints_are_follows_every_record(tmp_path: Path) ->
 
 
 def test_a_diff_of_two_runs_names_what_changed_and_never_an_env_value() -> None:
-    from launcher.errors import UsageError
-    from launcher.operate import diff_lines, find_run, run_diff
+    from launcher.core.errors import UsageError
+    from launcher.operate.commands import diff_lines, find_run, run_diff
 
     first = {**RECORD, "run": "s:20260101T000000Z-aa", "overrides": {"env": ["LR"]}}
     second = {

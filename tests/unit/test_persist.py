@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import CommandTimeout, ConnectError
+from launcher.core.errors import CommandTimeout, ConnectError
 from launcher.transport import frames, persist, persistserver
 from launcher.transport.endpoint import CommandResult, Endpoint
 from launcher.transport.runner import Unavailable

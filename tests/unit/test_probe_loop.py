@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import CommandTimeout, ConnectError, ContainerError, ExitCode
+from launcher.core.errors import CommandTimeout, ConnectError, ContainerError, ExitCode
 from launcher.verify.checks import CheckResult, ChecksSpec, PaneState, Verdict
 from launcher.verify.prober import POLL_FLOOR, Prober, ProbeResult, ProbeSettings
 

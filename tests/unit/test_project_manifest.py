@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.project import (
+from launcher.core.errors import UsageError
+from launcher.deploy.project import (
     Limits,
     StreamCounts,
     blob_stream,
@@ -110,7 +110,7 @@ def test_a_file_that_goes_while_the_manifest_is_built_is_named(
         act(root / "pkg" / "model.py")  # type: ignore[operator]
         return set()
 
-    monkeypatch.setattr("launcher.project._git_ignored", meanwhile)
+    monkeypatch.setattr("launcher.deploy.project._git_ignored", meanwhile)
     with pytest.raises(UsageError, match=needle):
         build_manifest(root, exclude=["outputs"], gitignore=True, limits=LIMITS)
 

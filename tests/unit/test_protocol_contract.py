@@ -18,11 +18,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 
-from launcher import protocol as p
 from launcher.agent import main as agent_main
-from launcher.agentclient import ANSWERS, REQUESTS, AgentFailure, check_answer
-from launcher.errors import ExitCode, ProtocolError
-from launcher.protocolcheck import declared_keys, is_typeddict, problem
+from launcher.agent import protocol as p
+from launcher.container.agentclient import ANSWERS, REQUESTS, AgentFailure, check_answer
+from launcher.container.answers import declared_keys, is_typeddict, problem
+from launcher.core.errors import ExitCode, ProtocolError
 from tests.unit.agentcontract import HandlerContract
 
 TMUX = shutil.which("tmux")

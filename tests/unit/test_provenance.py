@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.provenance import describe, source_of
+from launcher.deploy.provenance import describe, source_of
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

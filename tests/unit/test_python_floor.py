@@ -13,7 +13,7 @@ LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 # Every module of the agent's package (its loader too), found by listing it: a new one is covered.
 AGENT = sorted((LAUNCHER / "agent").glob("*.py"))
 IN_CONTAINER = [
-    LAUNCHER / "protocol.py",
+    LAUNCHER / "agent" / "protocol.py",
     *AGENT,
     LAUNCHER / "sandbox" / "ctinit.py",
     LAUNCHER / "sandbox" / "nvidia_smi.py",
@@ -39,5 +39,5 @@ def test_container_side_needs_no_newer_python_than_the_floor() -> None:
 def test_the_agent_and_protocol_say_they_defer_annotations() -> None:
     """Without the future import, `dict[str, int]` in an annotation fails on 3.8 at import."""
     assert len(AGENT) > 10
-    for path in [LAUNCHER / "protocol.py", *AGENT]:
+    for path in [LAUNCHER / "agent" / "protocol.py", *AGENT]:
         assert "from __future__ import annotations" in path.read_text(), path

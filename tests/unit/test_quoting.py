@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.container import exec_command, push_command
+from launcher.container.pct import exec_command, push_command
 
 HOSTILE = [
     "plain",

@@ -9,21 +9,21 @@ from typing import Any
 
 import pytest
 
-from launcher import ctstate
 from launcher.agent import base as agent_base
 from launcher.agent import deploy as agent_deploy
 from launcher.agent import params as agent_params
 from launcher.agent import stop as agent_stop
 from launcher.agent.base import AgentError, host_stamp
-from launcher.agentclient import (
+from launcher.container import ctstate
+from launcher.container.agentclient import (
     DIAGNOSIS_LIMIT,
     AgentClient,
     agent_deadline,
     split_timeout,
     with_deadline,
 )
-from launcher.container import Container, split_stamped, stamped_command
-from launcher.errors import CommandTimeout, ExitCode, PausedError
+from launcher.container.pct import Container, split_stamped, stamped_command
+from launcher.core.errors import CommandTimeout, ExitCode, PausedError
 from tests.unit.fakehost import StrictFakeHost
 
 NOW = 1_800_000_000.0
@@ -292,7 +292,7 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
     asks the host (no second call hangs in the CT)."""
     import threading
 
-    from launcher import agentclient
+    from launcher.container import agentclient
     from tests.unit.projectfiles import NO_SESSION
     from tests.unit.test_operate import poll_answer
 
@@ -325,7 +325,7 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
 def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
     """A watcher that gives up on run A stops A, not what someone deployed since: it names A
     and the poll is not needed."""
-    from launcher.operate import stop
+    from launcher.operate.commands import stop
     from tests.unit.projectfiles import load_target
     from tests.unit.test_operate import stop_report
 

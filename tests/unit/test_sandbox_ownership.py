@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 from launcher.sandbox import ownership
 
 

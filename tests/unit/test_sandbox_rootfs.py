@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli.sandbox import DISTROS
-from launcher.errors import UsageError
+from launcher.core.errors import UsageError
 from launcher.sandbox import containers, rootfs
 
 FAKE = """#!/bin/sh

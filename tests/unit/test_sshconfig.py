@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import HostSpec, parse_jumps
-from launcher.errors import AuthError, ConfigError, ExitCode
+from launcher.config.models import HostSpec, parse_jumps
+from launcher.core.errors import AuthError, ConfigError, ExitCode
 from launcher.transport import sshconfig, sshkeys
 from launcher.transport.endpoint import Endpoint
 from launcher.transport.resolve import resolve_endpoint
@@ -314,7 +314,8 @@ def test_the_ssh_stack_is_imported_only_to_connect() -> None:
     for loading the modules that connect, nor for a configuration error."""
     code = (
         "import sys\n"
-        "import launcher.transport.pool, launcher.container, launcher.fleet, launcher.deploy\n"
+        "import launcher.transport.pool, launcher.container.pct, launcher.targets.fleet\n"
+        "import launcher.deploy.deploy\n"
         "from launcher.cli.main import main\n"
         "print(sorted(m for m in ('paramiko', 'fabric', 'invoke', 'cryptography')"
         " if m in sys.modules))\n"
@@ -344,7 +345,7 @@ def test_control_persist_defaults_to_launcher_control_persist(
 def test_the_console_sets_the_default_only_on_an_interactive_terminal_and_not_in_ci(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher import console
+    from launcher.entry import console
     from launcher.transport import persist
 
     class Tty:

@@ -38,10 +38,12 @@ sys.argv = ["launcher", "-i", {inventory!r}, "status"]
 {entry}
 """
 RUN_MAIN = "import runpy; runpy.run_module('launcher', run_name='__main__', alter_sys=True)"
-CONSOLE_SCRIPT = "from launcher.console import main; main()"
+CONSOLE_SCRIPT = "from launcher.entry.console import main; main()"
 ENTRIES = [
-    pytest.param(RUN_MAIN, "launcher.console", id="python -m launcher, loading console"),
-    pytest.param(CONSOLE_SCRIPT, "launcher.cmdserver", id="console script, loading cmdserver"),
+    pytest.param(RUN_MAIN, "launcher.entry.console", id="python -m launcher, loading console"),
+    pytest.param(
+        CONSOLE_SCRIPT, "launcher.entry.cmdserver", id="console script, loading cmdserver"
+    ),
 ]
 
 

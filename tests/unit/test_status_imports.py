@@ -23,12 +23,12 @@ STATUS_PATH = """
 import gc, json, sys
 import launcher.cli.main as main
 main.cli.commands["status"]
-from launcher import commands
-from launcher.requests import StatusRequest
+from launcher.commands import table as commands
+from launcher.core.requests import StatusRequest
 commands.workflow_for(StatusRequest)
 commands._resolve(commands.WORKFLOWS[StatusRequest].row)
-import launcher.cli.targets, launcher.verify.report, launcher.transport.pool
-from launcher import config
+import launcher.cli.targets, launcher.probe.report, launcher.transport.pool
+from launcher.config import models as config
 models = [m for m in vars(config).values() if isinstance(m, type)
           and issubclass(m, config.BaseModel) and m.__module__ == config.__name__]
 built_at_import = sorted(m.__name__ for m in models if m.__pydantic_complete__)
@@ -57,13 +57,13 @@ NOT_FOR_STATUS = {
     # other workflows
     "launcher.api",
     "launcher.buckets",
-    "launcher.doctor",
-    "launcher.htmlreport",
-    "launcher.job",
-    "launcher.jobdeploy",
-    "launcher.operate",
-    "launcher.project",
-    "launcher.releases",
+    "launcher.deploy.doctor",
+    "launcher.probe.htmlreport",
+    "launcher.jobs.job",
+    "launcher.jobs.deploy",
+    "launcher.operate.commands",
+    "launcher.deploy.project",
+    "launcher.deploy.releases",
     "launcher.sandbox",
     "launcher.tasks",
     "launcher.watch",
@@ -108,8 +108,8 @@ def test_the_first_validation_still_names_file_line_and_key(tmp_path: Path) -> N
     code = textwrap.dedent(
         """
         import json, sys
-        from launcher.config import inventory_path, load_inventory
-        from launcher.errors import ConfigError
+        from launcher.config.models import inventory_path, load_inventory
+        from launcher.core.errors import ConfigError
         try:
             load_inventory(inventory_path(sys.argv[1]))
         except ConfigError as error:

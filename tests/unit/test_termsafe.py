@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.operate import LineSplitter
-from launcher.termsafe import Sanitizer, resolve_cr, sanitize
+from launcher.operate.commands import LineSplitter
+from launcher.output.termsafe import Sanitizer, resolve_cr, sanitize
 
 ESC = "\x1b"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ConnectError
+from launcher.core.errors import ConnectError
 from launcher.transport import frames, relay, relayhost
 from launcher.transport import ssh as ssh_module
 from launcher.transport.connection import Connection

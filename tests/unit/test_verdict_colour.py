@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from launcher.ui import coloured_verdicts
+from launcher.output.ui import coloured_verdicts
 
 REPORT = (
     "prod: UNHEALTHY (exit 1) — throughput below its own level\n"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher.config import VerifySpec
-from launcher.errors import RefusedError, UsageError
+from launcher.config.models import VerifySpec
+from launcher.core.errors import RefusedError, UsageError
 from launcher.verify.checks import PaneState
 from launcher.verify.formats import StatusSpec
 from launcher.verify.parse import parse_pane

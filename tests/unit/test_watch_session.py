@@ -13,7 +13,7 @@ import pytest
 
 from launcher.api import Launcher
 from launcher.cli.main import main
-from launcher.errors import ExitCode, UsageError
+from launcher.core.errors import ExitCode, UsageError
 from launcher.watch.monitor import WatchSettings
 from launcher.watch.notify import parse_webhook, webhook_name
 from launcher.watch.policy import RestartPolicy

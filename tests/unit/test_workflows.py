@@ -1,5 +1,5 @@
-"""Every command has the one shape of launcher.workflow: a frozen Request, a typed Result (exit
-code, summary, JSON form) and one run function in `commands.WORKFLOWS`; and the CLI,
+"""Every command has the one shape of launcher.targets.workflow: a frozen Request, a typed Result
+(exit code, summary, JSON form) and one run function in `commands.WORKFLOWS`; and the CLI,
 `api.Launcher` and the Fabric tasks all reach that same run function with the same request."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from invoke.exceptions import Exit
 
-from launcher import commands, tasks
+from launcher import tasks
 from launcher.api import Launcher
 from launcher.cli.main import cli, main
-from launcher.commands import COMMANDS, WORKFLOWS, workflow_for
-from launcher.errors import ExitCode, RefusedError
+from launcher.commands import table as commands
+from launcher.commands.table import COMMANDS, WORKFLOWS, workflow_for
+from launcher.core.errors import ExitCode, RefusedError
+from launcher.targets.workflow import Context
 from launcher.transport.pool import ConnectionPool
-from launcher.workflow import Context
 from tests.unit.projectfiles import write_project
 from tests.unit.test_import_graph import module_files
 
@@ -34,7 +35,7 @@ NOT_WORKFLOWS = {
     "init": "writes an inventory and a playbook from answers (a host key fetched, a trial run "
     "through fleet.on_target), then runs the doctor workflow",
     "job": "a multi-node job: its own phases over every node, one function each in "
-    "launcher.jobcommands, which the CLI and api.Launcher.jobs both call",
+    "launcher.jobs.commands, which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
     "status-format": "local: reads a sample of a trainer's lines (detect -t reads a pane "
     "through the logs workflow)",
@@ -146,9 +147,9 @@ def test_the_cli_handles_no_connection() -> None:
 def test_naming_a_request_loads_no_workflow() -> None:
     """The table names run functions by module: a command loads its own workflow module only
     (what `launcher status` loads is what it needs, not stop's or doctor's)."""
-    loaded = _loaded_with("launcher.commands")
-    assert "launcher.requests" in loaded
-    assert {"launcher.operate", "launcher.doctor"} & loaded == set()
+    loaded = _loaded_with("launcher.commands.table")
+    assert "launcher.core.requests" in loaded
+    assert {"launcher.operate.commands", "launcher.deploy.doctor"} & loaded == set()
 
 
 class Reached(RefusedError):

@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from launcher.container import Container, host_containers, missing_container_hint
-from launcher.errors import ContainerError, RemoteError
+from launcher.container.pct import Container, host_containers, missing_container_hint
+from launcher.core.errors import ContainerError, RemoteError
 from launcher.transport.endpoint import CommandResult
 
 # pve-container's `pct list`: VMID, Status, Lock (blank unless locked), Name.
