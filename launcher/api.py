@@ -35,7 +35,7 @@ from launcher.transport.connection import Connection
 from launcher.transport.pool import ConnectionPool
 
 if TYPE_CHECKING:
-    from launcher.jobs.api import Jobs
+    from launcher.apijobs import Jobs
     from launcher.watch.events import Event
     from launcher.watch.session import WatchResult, WatchSession
 
@@ -124,7 +124,7 @@ class Launcher:
         `env` and `sets` are KEY=VALUE strings, as for `--env` and `--set`. An active run
         without `restart` raises RefusedError (exit code 4). With `verify` (or
         `rollback_on_failure`) the new run is probed and the result is a
-        `launcher.deploy.redeploy.VerifiedDeploy` (a DeployReport with `probe` and `story`): its
+        `launcher.operate.redeploy.VerifiedDeploy` (a DeployReport with `probe` and `story`): its
         `exit_code` is 0 healthy, 1 unhealthy, 5 rolled back (the previous run healthy again),
         6 rolled back but not healthy, 7 the rollback failed.
         """
@@ -333,8 +333,8 @@ class Launcher:
     def jobs(self) -> Jobs:
         """The inventory's multi-node jobs (`launcher job`): `l.jobs.deploy("train",
         restart=True)`, `verify`, `status`, `stop`, `history`, `rollback`, `logs`, `watch`
-        (launcher.jobs.api). Progress lines go to `on_line` as `[node] line`."""
-        from launcher.jobs.api import Jobs
+        (launcher.apijobs). Progress lines go to `on_line` as `[node] line`."""
+        from launcher.apijobs import Jobs
 
         return Jobs(self.inventory, lambda node, line: self._say(f"[{node}] {line}"))
 

@@ -40,9 +40,9 @@ def check(app: AppContext, as_json: bool) -> None:
     (a queue a preset's lines do not print) are warnings.
     Exit codes: 0 valid, 2 a problem (each printed on stderr with its file and key).
     """
-    from launcher.config.keyfiles import key_file_findings
     from launcher.config.models import check_all, inventory_path
     from launcher.core.errors import ConfigError
+    from launcher.deploy.keyfiles import key_file_findings
 
     inv, targets, problems = check_all(inventory_path(app.inventory_option))
     key_problems, warnings = key_file_findings(inv)

@@ -126,9 +126,9 @@ def deploy_command(
     Exit codes: 0 deployed (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (lock held, run active, GPUs busy): the worst node's.
     """
+    from launcher.commands import jobs as jobcommands
     from launcher.core.errors import UsageError
     from launcher.deploy.deploy import DeployOptions
-    from launcher.jobs import commands as jobcommands
 
     if purge and keep:
         raise UsageError("--purge-checkpoints and --keep-checkpoints exclude each other")
@@ -173,8 +173,8 @@ def verify_command(
       launcher job verify --wait 3m train
     Exit codes: 0 healthy, 1 unhealthy, 2 bad input, 3 a node unreachable.
     """
+    from launcher.commands import jobs as jobcommands
     from launcher.core.requests import ProbeOverrides
-    from launcher.jobs import commands as jobcommands
 
     overrides = ProbeOverrides(wait=wait, interval=interval, successes=successes)
     result = jobcommands.verify(app.inventory(), name, overrides, _say(app))
@@ -195,7 +195,7 @@ def status_command(app: AppContext, names: tuple[str, ...], as_json: bool) -> No
       launcher job status train
     Exit codes: 0 every job healthy, 1 a job unhealthy, 2 bad input, 3 a node unreachable.
     """
-    from launcher.jobs import commands as jobcommands
+    from launcher.commands import jobs as jobcommands
     from launcher.targets.fleet import worst
 
     results = jobcommands.status(app.inventory(), names)
@@ -223,7 +223,7 @@ def stop_command(app: AppContext, name: str, grace: float | None, as_json: bool)
     Exit codes: 0 stopped everywhere (or nothing to stop), 2 bad input, 3 a node unreachable
     or not stopped completely, 4 refused (lock held).
     """
-    from launcher.jobs import commands as jobcommands
+    from launcher.commands import jobs as jobcommands
 
     result = jobcommands.stop(app.inventory(), name, grace, _say(app))
     _render(result, as_json)
@@ -247,7 +247,7 @@ def history_command(app: AppContext, name: str, limit: int, as_json: bool) -> No
       launcher job history --limit 5 train
     Exit codes: 0 shown, 2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.jobs import commands as jobcommands
+    from launcher.commands import jobs as jobcommands
     from launcher.output.termsafe import sanitize
 
     result = jobcommands.history(app.inventory(), name, limit)
@@ -337,9 +337,9 @@ def watch_command(
     stopped after the last restart, 2 bad input, 3 a node unreachable or a restart failed;
     SIGTERM ends it with 0, Ctrl-C with 130.
     """
-    from launcher.jobs import commands as jobcommands
-    from launcher.jobs.watch import JobWatchOptions, terminated_by_sigterm
+    from launcher.commands import jobs as jobcommands
     from launcher.output.termsafe import sanitize
+    from launcher.watch.job import JobWatchOptions, terminated_by_sigterm
 
     inventory = app.inventory()
     options = JobWatchOptions(
@@ -397,7 +397,7 @@ def rollback_command(
     Exit codes: 0 rolled back (or planned), 2 bad input, 3 unreachable or a step failed,
     4 refused on a node (no previous version, lock held, run active): the worst node's.
     """
-    from launcher.jobs import commands as jobcommands
+    from launcher.commands import jobs as jobcommands
     from launcher.jobs.rollback import JobRollbackOptions
 
     options = JobRollbackOptions(
@@ -440,7 +440,7 @@ def logs_command(
     Exit codes: 0 shown, 1 nothing to show on a node (no log, or no session with --raw),
     2 bad input, 3 a node unreachable (the others are still shown).
     """
-    from launcher.jobs import commands as jobcommands
+    from launcher.commands import jobs as jobcommands
     from launcher.jobs.logs import JobLogsOptions
     from launcher.output.termsafe import sanitize
 

@@ -392,13 +392,13 @@ class Wiring(NamedTuple):
 # Each request type, the one function that runs it, and how a fleet shows its result.
 WORKFLOWS: dict[type, Wiring] = {
     DeployOptions: Wiring(
-        "launcher.deploy.redeploy:run_deploy", "launcher.deploy.deploy:deploy_row"
+        "launcher.operate.redeploy:run_deploy", "launcher.deploy.deploy:deploy_row"
     ),
     VerifyRequest: Wiring(
         "launcher.probe.workflows:run_verify", "launcher.probe.workflows:verify_row"
     ),
     SmokeRequest: Wiring(
-        "launcher.deploy.redeploy:run_smoke", "launcher.probe.workflows:smoke_row"
+        "launcher.operate.redeploy:run_smoke", "launcher.probe.workflows:smoke_row"
     ),
     StatusRequest: Wiring(
         "launcher.probe.workflows:run_status", "launcher.probe.workflows:status_row"

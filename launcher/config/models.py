@@ -25,10 +25,10 @@ from pydantic import (
 )
 
 from launcher.agent.protocol import RUN_ENV, STATE_DIR, system_path_problem
+from launcher.config.proxyjump import JUMP_RE
 from launcher.config.yamlsource import YamlDocument, load_yaml
 from launcher.core.bounded import regular_file_problem
 from launcher.core.errors import ConfigError, UsageError
-from launcher.transport.sshconfig import JUMP_RE
 from launcher.verify.formats import StatusSpec
 from launcher.verify.spec import ChecksSpec, QueueSpec, StepSpec
 

@@ -36,7 +36,7 @@ class SmokeRequest:
 
     overrides: ProbeOverrides
     wait_lock: float = 0.0
-    # If the new run fails its probe, put the previous run back (launcher.deploy.redeploy).
+    # If the new run fails its probe, put the previous run back (launcher.operate.redeploy).
     rollback_on_failure: bool = False
 
 

@@ -72,7 +72,7 @@ class DeployOptions:
     # A multi-node job (launcher.jobs.job): the run id every node records, and the job's name.
     run_id: str | None = None
     job: str | None = None
-    # Probe the new run after the deploy (launcher.deploy.redeploy); on failure, with
+    # Probe the new run after the deploy (launcher.operate.redeploy); on failure, with
     # rollback_on_failure, put the previous run back. rollback_on_failure also makes the
     # transaction refuse, before any change, when that would be impossible.
     verify: bool = False

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launcher.config.models import Target
 from launcher.container.pct import HostConnection
 from launcher.core.errors import ExitCode, LauncherError
+from launcher.core.runid import new_run_id
 from launcher.deploy.deploy import DeployOptions, DeployReport, Step, deploy
 from launcher.jobs.job import (
     Job,
     JobNodes,
     NodeResult,
     Rendezvous,
-    new_run_id,
     with_env,
 )
 from launcher.jobs.network import NetworkPlan, plan_network, write_hosts

@@ -12,12 +12,10 @@ other flag and a flag given explicitly still wins.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Generic, TypeVar
 
 from launcher.config.models import (
@@ -73,11 +71,6 @@ def load_job(inventory: Inventory, name: str) -> Job:
         )
     nodes = tuple(inventory.target(node, playbook) for node in spec.nodes)
     return Job(name, spec, playbook, nodes)
-
-
-def new_run_id() -> str:
-    """As the agent makes one (agent.new_run_id): UTC time and 8 hex digits."""
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)

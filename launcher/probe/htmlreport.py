@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher import __version__
 from launcher.core.errors import UsageError
+from launcher.core.version import __version__
 from launcher.deploy.provenance import describe as describe_source
 from launcher.deploy.provenance import describe_overrides
 from launcher.output.termsafe import sanitize

@@ -107,7 +107,7 @@ class SmokeResult:
     probe: VerifyResult | None
     target: str = ""
     deploy_error: LauncherError | None = None
-    # With --rollback-on-failure (launcher.deploy.redeploy): what happened, the rollback's story.
+    # With --rollback-on-failure (launcher.operate.redeploy): what happened, the rollback's story.
     rolled: RollbackStory | None = None
 
     @property

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher.core.errors import UsageError
 from launcher.sandbox import sshd
 
-if TYPE_CHECKING:  # manager.py imports this module (Sandbox.down stops the second node)
+if TYPE_CHECKING:
     from launcher.sandbox.manager import Sandbox
 
 HERE = Path(__file__).resolve().parent  # the stand-ins' sources, as manager.HERE
@@ -118,11 +118,6 @@ def set_guest(sandbox: Sandbox, vmid: int, *, lock: str = "", hastate: str = "")
     state = _load(sandbox)
     state["props"][str(vmid)] = {"lock": lock, "hastate": hastate}
     _save(sandbox, state)
-
-
-def stop_nodes(state_dir: Path) -> None:
-    """Stop the second node's sshd (Sandbox.down() then removes its files, nodes/)."""
-    sshd.stop_all(state_dir / "nodes" / SECOND / "sshd_config")
 
 
 def _ensure_second_node(sandbox: Sandbox) -> int:

@@ -147,9 +147,9 @@ class Sandbox:
             return []
         _require_root()
         marker = ownership.required(self.state_dir)
-        from launcher.sandbox.cluster import stop_nodes  # the second node of a sandbox cluster
-
-        stop_nodes(self.state_dir)
+        # A sandbox cluster's other nodes and the jump hosts each run an sshd of their own.
+        for node_config in self.state_dir.glob("nodes/*/sshd_config"):
+            sshd.stop_all(node_config)
         for jump_config in self.state_dir.glob("jumps/*/sshd_config"):
             sshd.stop_all(jump_config)
         sshd.stop_all(self.sshd_config)

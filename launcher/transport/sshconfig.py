@@ -13,7 +13,6 @@ no block. Port 22 counts as unset.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -21,12 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.proxyjump import JUMP_RE
 from launcher.core.errors import ConfigError
-
-# One ProxyJump hop: [user@]host[:port], IPv6 in brackets.
-JUMP_RE = re.compile(
-    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@:\s\[\]]+)(?::(?P<port>.*))?$"
-)
 
 SYSTEM_CONFIG = Path("/etc/ssh/ssh_config")
 USER_CONFIG = "~/.ssh/config"

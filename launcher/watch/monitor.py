@@ -23,8 +23,8 @@ from launcher.config.models import Target
 from launcher.container.agentclient import container_for
 from launcher.container.pct import HostConnection
 from launcher.core.errors import LauncherError, PausedError, RefusedError, RemoteError
+from launcher.core.runid import new_run_id
 from launcher.deploy.deploy import DeployOptions, deploy
-from launcher.jobs.job import new_run_id
 from launcher.operate.commands import RunBack, rollback, stop
 from launcher.probe.poll import poll_once
 from launcher.probe.workflows import deployed_run, parser_for

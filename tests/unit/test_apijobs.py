@@ -1,4 +1,4 @@
-"""`Launcher.jobs` and `launcher job` reach the same function of launcher.jobs.commands with the
+"""`Launcher.jobs` and `launcher job` reach the same function of launcher.commands.jobs with the
 same values, every job command has its API method, and bad values are refused before anything
 opens."""
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from launcher.api import Launcher
+from launcher.apijobs import Jobs
 from launcher.cli.main import cli, main
+from launcher.commands import jobs as jobcommands
 from launcher.core.errors import ExitCode, RefusedError, UsageError
-from launcher.jobs import commands as jobcommands
-from launcher.jobs.api import Jobs
 from tests.unit.test_job import JOB, inventory_with
 
 

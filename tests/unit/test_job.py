@@ -29,11 +29,11 @@ from launcher.jobs.verify import (
     run_id,
     status_job,
 )
-from launcher.jobs.watch import JobWatchOptions, terminated_by_sigterm, watch_job
 from launcher.targets.fleet import Outcome
 from launcher.verify.checks import PaneState
 from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
+from launcher.watch.job import JobWatchOptions, terminated_by_sigterm, watch_job
 from tests.unit.projectfiles import write_project
 
 JOB = """\
@@ -216,8 +216,8 @@ def test_sigterm_ends_a_job_watch_after_the_poll_under_way_and_restarts_nothing(
     def no_restart(*args: object, **kwargs: object) -> JobResult:
         raise AssertionError("restarted after SIGTERM")
 
-    monkeypatch.setattr("launcher.jobs.watch.status_job", one_poll)
-    monkeypatch.setattr("launcher.jobs.watch.deploy_job", no_restart)
+    monkeypatch.setattr("launcher.watch.job.status_job", one_poll)
+    monkeypatch.setattr("launcher.watch.job.deploy_job", no_restart)
     lines: list[str] = []
     options = JobWatchOptions(interval=60, restart_on_failure=True)
     with terminated_by_sigterm() as stop:
@@ -314,7 +314,7 @@ def test_a_job_watch_does_not_restart_a_finished_job(
     def no_restart(*args: object, **kwargs: object) -> JobResult:
         raise AssertionError("a finished job was redeployed")
 
-    monkeypatch.setattr("launcher.jobs.watch.deploy_job", no_restart)
+    monkeypatch.setattr("launcher.watch.job.deploy_job", no_restart)
     ticks = iter(range(100))
     lines: list[str] = []
     options = JobWatchOptions(interval=1, duration=5, restart_on_failure=True, failures=1)
@@ -405,10 +405,10 @@ def test_a_job_watch_restarts_after_its_backoff_and_records_every_transition(
         ]
     )
     deployed = JobResult("train", "deploy", "launched run R2 on 2 node(s)", run_id="R2")
-    monkeypatch.setattr("launcher.jobs.watch.status_job", lambda j, n: next(polls))
-    monkeypatch.setattr("launcher.jobs.watch.deploy_job", lambda *a, **k: deployed)
+    monkeypatch.setattr("launcher.watch.job.status_job", lambda j, n: next(polls))
+    monkeypatch.setattr("launcher.watch.job.deploy_job", lambda *a, **k: deployed)
     monkeypatch.setattr(
-        "launcher.jobs.watch.verify_job",
+        "launcher.watch.job.verify_job",
         lambda *a, **k: JobResult("train", "verify", "healthy: 2 node(s) in run R2"),
     )
     state = tmp_path / "watch.json"

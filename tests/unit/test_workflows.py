@@ -23,7 +23,7 @@ from launcher.core.errors import ExitCode, RefusedError
 from launcher.targets.workflow import Context
 from launcher.transport.pool import ConnectionPool
 from tests.unit.projectfiles import write_project
-from tests.unit.test_import_graph import module_files
+from tests.unit.test_layers import module_files
 
 # Commands of the CLI that are not one request run on targets, and why.
 NOT_WORKFLOWS = {
@@ -35,7 +35,7 @@ NOT_WORKFLOWS = {
     "init": "writes an inventory and a playbook from answers (a host key fetched, a trial run "
     "through fleet.on_target), then runs the doctor workflow",
     "job": "a multi-node job: its own phases over every node, one function each in "
-    "launcher.jobs.commands, which the CLI and api.Launcher.jobs both call",
+    "launcher.commands.jobs, which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
     "status-format": "local: reads a sample of a trainer's lines (detect -t reads a pane "
     "through the logs workflow)",

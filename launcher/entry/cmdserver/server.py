@@ -46,7 +46,7 @@ NOT_PRELOADED = (
     "launcher.transport.relayhost",
     "launcher.sandbox",
     "launcher.watch",
-    "launcher.jobs.watch",
+    "launcher.watch.job",
     "launcher.buckets",
     "launcher.tasks",
     "launcher.entry.docsref",

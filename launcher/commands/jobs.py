@@ -19,7 +19,7 @@ from launcher.jobs.job import load_job, on_job
 from launcher.jobs.logs import JobLogs, JobLogsOptions, NodeLine, job_logs
 from launcher.jobs.rollback import JobRollbackOptions, rollback_job
 from launcher.jobs.verify import status_job, verify_job
-from launcher.jobs.watch import JobWatchOptions, JobWatchResult, job_state_path, watch_job
+from launcher.watch.job import JobWatchOptions, JobWatchResult, job_state_path, watch_job
 
 
 def deploy(

@@ -1,5 +1,5 @@
 """The Python API's multi-node jobs: `Launcher(...).jobs`, one method per `launcher job`
-command, calling the same functions as the CLI (`launcher.jobs.commands`) with values checked by
+command, calling the same functions as the CLI (`launcher.commands.jobs`) with values checked by
 the CLI's own types (a bad one is a UsageError, exit code 2, before anything is opened).
 
 Each call opens its nodes' connections and closes them when it returns. Results are the CLI's:
@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.commands import args, params
+from launcher.commands import jobs as jobcommands
 from launcher.core.errors import UsageError
 from launcher.core.requests import ProbeOverrides
 from launcher.deploy.deploy import DeployOptions
-from launcher.jobs import commands as jobcommands
 
 if TYPE_CHECKING:
     from launcher.config.models import Inventory
     from launcher.jobs.deploy import JobResult
     from launcher.jobs.history import JobHistory
     from launcher.jobs.logs import JobLogs
-    from launcher.jobs.watch import JobWatchResult
+    from launcher.watch.job import JobWatchResult
 
 CHECKPOINTS = ("archive", "purge", "keep")
 NodeLineSink = Callable[[str, str], None]  # (node, line)
@@ -173,7 +173,7 @@ class Jobs:
         passes (None: until `stop` is set), each change to `on_event` and, as events, to the
         state file, `webhooks` and `commands` (as `Launcher.watch`); with
         `restart_on_failure` the whole job is redeployed on a failure, within the budget."""
-        from launcher.jobs.watch import JobWatchOptions
+        from launcher.watch.job import JobWatchOptions
 
         if stop is not None and not isinstance(stop, threading.Event):
             raise UsageError(f"stop={stop!r}: must be a threading.Event or None")
