@@ -4,7 +4,7 @@
 Layout in the workdir:
     releases/<id>/             one release: the project's files (and what its setup made)
     current -> releases/<id>   the release the run starts in; switched by a symlink rename
-    .launcher/deploy/releases/<id>.json  its manifest, setup hash and the release it replaced
+    .launcher/releases/<id>.json  its manifest, setup hash and the release it replaced
 
 ReleaseDeploy is the deploy transaction (deploy.Deploy) with the release built and checked among
 the checks: files received or copied from an earlier release, every sha256 verified, every .py

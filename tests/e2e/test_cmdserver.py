@@ -135,7 +135,8 @@ def assert_served(result: subprocess.CompletedProcess[str]) -> None:
     assert "launcher.entry.cmdserver.client" in names, result.stderr[-2000:]
     heavy = {n for n in names if n.split(".")[0] in ("click", "pydantic", "paramiko", "yaml")}
     assert not heavy, heavy
-    client = {"launcher", "launcher.entry.console", "launcher.core.version", "launcher.transport"}
+    client = {"launcher", "launcher.entry", "launcher.entry.console", "launcher.core"}
+    client |= {"launcher.core.version", "launcher.transport"}
     client |= {"launcher.transport.rundir", "launcher.entry.cmdserver"}
     later = {n for n in names if n.startswith("launcher")} - client
     later -= {n for n in names if n.startswith("launcher.entry.cmdserver.")}
@@ -533,7 +534,7 @@ def test_changed_code_gets_a_server_of_its_own(
     project.wait_for(lambda: sockets(_private_runtime_dir), what="a command server")
     [old] = servers(_private_runtime_dir)
     [old_path] = sockets(_private_runtime_dir)
-    source = tmp_path / "code" / "launcher" / "version.py"
+    source = tmp_path / "code" / "launcher" / "core" / "version.py"
     stamp = source.stat()
     os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
     first = run(project, "status", "-t", NAME, env=own, python=("-X", "importtime"), cwd=tmp_path)
