@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
-from launcher.verify.lifecycle import State, ended
+from launcher.verify.lifecycle import State, ended, replacing
 from launcher.verify.policy import Judgement, Tally, describe_failures, outcome
 from launcher.verify.prober import ParseFn
 from launcher.verify.samples import Sample
@@ -100,12 +100,11 @@ class RunJudge:
         self._step, self._step_at = None, now
 
     def observe(self, state: PaneState, now: float) -> Observation:
-        gone = not state.session_exists or state.pane_dead
         identity = run_identity(state)
         lines = last_lines(state.capture)
-        if gone and state.deploy_lock:
-            reason = f"a deploy is replacing the run (lock held by {state.deploy_lock})"
-            return Observation("replacing", reason, self.run, last_lines=lines)
+        why = replacing(state)
+        if why is not None:
+            return Observation("replacing", why, self.run, last_lines=lines)
         new_run = False
         if self.judge is None or (state.session_exists and identity != self.run):
             new_run = self.judge is not None or identity is not None
@@ -132,7 +131,7 @@ class RunJudge:
         if verdict == "unhealthy" and over is State.FAILED:
             observation.state = State.FAILED
         self._numbers_from(samples, now, observation)
-        if verdict == "unhealthy" and any(r.name == "restarts" for r in judged.counted if r.kind):
+        if verdict == "unhealthy" and judged.restarted:
             # Reported once; a fresh judge lets the restarted process prove itself.
             run, expected = self.run, self.expected
             self._begin(run, now)
