@@ -128,14 +128,14 @@ class JobSubject:
         word = polled.summary.partition(":")[0]
         if word == "unreachable":
             raise RemoteError(polled.summary)
-        if polled.run_id != self.run:
+        if polled.run_id is not None and polled.run_id != self.run:
             self.run, self.tally = polled.run_id, Tally(self.failures)
         latest = polled.latest
         step = latest.number("step") if latest is not None else None
         obs = Observation(
             "finished",
             polled.summary,
-            polled.run_id,
+            self.run,  # a poll that names no run (its session gone) is of the last one seen
             step=None if step is None else int(step),
             loss=latest.number("loss") if latest is not None else None,
             last_lines=polled.last_lines,

@@ -75,7 +75,6 @@ class RunJudge:
         self.parse = parse
         self.queue_names = list(queues)
         self.run: str | None = None
-        self.expected: str | None = None  # a run the watcher itself launched
         self.judge: Judge | None = None
         self.started = 0.0
         self.ever_healthy = False
@@ -133,9 +132,7 @@ class RunJudge:
         self._numbers_from(samples, now, observation)
         if verdict == "unhealthy" and judged.restarted:
             # Reported once; a fresh judge lets the restarted process prove itself.
-            run, expected = self.run, self.expected
-            self._begin(run, now)
-            self.expected = expected
+            self._begin(self.run, now)
         return observation
 
     def _verdict(
