@@ -43,7 +43,6 @@ class Observation:
     verdict: str  # healthy | unhealthy | pending | replacing | finished | stopped
     reason: str
     run: str | None
-    new_run: bool = False
     step: int | None = None
     throughput: float | None = None
     loss: float | None = None
@@ -104,9 +103,7 @@ class RunJudge:
         why = replacing(state)
         if why is not None:
             return Observation("replacing", why, self.run, last_lines=lines)
-        new_run = False
         if self.judge is None or (state.session_exists and identity != self.run):
-            new_run = self.judge is not None or identity is not None
             self._begin(identity, now)
         samples = tuple(self.parse(state.capture, state.pane_width))
         poll = Poll(at=now, state=state, samples=samples)
@@ -121,12 +118,12 @@ class RunJudge:
                 if over is State.FINISHED
                 else "stopped by launcher stop"
             )
-            observation = Observation(str(over), reason, self.run, new_run, last_lines=lines)
+            observation = Observation(str(over), reason, self.run, last_lines=lines)
             self._numbers_from(samples, now, observation)
             return observation
         judged = self.tally.take(results, judging=judging)
         verdict, reason = self._verdict(results, judged, judging, now)
-        observation = Observation(verdict, reason, self.run, new_run, last_lines=lines)
+        observation = Observation(verdict, reason, self.run, last_lines=lines)
         if verdict == "unhealthy" and over is State.FAILED:
             observation.state = State.FAILED
         self._numbers_from(samples, now, observation)

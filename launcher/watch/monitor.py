@@ -67,32 +67,25 @@ class Subject(Protocol):
 
     def observe(self) -> Observation:
         """One poll, judged; RemoteError: unreachable, PausedError: paused."""
-        ...
 
     def export(self, metrics: Metrics) -> None:
         """What the last poll saw beyond its observation (GPUs, a job's other nodes)."""
-        ...
 
     def hold(self, run: str | None) -> str | None:
         """Why the down run `run` is not this watch's to restart now (None: it is)."""
-        ...
 
     def marker(self, run_id: str) -> str:
         """The run marker a restart with this run id launches."""
-        ...
 
     def restart(self, run: str | None, count: int, of: int, run_id: str, note: Note) -> str | None:
         """Restart the crashed run `run` with its checkpoints kept, as run `run_id`; the
         marker it launched. Raises LauncherError when it failed."""
-        ...
 
     def after_restart(self, note: Note) -> None:
         """What follows a restart that launched (a job's startup probe)."""
-        ...
 
     def stop(self, run: str | None) -> str:
         """Stop the run `run` given up on (not one deployed since); what was done."""
-        ...
 
 
 class Hub:
