@@ -10,15 +10,7 @@ from __future__ import annotations
 from launcher.verify.rules import devices, events, numbers, progress
 from launcher.verify.rules.base import Check
 
-__all__ = [
-    "CHECKS",
-    "Check",
-    "event_check",
-    "find",
-    "reason_rank",
-    "restart_check",
-    "warmup_check",
-]
+__all__ = ["CHECKS", "Check", "event_check", "find", "reason_rank", "warmup_check"]
 
 CHECKS: tuple[Check, ...] = (
     events.RUN,
@@ -48,10 +40,6 @@ def warmup_check(name: str) -> bool:
 
 def event_check(name: str) -> bool:
     return find(name).event
-
-
-def restart_check(name: str) -> bool:
-    return find(name).restart
 
 
 def reason_rank(name: str) -> int:
