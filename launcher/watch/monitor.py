@@ -383,6 +383,8 @@ class Watcher:
 
     def run(self, duration: float | None, stop: threading.Event) -> None:
         """Watch until `duration` passes or `stop` is set (a signal handler may set it)."""
+        if stop.is_set():
+            self.stopping.set()  # stopped before it began: no subject is polled
         threads = []
         for subject in self.subjects:
             watch = Watch(subject, self.settings, self.hub, self.stopping)
