@@ -135,6 +135,7 @@ class Phases:
     keep_partial: bool = False  # a launch that failed on some nodes: leave the others running
     # The network checked and torchrun's rendezvous chosen, before any node is touched.
     network: Callable[[Job, JobNodes, Say], NetworkPlan] = field(default=plan_network)
+    run_id: str | None = None  # named beforehand (a watch's restart); None: a new one
 
 
 def deploy_job(
@@ -156,6 +157,7 @@ def deploy_job(
         grace=options.grace,
         kill_gpu_holders=options.kill_gpu_holders,
         keep_partial=keep_partial,
+        run_id=options.run_id,
     )
     return run_phases(job, nodes, phases, say)
 
@@ -164,7 +166,7 @@ def run_phases(job: Job, nodes: JobNodes, phases: Phases, say: Say) -> JobResult
     """Check every node (the transaction in plan mode), then stop every old run (restart), then
     run the transaction on every node with one run id; each phase only after the one before
     passed on every node."""
-    run_id = new_run_id()
+    run_id = phases.run_id or new_run_id()
     action = phases.action
     result = JobResult(job.name, action, "", run_id=run_id, job_id=f"{job.name}-{run_id}")
     try:

@@ -44,16 +44,25 @@ def exit_status(state: PaneState) -> int | None:
     return state.exit_code
 
 
+def replacing(state: PaneState) -> str | None:
+    """Why this poll is not the run's to judge: its session is gone or going while a deploy
+    holds the container's lock, so its successor is about to appear (None: it is judged).
+    The one place the rule is written: verify's probe waits for the successor, a watch reports
+    nothing, status says `deploying`."""
+    gone = not state.session_exists or state.pane_dead
+    if gone and state.deploy_lock:
+        return f"a deploy is replacing the run (lock held by {state.deploy_lock})"
+    return None
+
+
 def ended(state: PaneState) -> State | None:
     """The state of a run that is over (finished, failed, stopped, absent); None while it runs.
 
-    A deploy that holds the lock is `deploying` whatever the pane shows, as long as the old run
-    is gone or going: its successor is about to appear.
+    A deploy that holds the lock is `deploying` whatever the pane shows (`replacing`).
     """
-    gone = not state.session_exists or state.pane_dead
-    if gone and state.deploy_lock:
+    if replacing(state) is not None:
         return State.DEPLOYING
-    if not gone:
+    if state.session_exists and not state.pane_dead:
         return None
     if state.stopped:
         return State.STOPPED

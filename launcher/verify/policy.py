@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.verify.registry import event_check, reason_rank, warmup_check
+from launcher.verify.registry import event_check, find, reason_rank, warmup_check
 from launcher.verify.results import CheckResult, Failure, Verdict, worst_verdict
 
 __all__ = [
@@ -66,6 +66,11 @@ class Judgement:
     def failures(self) -> list[CheckResult]:
         """What made the poll unhealthy, for its reason."""
         return self.immediate + self.definite
+
+    @property
+    def restarted(self) -> bool:
+        """A counted failure is a restart inside the run (see `Check.restart`)."""
+        return any(find(r.name).restart for r in self.counted if r.kind)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from launcher.core.errors import ContainerError, ExitCode, RemoteError
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
-from launcher.verify.lifecycle import State, ended
+from launcher.verify.lifecycle import State, ended, replacing
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.policy import Tally, outcome, probe_reason
 from launcher.verify.rules.events import replaced
@@ -265,11 +265,11 @@ class Prober:
             check = replaced(self.run_id, new)
             self._all = [check, *(self._all or self._results)]
             self._finish("unhealthy", ExitCode.UNHEALTHY, f"run replaced by {new}")
-        if gone and state.deploy_lock and self.clock() < self._end:
-            # The old run is stopping or gone and a deploy holds the lock: the next polls show
-            # its successor (reported as a replacement) or, if the deploy failed, nothing.
-            self._emit("replacing", None, now, error=f"a deploy is replacing the run "
-                       f"(lock held by {state.deploy_lock})")  # fmt: skip
+        why = replacing(state)
+        if why is not None and self.clock() < self._end:
+            # The next polls show its successor (reported as a replacement) or, if the deploy
+            # failed, nothing.
+            self._emit("replacing", None, now, error=why)
             self._wait_until(now + self.settings.interval)
             return True
         return False

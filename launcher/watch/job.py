@@ -1,68 +1,69 @@
-"""Watch a multi-node job as `launcher watch` watches a target: its one verdict polled, each
-transition an event (state file, webhooks, `--exec`, metrics per node and per GPU), and on
-failure, optionally, the whole job redeployed within a restart budget with backoff.
-
-The machinery is `launcher watch`'s own (`launcher.watch`): the state file (`WatchState`, one
-record for the job), the notifier, the metrics, the event schema and the restart policy
-(`RestartPolicy`: at most N restarts in a sliding window, with backoff). An event's target is
-the job; its host and VMID are the status rank's.
+"""A multi-node job as a watch's subject: `launcher job watch` is `launcher watch`'s session
+(`launcher.watch.session.run_watch`) over one subject, the job, so everything a target's watch
+does a job's does too: the state file (one record for the job), the events and their receivers
+(webhooks, `--exec`), the metrics, the restart budget and its backoff. An event's target is the
+job; its host and VMID are the status rank's, whose series carry the job's status, step, loss
+and restarts; every other node's series carry its own state.
 
 A poll is `launcher job status` (the status rank judged, every node alive, in one run, its GPUs
-held). A failure is that many unhealthy polls in a row (a node that is gone counts at once: its
-rank stalls every other). A finished job (every node exited 0) is reported and never restarted.
-A restart is `job deploy --restart --keep-checkpoints` (all or nothing, one new run id, the
-network and the rendezvous chosen again, so every node gets the same run environment), then
-the job's startup probe. When the budget is spent the job is stopped (as `launcher watch`
-leaves a run stopped) and the watch ends, exit 1. SIGTERM ends the watch cleanly: after the
-step under way, with a last line and exit 0.
+held), counted by the verdict policy (`launcher.verify.policy`): a node whose run is gone,
+restarted or replaced fails at once (its rank stalls every other), any other failing node after
+`failures` polls in a row. A finished job (every node exited 0) is reported and never
+restarted. A restart is `job deploy --restart --keep-checkpoints` (all or nothing, the run id
+named beforehand, the network and the rendezvous chosen again, so every node gets the same run
+environment), then the job's startup probe.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from launcher.core.errors import ExitCode, UsageError
+from launcher.core.errors import ExitCode, LauncherError, RemoteError, UsageError
 from launcher.core.requests import ProbeOverrides
-from launcher.deploy.deploy import DeployOptions
 from launcher.jobs.deploy import JobResult, Say, deploy_job, stop_job
 from launcher.jobs.job import Job, JobNodes
 from launcher.jobs.verify import status_job, verify_job
+from launcher.verify.policy import Tally, outcome
+from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.watch.events import Event
+from launcher.watch.judging import Observation
 from launcher.watch.metrics import Metrics
-from launcher.watch.monitor import Hub
-from launcher.watch.notify import Notifier
+from launcher.watch.monitor import Note, WatchSettings
 from launcher.watch.policy import RestartPolicy
-from launcher.watch.session import DRAIN_SECONDS, final_code, receivers
-from launcher.watch.state import TargetRecord, WatchState, default_state_path
+from launcher.watch.session import WatchRequest, run_watch
+from launcher.watch.state import default_state_path
+from launcher.watch.target import RESTART_OPTIONS
 
 HOUR = 3600.0
-RESTART_OPTIONS = DeployOptions(restart=True, checkpoint_mode="keep")
-# A node's state word (jobverify) as the watch metrics' status.
+# A node's state word (jobs.verify) as the metrics' status.
 NODE_STATUS = {
     "healthy": "healthy",
     "alive": "healthy",
     "finished": "finished",
     "unreachable": "unreachable",
 }
+# A node in one of these states is out of the job's run: the job is unhealthy at once.
+GONE = ("dead", "restarted", "other run")
 
 
 @dataclass(frozen=True)
 class JobWatchOptions:
     interval: float = 10.0
-    duration: float | None = None  # None: until interrupted
+    duration: float | None = None  # None: until stopped
     restart_on_failure: bool = False
     max_restarts: int = 3
     failures: int = 2  # unhealthy polls in a row that make a failure
     restart_window: float = HOUR
     restart_backoff: float = 10.0
-    state_path: Path | None = None  # None: no state file, no notifier, no metrics
+    state_path: Path | None = None  # None: the job's own, beside the inventory's (commands.jobs)
     webhooks: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
     metrics_port: int | None = None
@@ -89,42 +90,98 @@ def job_state_path(inventory: Path, name: str) -> Path:
     return path.with_name(f"{path.stem}.job-{name}.json")
 
 
-def _gone(result: JobResult) -> bool:
-    """A node's run is gone (not merely judged unhealthy): no need to wait for more polls."""
-    return any(n.state in ("dead", "restarted", "other run") for n in result.nodes)
+def node_checks(polled: JobResult) -> list[CheckResult]:
+    """Each node's state as a check result the verdict policy counts (see the module)."""
+    return [
+        CheckResult(
+            f"node {node.node}",
+            Verdict.FAIL if node.exit_code else Verdict.PASS,
+            node.detail,
+            "alive, in the job's run",
+            Failure.IMMEDIATE if node.state in GONE else Failure.DEFINITE,
+        )
+        for node in polled.nodes
+    ]
 
 
-@contextmanager
-def outlets(options: JobWatchOptions) -> Iterator[Hub | None]:
-    """The state file, the notifier and the metrics server, opened in that order and closed
-    in reverse (as `launcher watch`'s session); None without a state file."""
-    found = receivers(options.webhooks, options.commands)  # a bad one: exit 2, nothing opened
-    if options.state_path is None:
-        if found or options.metrics_port:
-            raise UsageError("--webhook, --exec and --metrics-port need a state file")
-        yield None
-        return
-    state = WatchState(options.state_path).open()
-    notifier = Notifier(found, state) if found else None
-    metrics = Metrics() if options.metrics_port else None
-    try:
-        if metrics is not None and options.metrics_port is not None:
-            try:
-                metrics.serve(options.metrics_port, options.metrics_address)
-            except OSError as exc:
-                raise UsageError(
-                    f"--metrics-port {options.metrics_port}: cannot listen on "
-                    f"{options.metrics_address}:{options.metrics_port}: {exc.strerror or exc}"
-                ) from None
-        if notifier is not None:
-            notifier.start()
-        yield Hub(state, notifier, metrics, lambda event: None)
-    finally:
-        if notifier is not None:
-            notifier.stop(DRAIN_SECONDS)
-        if metrics is not None:
-            metrics.close()
-        state.close()
+class JobSubject:
+    """The job as one watched subject: its poll and its restart plugged into the watch."""
+
+    restarted = "redeployed with checkpoints kept"
+
+    def __init__(self, job: Job, nodes: JobNodes, options: JobWatchOptions, say: Say) -> None:
+        self.job, self.nodes, self.say = job, nodes, say
+        status_node = job.nodes[job.status_rank]
+        self.name, self.host, self.vmid = job.name, status_node.host_name, status_node.vmid
+        self.series = (status_node.name, status_node.host_name, status_node.vmid)
+        self.interval = options.interval
+        self.failures = options.failures
+        self.tally = Tally(options.failures)
+        self.run: str | None = None
+        self.last: JobResult | None = None
+        self.seconds = 0.0  # how long the last poll took
+
+    def observe(self) -> Observation:
+        started = time.monotonic()
+        polled = status_job(self.job, self.nodes)
+        self.last, self.seconds = polled, time.monotonic() - started
+        word = polled.summary.partition(":")[0]
+        if word == "unreachable":
+            raise RemoteError(polled.summary)
+        if polled.run_id is not None and polled.run_id != self.run:
+            self.run, self.tally = polled.run_id, Tally(self.failures)
+        latest = polled.latest
+        step = latest.number("step") if latest is not None else None
+        obs = Observation(
+            "finished",
+            polled.summary,
+            self.run,  # a poll that names no run (its session gone) is of the last one seen
+            step=None if step is None else int(step),
+            loss=latest.number("loss") if latest is not None else None,
+            last_lines=polled.last_lines,
+        )
+        if word != "finished":
+            judged = self.tally.take(node_checks(polled), judging=True)
+            found = outcome(judged, judging=True, successes=1, window_over=False)
+            obs.verdict = found if found in ("healthy", "unhealthy") else "pending"
+        return obs
+
+    def export(self, metrics: Metrics) -> None:
+        """Every node's GPUs; every other node's state (the status rank's is the job's)."""
+        if self.last is None:
+            return
+        targets = {t.name: t for t in self.job.nodes}
+        for node in self.last.nodes:
+            target = targets[node.node]
+            labels = metrics.labels(target.name, target.host_name, target.vmid)
+            if node.rank != self.job.status_rank:
+                metrics.set_status(labels, NODE_STATUS.get(node.state, "unhealthy"))
+                metrics.set_poll(labels, self.seconds, node.state != "unreachable")
+            sample = self.last.gpus.get(node.node)
+            if sample is not None:
+                metrics.set_gpus(labels, sample)
+
+    def hold(self, run: str | None) -> str | None:
+        return None
+
+    def marker(self, run_id: str) -> str:
+        return run_id
+
+    def restart(self, run: str | None, count: int, of: int, run_id: str, note: Note) -> str | None:
+        note(f"restarting the job ({count}/{of})")
+        options = dataclasses.replace(RESTART_OPTIONS, run_id=run_id)
+        deployed = deploy_job(self.job, self.nodes, options, self.say)
+        note(f"redeploy: {deployed.summary}")
+        if deployed.exit_code:
+            raise LauncherError(deployed.summary)
+        return deployed.run_id
+
+    def after_restart(self, note: Note) -> None:
+        probed = verify_job(self.job, self.nodes, ProbeOverrides(), self.say)
+        note(f"after the restart: {probed.summary}")
+
+    def stop(self, run: str | None) -> str:
+        return stop_job(self.job, self.nodes, None, self.say).summary
 
 
 def watch_job(
@@ -134,236 +191,44 @@ def watch_job(
     *,
     say: Say,
     event: Callable[[str], None],
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] | None = None,
     stop: threading.Event | None = None,
 ) -> JobWatchResult:
-    """Poll until --for is over, the restart budget is spent or `stop` is set; report each
-    transition. A poll or restart under way when `stop` is set finishes first (a redeploy is
-    not left half-done)."""
+    """Watch the job until --for is over or `stop` is set; each event and note a line to
+    `event`. A restart under way when `stop` is set finishes first (a redeploy is not left
+    half-done)."""
+    if options.state_path is None:
+        raise UsageError("a job's watch keeps a state file: give one (job_state_path)")
     stop = stop or threading.Event()
-    with outlets(options) as hub:
-        watch = JobWatch(job, nodes, options, hub, say, event, stop)
-        watch.pause = sleep or stop.wait  # waiting on `stop`: SIGTERM ends a wait at once
-        watch.clock = clock
-        return watch.run()
+    result = JobWatchResult(job.name)
 
+    def line(text: str) -> None:
+        stamped = f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ} job {job.name}: {text}"
+        result.events.append(stamped)
+        event(stamped)
 
-class JobWatch:
-    """One job's watch: its record (in the state file when there is one), its transitions."""
+    def shown(happened: Event) -> None:
+        result.restarts += happened.kind == "restart"
+        line(happened.reason)
 
-    def __init__(
-        self,
-        job: Job,
-        nodes: JobNodes,
-        options: JobWatchOptions,
-        hub: Hub | None,
-        say: Say,
-        event: Callable[[str], None],
-        stop: threading.Event,
-    ) -> None:
-        self.job, self.nodes, self.options, self.hub = job, nodes, options, hub
-        self.say, self.event, self.stop = say, event, stop
-        self.result = JobWatchResult(job.name)
-        self.record = hub.state.record(job.name) if hub else TargetRecord()
-        self.status_node = job.nodes[job.status_rank]
-        self.pause: Callable[[float], object] = stop.wait
-        self.clock: Callable[[], float] = time.monotonic
-        self.last: JobResult | None = None
-
-    def run(self) -> JobWatchResult:
-        options = self.options
-        end = None if options.duration is None else self.clock() + options.duration
-        shown = ""  # the verdict word last reported: healthy, finished, unhealthy, unreachable
-        failing = 0
-        while not self.stop.is_set() and (end is None or self.clock() < end):
-            polled = self.poll()
-            word = polled.summary.partition(":")[0]
-            ok = polled.exit_code == ExitCode.OK
-            failing = 0 if ok else failing + (options.failures if _gone(polled) else 1)
-            # Changes whenever ok does, and healthy -> finished; an unhealthy poll is said once
-            # it counts (failures in a row), as watch says it: one bad poll is not a verdict.
-            counted = word != "unhealthy" or failing >= options.failures
-            if word != shown and counted:
-                self.note(polled.summary)
-                shown = word
-            self.on_word(word, polled)  # a transition only when the job's status changes
-            if self.stop.is_set():
-                break  # no restart begins after SIGTERM
-            if failing < options.failures or word == "unreachable":
-                self.pause(options.interval)  # unreachable is never a reason to restart
-                continue
-            if self.record.status != "unhealthy":
-                self.record.bad = True
-                self.transition("unhealthy", "unhealthy", polled.summary, run=polled.run_id)
-            if not options.restart_on_failure:
-                failing = 0  # reported once; keep watching
-                self.pause(options.interval)
-                continue
-            if not self.recover():
-                break
-            shown, failing = "healthy", 0  # a poll not healthy after the restart is reported
-        return self.finish()
-
-    # -- one poll -------------------------------------------------------------------------
-
-    def poll(self) -> JobResult:
-        started = time.monotonic()
-        polled = status_job(self.job, self.nodes)
-        self.last = polled
-        self.result.exit_code = polled.exit_code
-        self.export(polled, time.monotonic() - started)
-        return polled
-
-    def on_word(self, word: str, polled: JobResult) -> None:
-        """The verdict changed: its event (an unhealthy one waits for the failure count)."""
-        if word != "unreachable" and not self.record.reachable:
-            self.record.reachable = True
-            self.transition("reachable", self.record.status, "every node answers again")
-        if word == "healthy" and self.record.status != "healthy":
-            kind = "recovered" if self.record.bad else "healthy"
-            self.record.bad = False
-            self.transition(kind, "healthy", polled.summary, run=polled.run_id)
-        elif word == "finished" and self.record.status != "finished":
-            self.record.bad = False
-            self.transition("finished", "finished", polled.summary, run=polled.run_id)
-        elif word == "unreachable" and self.record.reachable:
-            self.record.reachable = False
-            self.transition("unreachable", self.record.status, polled.summary)
-
-    def export(self, polled: JobResult, seconds: float) -> None:
-        """Every node's status, poll and GPUs; the status rank's step and loss."""
-        metrics = self.hub.metrics if self.hub else None
-        if metrics is None:
-            return
-        targets = {t.name: t for t in self.job.nodes}
-        for node in polled.nodes:
-            target = targets[node.node]
-            labels = metrics.labels(target.name, target.host_name, target.vmid)
-            metrics.set_status(labels, NODE_STATUS.get(node.state, "unhealthy"))
-            metrics.set_poll(labels, seconds, node.state != "unreachable")
-            sample = polled.gpus.get(node.node)
-            if sample is not None:
-                metrics.set_gpus(labels, sample)
-        latest = polled.latest
-        if latest is not None:
-            target = self.status_node
-            labels = metrics.labels(target.name, target.host_name, target.vmid)
-            metrics.set_sample(
-                labels,
-                step=_int(latest.number("step")),
-                throughput=None,
-                loss=latest.number("loss"),
-                queues={},
-                since_step=None,
-            )
-
-    # -- recovery -------------------------------------------------------------------------
-
-    def recover(self) -> bool:
-        """The whole job redeployed within the policy, after its backoff; False: the watch
-        ends (the budget spent and the job stopped, or a redeploy that failed)."""
-        policy, record = self.options.policy, self.record
-        now = time.time()
-        if not policy.allowed(record.restarts, now):
-            self.give_up()
-            return False
-        delay = policy.delay(record.restarts, now)
-        self.note(f"restarting in {delay:g} s (backoff)")
-        self.pause(delay)
-        if self.stop.is_set():
-            return False
-        record.restarts = [*policy.recent(record.restarts, now), time.time()]
-        self.result.restarts += 1
-        count = len(record.restarts)
-        record.status = "restarting"
-        self.save()  # counted before it starts: a watch killed mid-restart gets no extra one
-        self.note(f"restarting the job ({count}/{policy.max_restarts})")
-        deployed = deploy_job(self.job, self.nodes, RESTART_OPTIONS, self.say)
-        self.note(f"redeploy: {deployed.summary}")
-        if deployed.exit_code:
-            why = f"restart {count} of {policy.max_restarts} failed: {deployed.summary}"
-            self.transition("restart", "unhealthy", why)
-            self.result.exit_code = deployed.exit_code
-            return False
-        why = f"redeployed with checkpoints kept (restart {count} of {policy.max_restarts})"
-        self.transition("restart", "restarting", why, run=deployed.run_id)
-        probed = verify_job(self.job, self.nodes, ProbeOverrides(), self.say)
-        self.note(f"after the restart: {probed.summary}")
-        return True
-
-    def give_up(self) -> None:
-        policy = self.options.policy
-        self.record.gave_up_run = self.record.run
-        self.note(f"failed again; {len(self.record.restarts)} restart(s) spent: stopping it")
-        stopped = stop_job(self.job, self.nodes, None, self.say)
-        reason = (
-            f"{len(self.record.restarts)} restarts in {policy.window:g} s, the limit: "
-            f"left stopped ({stopped.summary})"
-        )
-        self.transition("gave_up", "stopped", reason)
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    def finish(self) -> JobWatchResult:
-        """The exit code as `launcher watch --for` gives it (session.final_code), or worse if
-        the last poll was (unhealthy, not yet counted as a failure), or 3 for a redeploy that
-        failed; SIGTERM: 0."""
-        result = self.result
-        result.status = self.record.status
-        if self.stop.is_set():
-            result.exit_code, result.stopped = ExitCode.OK, True
-            self.note("watch ended by SIGTERM")
-            return result
-        code = final_code({self.job.name: self.record}, ())
-        if self.record.status not in ("finished", "stopped"):
-            code = max(code, int(result.exit_code))
-        result.exit_code = ExitCode(code)
-        return result
-
-    def note(self, text: str) -> None:
-        line = f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ} job {self.job.name}: {text}"
-        self.result.events.append(line)
-        self.event(line)
-
-    def save(self) -> None:
-        if self.hub is not None:
-            self.hub.state.update(self.job.name, self.record)
-
-    def transition(self, kind: str, status: str, reason: str, *, run: str | None = None) -> None:
-        """The job's status changes: recorded, and an event to the state and the receivers."""
-        previous = self.record.status
-        self.record.status = status
-        if run is not None:
-            self.record.run = run
-        self.save()
-        if self.hub is None:
-            return
-        latest = self.last.latest if self.last is not None else None
-        target = self.status_node
-        self.hub.emit(
-            Event(
-                kind=kind,
-                target=self.job.name,
-                host=target.host_name,
-                vmid=target.vmid,
-                run=self.record.run,
-                status=status,
-                previous=previous,
-                reason=reason,
-                last_lines=self.last.last_lines if self.last is not None else [],
-                step=_int(latest.number("step")) if latest is not None else None,
-                restarts=len(self.options.policy.recent(self.record.restarts, time.time())),
-            )
-        )
-        metrics = self.hub.metrics
-        if kind == "restart" and metrics is not None and status == "restarting":
-            labels = metrics.labels(target.name, target.host_name, target.vmid)
-            metrics.restarts.labels(**labels).inc()
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
+    request = WatchRequest(
+        state_path=options.state_path,
+        settings=WatchSettings(
+            interval=options.interval, restart=options.restart_on_failure, policy=options.policy
+        ),
+        duration=options.duration,
+        webhooks=options.webhooks,
+        commands=options.commands,
+        metrics_port=options.metrics_port,
+        metrics_address=options.metrics_address,
+    )
+    subject = JobSubject(job, nodes, options, say)
+    ended = run_watch(nullcontext([subject]), request, shown, stop)
+    record = ended.statuses.get(job.name)
+    result.status = record.status if record is not None else result.status
+    result.exit_code, result.stopped = ExitCode(ended.exit_code), ended.stopped
+    if ended.stopped:
+        line("watch ended by SIGTERM")
+    return result
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
-from launcher.verify.lifecycle import State, ended
+from launcher.verify.lifecycle import State, ended, replacing
 from launcher.verify.policy import Judgement, Tally, describe_failures, outcome
 from launcher.verify.prober import ParseFn
 from launcher.verify.samples import Sample
@@ -43,7 +43,6 @@ class Observation:
     verdict: str  # healthy | unhealthy | pending | replacing | finished | stopped
     reason: str
     run: str | None
-    new_run: bool = False
     step: int | None = None
     throughput: float | None = None
     loss: float | None = None
@@ -75,7 +74,6 @@ class RunJudge:
         self.parse = parse
         self.queue_names = list(queues)
         self.run: str | None = None
-        self.expected: str | None = None  # a run the watcher itself launched
         self.judge: Judge | None = None
         self.started = 0.0
         self.ever_healthy = False
@@ -100,15 +98,12 @@ class RunJudge:
         self._step, self._step_at = None, now
 
     def observe(self, state: PaneState, now: float) -> Observation:
-        gone = not state.session_exists or state.pane_dead
         identity = run_identity(state)
         lines = last_lines(state.capture)
-        if gone and state.deploy_lock:
-            reason = f"a deploy is replacing the run (lock held by {state.deploy_lock})"
-            return Observation("replacing", reason, self.run, last_lines=lines)
-        new_run = False
+        why = replacing(state)
+        if why is not None:
+            return Observation("replacing", why, self.run, last_lines=lines)
         if self.judge is None or (state.session_exists and identity != self.run):
-            new_run = self.judge is not None or identity is not None
             self._begin(identity, now)
         samples = tuple(self.parse(state.capture, state.pane_width))
         poll = Poll(at=now, state=state, samples=samples)
@@ -123,20 +118,18 @@ class RunJudge:
                 if over is State.FINISHED
                 else "stopped by launcher stop"
             )
-            observation = Observation(str(over), reason, self.run, new_run, last_lines=lines)
+            observation = Observation(str(over), reason, self.run, last_lines=lines)
             self._numbers_from(samples, now, observation)
             return observation
         judged = self.tally.take(results, judging=judging)
         verdict, reason = self._verdict(results, judged, judging, now)
-        observation = Observation(verdict, reason, self.run, new_run, last_lines=lines)
+        observation = Observation(verdict, reason, self.run, last_lines=lines)
         if verdict == "unhealthy" and over is State.FAILED:
             observation.state = State.FAILED
         self._numbers_from(samples, now, observation)
-        if verdict == "unhealthy" and any(r.name == "restarts" for r in judged.counted if r.kind):
+        if verdict == "unhealthy" and judged.restarted:
             # Reported once; a fresh judge lets the restarted process prove itself.
-            run, expected = self.run, self.expected
-            self._begin(run, now)
-            self.expected = expected
+            self._begin(self.run, now)
         return observation
 
     def _verdict(

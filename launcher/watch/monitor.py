@@ -1,43 +1,36 @@
-"""The watcher: one thread per target (one SSH connection per host), one poll per interval.
+"""The watcher: one thread per subject (a target, or a multi-node job), one poll per interval.
 
-Each poll is judged (`launcher.watch.judging`); only transitions become events: on stderr, in
-the state's events log and, unless quiet, to every notification destination. With a restart
-policy an unhealthy run is restarted as it was (the same script or release, command, environment
-and overrides, from the spec kept in the container; its checkpoints left in place for its resume)
-after a backoff, at most
-`max_restarts` times in the window; then it is left stopped with a final event. Unreachable is
-reported, never a reason to restart; nor is a CT frozen or locked by a backup (paused, not
-down), nor what the judge makes of the first polls after it thawed (the run stood still too).
+A subject (`Subject`) is what is polled and restarted: a target's run (`launcher.watch.target`)
+or a job's (`launcher.watch.job`). The rest is one machinery for both: each poll is judged into
+an `Observation` (`launcher.watch.judging`); only transitions become events: on stderr, in the
+state's events log and, unless quiet, to every notification destination. With a restart policy
+an unhealthy run is restarted by its subject (checkpoints kept, so that it resumes) after a
+backoff, at most `max_restarts` times in the window; then it is left stopped with a final
+event. Unreachable is reported, never a reason to restart; nor is a CT frozen or locked by a
+backup (paused, not down), nor what the judge makes of the first polls after it thawed (the
+run stood still too).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from launcher.agent.protocol import RUN_REPLACED, SPEC_NOT_KEPT
-from launcher.config.models import Target
-from launcher.container.agentclient import container_for
-from launcher.container.pct import HostConnection
+from launcher.agent.protocol import RUN_REPLACED
 from launcher.core.errors import LauncherError, PausedError, RefusedError, RemoteError
 from launcher.core.runid import new_run_id
-from launcher.deploy.deploy import DeployOptions, deploy
-from launcher.operate.commands import RunBack, rollback, stop
-from launcher.probe.poll import poll_once
-from launcher.probe.workflows import deployed_run, parser_for
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import UNREACHABLE_LIMIT
 from launcher.watch.events import QUIET_KINDS, Event
-from launcher.watch.judging import JudgeSettings, Observation, RunJudge
+from launcher.watch.judging import Observation
 from launcher.watch.metrics import Metrics
 from launcher.watch.notify import Notifier
 from launcher.watch.policy import RestartPolicy
 from launcher.watch.state import TargetRecord, WatchState
 
-RESTART_OPTIONS = DeployOptions(restart=True, checkpoint_mode="keep")
 # The statuses from which an unhealthy verdict is a transition (not from unhealthy or stopped).
 JUDGED = ("starting", "healthy", "restarting")
 # The statuses of a run that needs recovering (a restarted watcher picks it up where it was).
@@ -46,6 +39,11 @@ DOWN = ("unhealthy", "failed")
 # least SETTLE_MIN s): the run's log and steps stood still while it was frozen.
 SETTLE_INTERVALS = 3
 SETTLE_MIN = 30.0
+# How long the end of a watch waits for a subject's poll; a restart under way is waited for
+# whatever it takes (a redeploy is not left half-done).
+JOIN_SECONDS = 60.0
+
+Note = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -56,8 +54,42 @@ class WatchSettings:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
 
 
+class Subject(Protocol):
+    """What one watch polls and restarts. `name`, `host` and `vmid` name it in events and in
+    the state file; `series` (target, host, vmid) labels its metrics."""
+
+    name: str
+    host: str
+    vmid: int
+    series: tuple[str, str, int]
+    interval: float
+    restarted: str  # how a restart's event says what was done
+
+    def observe(self) -> Observation:
+        """One poll, judged; RemoteError: unreachable, PausedError: paused."""
+
+    def export(self, metrics: Metrics) -> None:
+        """What the last poll saw beyond its observation (GPUs, a job's other nodes)."""
+
+    def hold(self, run: str | None) -> str | None:
+        """Why the down run `run` is not this watch's to restart now (None: it is)."""
+
+    def marker(self, run_id: str) -> str:
+        """The run marker a restart with this run id launches."""
+
+    def restart(self, run: str | None, count: int, of: int, run_id: str, note: Note) -> str | None:
+        """Restart the crashed run `run` with its checkpoints kept, as run `run_id`; the
+        marker it launched. Raises LauncherError when it failed."""
+
+    def after_restart(self, note: Note) -> None:
+        """What follows a restart that launched (a job's startup probe)."""
+
+    def stop(self, run: str | None) -> str:
+        """Stop the run `run` given up on (not one deployed since); what was done."""
+
+
 class Hub:
-    """Where a target's events and numbers go: the state, the notifier, stderr, the metrics."""
+    """Where a subject's events and numbers go: the state, the notifier, stderr, the metrics."""
 
     def __init__(
         self,
@@ -81,36 +113,18 @@ class Hub:
             self.notifier.send(event)
 
 
-class TargetWatch:
+class Watch:
+    """One subject's watch: its record in the state file, its transitions, its restarts."""
+
     def __init__(
-        self,
-        target: Target,
-        conn: HostConnection,
-        settings: WatchSettings,
-        hub: Hub,
-        stopping: threading.Event,
+        self, subject: Subject, settings: WatchSettings, hub: Hub, stopping: threading.Event
     ) -> None:
-        self.target = target
-        self.conn = conn
+        self.subject = subject
         self.settings = settings
         self.hub = hub
         self.stopping = stopping
-        v = target.playbook.spec.verify
-        self.spec = v
-        self.interval = v.interval if settings.interval is None else settings.interval
-        wait = v.wait if settings.wait is None else settings.wait
-        self.runs = RunJudge(
-            v,
-            JudgeSettings(wait, v.window, v.successes, v.failure_threshold, v.lines, self.interval),
-            parser_for(target),
-            list(v.queues),
-        )
-        self.record = hub.state.record(target.name)
-        self.runs.expected = self.record.launched
-        self.container = container_for(target, conn)
-        self.labels = (
-            hub.metrics.labels(target.name, target.host_name, target.vmid) if hub.metrics else {}
-        )
+        self.record = hub.state.record(subject.name)
+        self.labels = hub.metrics.labels(*subject.series) if hub.metrics else {}
         self.unreachable = 0
         self.paused = False
         self.settle_until = 0.0
@@ -118,11 +132,10 @@ class TargetWatch:
         self.restart_due = self.record.status in DOWN and (
             self.record.gave_up_run != self.record.run
         )
+        self.restarting = False  # a restart is under way: the end of the watch waits for it
         self.last_reason = ""
-        self.polls = 0
-        self.deployed: dict[str, object] | None = None  # the latest deploy record polled
-        self.session_age: float | None = None
-        self.deferred: str | None = None  # the run whose failure was left to its deploy
+        self.last_obs: Observation | None = None
+        self.deferred: str | None = None  # the run whose failure was left to someone else
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -132,13 +145,13 @@ class TargetWatch:
             self.poll_and_judge()
             if self.restart_due and self.settings.restart:
                 self.recover()
-            next_at = max(next_at + self.interval, time.monotonic())
+            next_at = max(next_at + self.subject.interval, time.monotonic())
             self.stopping.wait(next_at - time.monotonic())
 
     def poll_and_judge(self) -> None:
         started = time.monotonic()
         try:
-            state, answer = poll_once(self.container, self.target, self.spec.lines)
+            obs = self.subject.observe()
         except PausedError as error:
             self._metrics_poll(time.monotonic() - started, ok=False)
             self.on_paused(error.message)
@@ -147,7 +160,6 @@ class TargetWatch:
             self._metrics_poll(time.monotonic() - started, ok=False)
             self.on_unreachable(error.message)
             return
-        self.polls += 1
         self._metrics_poll(time.monotonic() - started, ok=True)
         if not self.record.reachable:
             self.record.reachable = True
@@ -155,13 +167,11 @@ class TargetWatch:
         self.unreachable = 0
         if self.paused:
             self.paused = False
-            settle = max(SETTLE_INTERVALS * self.interval, SETTLE_MIN)
+            settle = max(SETTLE_INTERVALS * self.subject.interval, SETTLE_MIN)
             self.settle_until = time.monotonic() + settle
             self.transition("resumed", self.record.status, "the CT answers again")
-        self.deployed, self.session_age = answer.get("record"), state.age
-        obs = self.runs.observe(state, time.monotonic())
-        if self.hub.metrics is not None and state.gpus is not None:
-            self.hub.metrics.set_gpus(self.labels, state.gpus)
+        if self.hub.metrics is not None:
+            self.subject.export(self.hub.metrics)
         self.on_observation(obs)
 
     def on_unreachable(self, message: str) -> None:
@@ -213,7 +223,7 @@ class TargetWatch:
     def on_new_run(self, obs: Observation) -> None:
         previous_run = self.record.run
         self.record.run = obs.run
-        ours = obs.run is not None and obs.run == self.runs.expected
+        ours = obs.run is not None and obs.run == self.record.launched
         self.record.status = "restarting" if ours else "starting"
         if not ours:
             # A run the watcher did not deploy has a budget of its own (Kubernetes keeps a
@@ -224,32 +234,21 @@ class TargetWatch:
             reason = f"a new run replaced {previous_run}"
             self.transition("new_run", self.record.status, reason, obs)
         else:
-            self.hub.state.update(self.target.name, self.record)
+            self.hub.state.update(self.subject.name, self.record)
 
     # -- recovery -------------------------------------------------------------------------
 
-    def left_to_its_deploy(self) -> bool:
-        """A run deployed with --rollback-on-failure fails into that deploy's hands: it puts the
-        previous run back, and a restart here would race it. Only while that deploy can still
-        be probing (warmup + window + a minute since launch); after that, ours to recover."""
-        record = self.deployed or {}
-        if record.get("run") != self.record.run or not record.get("rollback_on_failure"):
-            return False
-        age = self.session_age
-        if age is None or age > self.spec.wait + self.spec.window + 60:
-            return False
-        if self.deferred != self.record.run:
-            self.deferred = self.record.run
-            self.hub.say(self._note("not restarted: its deploy (--rollback-on-failure) decides"))
-        return True
-
     def recover(self) -> None:
-        """Restart the same run, within the policy; or leave the run stopped."""
+        """Restart the run, within the policy; or leave it stopped."""
         policy = self.settings.policy
         now = time.time()
-        if not self.record.reachable or self.paused:
-            return  # unreachable or paused (a backup) is never a reason to restart
-        if self.left_to_its_deploy():
+        if self.stopping.is_set() or not self.record.reachable or self.paused:
+            return  # ending, unreachable or paused (a backup): never a reason to restart
+        held = self.subject.hold(self.record.run)
+        if held is not None:
+            if self.deferred != self.record.run:
+                self.deferred = self.record.run
+                self.hub.say(self._note(held))
             return
         if not policy.allowed(self.record.restarts, now):
             self.give_up()
@@ -265,81 +264,45 @@ class TargetWatch:
         # point of the restart leaves the next one (same state file) the count and that run
         # as its own, not a stranger's run with a fresh budget.
         run_id = new_run_id()
-        self.runs.expected = self.record.launched = f"{self.target.playbook.spec.session}:{run_id}"
-        self.hub.state.update(self.target.name, self.record)
-        # Only the crashed run is replaced: a second watcher (any state file) that saw the same
-        # crash is refused in the container, under the deploy lock, once the first replaced it.
+        self.record.launched = self.subject.marker(run_id)
+        self.hub.state.update(self.subject.name, self.record)
+        note: Note = lambda text: self.hub.say(self._note(text))  # noqa: E731
+        self.restarting = True
         try:
-            launched = self.restart_same_run(count, run_id)
-        except RefusedError as error:
-            if self.record.run is not None and RUN_REPLACED in error.message:
+            launched = self.subject.restart(
+                self.record.run, count, policy.max_restarts, run_id, note
+            )
+        except LauncherError as error:
+            # Only the crashed run is replaced: a second watcher (any state file) that saw the
+            # same crash is refused in the container, under the deploy lock, once the first
+            # replaced it.
+            replaced = isinstance(error, RefusedError) and RUN_REPLACED in error.message
+            if replaced and self.record.run is not None:
                 self.record.restarts = self.record.restarts[:-1]  # not ours: not counted
                 self.restart_due = False
-                self.hub.state.update(self.target.name, self.record)
+                self.hub.state.update(self.subject.name, self.record)
                 self.hub.say(self._note(f"restart not needed: {error.message}"))
                 return
-            self.transition(
-                "restart",
-                "unhealthy",
-                f"restart {count} of {policy.max_restarts} failed: {error.message}",
-            )
+            why = f"restart {count} of {policy.max_restarts} failed: {error.message}"
+            self.transition("restart", "unhealthy", why)
             return
-        except LauncherError as error:
-            self.transition(
-                "restart",
-                "unhealthy",
-                f"restart {count} of {policy.max_restarts} failed: {error.message}",
-            )
-            return
+        finally:
+            self.restarting = False
         self.restart_due = False
-        self.runs.expected = self.record.launched = launched
+        self.record.launched = launched
         reason = (
-            f"restarted as it was, checkpoints kept (restart {count} of {policy.max_restarts} "
+            f"{self.subject.restarted} (restart {count} of {policy.max_restarts} "
             f"in {policy.window:g} s) after: {self.last_reason}"
         )
-        self.transition("restart", "restarting", reason, run=self.runs.expected)
-
-    def restart_same_run(self, count: int, run_id: str) -> str | None:
-        """The crashed run again, as it was: its script or release, command, env and overrides
-        from the spec the container kept, its checkpoints left in place (never archived); the
-        record says `restarted by watch (N/M)`. A run launched before specs were kept is
-        redeployed from the playbook instead. `run_id`: the new run's, written to the state
-        file before this call. Returns the new run's marker."""
-        by = f"watch ({count}/{self.settings.policy.max_restarts})"
-        back = RunBack(
-            to_run=self.record.run,
-            relaunch=True,
-            expect_run=self.record.run,
-            restart_count=count,
-            record={"restarted_by": by},
-        )
-        try:
-            done = rollback(
-                self.target,
-                self.conn,
-                restart=True,
-                keep_checkpoints=True,
-                back=back,
-                run_id=run_id,
-            )
-        except RefusedError as error:
-            if SPEC_NOT_KEPT not in error.message:
-                raise
-            options = dataclasses.replace(
-                RESTART_OPTIONS, expect_run=self.record.run, run_id=run_id
-            )
-            return deployed_run(deploy(self.target, self.conn, options).to_json())
-        return deployed_run(done.to_json())
+        self.transition("restart", "restarting", reason, run=launched)
+        self.subject.after_restart(note)
 
     def give_up(self) -> None:
         self.restart_due = False
         run = self.record.run
         self.record.gave_up_run = run
-        note = ""
         try:
-            # The run it gave up on, not one someone deployed meanwhile.
-            stopped = stop(self.target, self.conn, expect_run=run)
-            note = f"; {stopped.summary}"
+            note = f"; {self.subject.stop(run)}"  # the run given up on, not a newer one
         except LauncherError as error:
             note = f"; stopping it failed: {error.message}"
         policy = self.settings.policy
@@ -363,13 +326,14 @@ class TargetWatch:
     ) -> None:
         previous = self.record.status
         self.record.status = status
-        self.hub.state.update(self.target.name, self.record)
-        latest = obs or getattr(self, "last_obs", None)
+        self.hub.state.update(self.subject.name, self.record)
+        latest = obs or self.last_obs
+        subject = self.subject
         event = Event(
             kind=kind,
-            target=self.target.name,
-            host=self.target.host_name,
-            vmid=self.target.vmid,
+            target=subject.name,
+            host=subject.host,
+            vmid=subject.vmid,
             run=run or self.record.run,
             status=status,
             previous=previous,
@@ -387,9 +351,9 @@ class TargetWatch:
         """A line for stderr only (not a transition)."""
         return Event(
             kind="note",
-            target=self.target.name,
-            host=self.target.host_name,
-            vmid=self.target.vmid,
+            target=self.subject.name,
+            host=self.subject.host,
+            vmid=self.subject.vmid,
             run=self.record.run,
             status=self.record.status,
             previous=self.record.status,
@@ -407,58 +371,53 @@ class TargetWatch:
 
 
 class Watcher:
-    """Every target's watch in its own thread, over one connection per host, until stopped."""
+    """Every subject's watch in its own thread, until its duration passes or `stop` is set."""
 
-    def __init__(
-        self,
-        targets: list[Target],
-        settings: WatchSettings,
-        hub: Hub,
-        connect: Callable[[Target], HostConnection],
-    ) -> None:
-        self.targets = targets
+    def __init__(self, subjects: Sequence[Subject], settings: WatchSettings, hub: Hub) -> None:
+        self.subjects = list(subjects)
         self.settings = settings
         self.hub = hub
-        self.connect = connect
         self.stopping = threading.Event()
-        self.watches: list[TargetWatch] = []
+        self.watches: list[Watch] = []
         self.errors: list[str] = []
 
-    def run(self, duration: float | None = None) -> None:
-        """Watch until `duration` passes or `stop()` is called (a signal handler may)."""
+    def run(self, duration: float | None, stop: threading.Event) -> None:
+        """Watch until `duration` passes or `stop` is set (a signal handler may set it)."""
+        if stop.is_set():
+            self.stopping.set()  # stopped before it began: no subject is polled
         threads = []
-        for target in self.targets:
-            watch = TargetWatch(
-                target, self.connect(target), self.settings, self.hub, self.stopping
-            )
+        for subject in self.subjects:
+            watch = Watch(subject, self.settings, self.hub, self.stopping)
             self.watches.append(watch)
             thread = threading.Thread(
-                target=self._guarded, args=(watch,), name=f"watch-{target.name}", daemon=True
+                target=self._guarded, args=(watch,), name=f"watch-{subject.name}", daemon=True
             )
             threads.append(thread)
             thread.start()
         end = None if duration is None else time.monotonic() + duration
         try:
             # Short waits keep the main thread responsive to Ctrl-C.
-            while not self.stopping.is_set():
+            while not stop.is_set() and not self.stopping.is_set():
                 left = 0.5 if end is None else min(0.5, end - time.monotonic())
                 if left <= 0:
                     break
-                self.stopping.wait(left)
+                stop.wait(left)
         finally:
             self.stopping.set()
-            for thread in threads:
-                thread.join(timeout=60)
+            for watch, thread in zip(self.watches, threads, strict=True):
+                thread.join(timeout=JOIN_SECONDS)
+                while thread.is_alive() and watch.restarting:
+                    thread.join(timeout=1.0)
 
-    def _guarded(self, watch: TargetWatch) -> None:
+    def _guarded(self, watch: Watch) -> None:
         try:
             watch.run()
-        except Exception as error:  # one target's bug must not end the others' watch
-            self.errors.append(f"{watch.target.name}: {type(error).__name__}: {error}")
+        except Exception as error:  # one subject's bug must not end the others' watch
+            self.errors.append(f"{watch.subject.name}: {type(error).__name__}: {error}")
             self.hub.say(watch._note(f"watch of this target ended: {error}"))
 
     def stop(self) -> None:
         self.stopping.set()
 
     def statuses(self) -> dict[str, TargetRecord]:
-        return {w.target.name: w.record for w in self.watches}
+        return {w.subject.name: w.record for w in self.watches}

@@ -1,24 +1,25 @@
-"""One watch from start to end, for the CLI and the API alike.
+"""One watch from start to end, for the CLI and the API alike, of targets or of a job.
 
-The state file, the notifier, the metrics server and one connection per host are opened in that
-order and closed in reverse whatever ends the watch (its duration, `stop()` from a signal handler
-or another thread, an error); the exit code is judged from what each target was left in.
+The state file, the notifier, the metrics server and what is watched (one connection per host)
+are opened in that order and closed in reverse whatever ends the watch (its duration, `stop()`
+from a signal handler or another thread, an error); the exit code is judged from what each
+target was left in.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.config.models import Target
 from launcher.core.errors import ExitCode, UsageError
-from launcher.targets.fleet import connections_for
 from launcher.watch.events import Event
 from launcher.watch.metrics import Metrics
-from launcher.watch.monitor import Hub, Watcher, WatchSettings
+from launcher.watch.monitor import Hub, Subject, Watcher, WatchSettings
 from launcher.watch.notify import (
     Deliver,
     Notifier,
@@ -29,6 +30,7 @@ from launcher.watch.notify import (
     webhook_name,
 )
 from launcher.watch.state import TargetRecord, WatchState
+from launcher.watch.target import target_subjects
 
 # What a shutdown gives the notifier to deliver what is due (the rest stays in the outbox).
 DRAIN_SECONDS = 5.0
@@ -140,55 +142,60 @@ class WatchSession:
         self.request = request
         self.say = say
         self._stopped = threading.Event()
-        self._watcher: Watcher | None = None
 
     def stop(self) -> None:
         """End the watch; safe from a signal handler and from another thread, and before run()
         (which then returns at once)."""
         self._stopped.set()
-        watcher = self._watcher
-        if watcher is not None:
-            watcher.stop()
 
     def run(self, started: Callable[[], None] = lambda: None) -> WatchResult:
         """Watch until the request's duration passes or stop() is called; `started` is called
         once the metrics server listens and the notifier runs, just before the first polls."""
-        request = self.request
-        state = WatchState(request.state_path).open()
-        notifier = Notifier(request.receivers, state) if request.receivers else None
-        metrics = Metrics() if request.metrics_port else None
-        try:
-            with connections_for(self.targets) as connect:
-                hub = Hub(state, notifier, metrics, self.say)
-                watcher = Watcher(self.targets, request.settings, hub, connect)
-                self._watcher = watcher
-                if self._stopped.is_set():  # stop() came before the watcher existed
-                    watcher.stop()
-                try:
-                    if metrics is not None and request.metrics_port is not None:
-                        self._serve(metrics, request.metrics_port, request.metrics_address)
-                    if notifier is not None:
-                        notifier.start()
-                    started()
-                    watcher.run(request.duration)
-                finally:
-                    watcher.stop()
-                    if notifier is not None:
-                        notifier.stop(DRAIN_SECONDS)
-                    if metrics is not None:
-                        metrics.close()
-        finally:
-            state.close()
-        statuses, errors = watcher.statuses(), tuple(watcher.errors)
-        stopped = self._stopped.is_set()
-        code = int(ExitCode.OK) if stopped else final_code(statuses, errors)
-        return WatchResult(code, statuses, errors, stopped)
+        subjects = target_subjects(self.targets, self.request.settings)
+        return run_watch(subjects, self.request, self.say, self._stopped, started)
 
-    @staticmethod
-    def _serve(metrics: Metrics, port: int, address: str) -> None:
-        try:
-            metrics.serve(port, address)
-        except OSError as exc:
-            raise UsageError(
-                f"--metrics-port {port}: cannot listen on {address}:{port}: {exc.strerror or exc}"
-            ) from None
+
+def run_watch(
+    subjects: AbstractContextManager[Sequence[Subject]],
+    request: WatchRequest,
+    say: Callable[[Event], None],
+    stop: threading.Event,
+    started: Callable[[], None] = lambda: None,
+) -> WatchResult:
+    """One watch of what `subjects` opens (targets, or a job), until the request's duration
+    passes or `stop` is set: the state file, the notifier, the metrics server and the subjects
+    opened in that order and closed in reverse."""
+    state = WatchState(request.state_path).open()
+    notifier = Notifier(request.receivers, state) if request.receivers else None
+    metrics = Metrics() if request.metrics_port else None
+    try:
+        with subjects as watched:
+            watcher = Watcher(watched, request.settings, Hub(state, notifier, metrics, say))
+            try:
+                if metrics is not None and request.metrics_port is not None:
+                    _serve(metrics, request.metrics_port, request.metrics_address)
+                if notifier is not None:
+                    notifier.start()
+                started()
+                watcher.run(request.duration, stop)
+            finally:
+                watcher.stop()
+                if notifier is not None:
+                    notifier.stop(DRAIN_SECONDS)
+                if metrics is not None:
+                    metrics.close()
+    finally:
+        state.close()
+    statuses, errors = watcher.statuses(), tuple(watcher.errors)
+    stopped = stop.is_set()
+    code = int(ExitCode.OK) if stopped else final_code(statuses, errors)
+    return WatchResult(code, statuses, errors, stopped)
+
+
+def _serve(metrics: Metrics, port: int, address: str) -> None:
+    try:
+        metrics.serve(port, address)
+    except OSError as exc:
+        raise UsageError(
+            f"--metrics-port {port}: cannot listen on {address}:{port}: {exc.strerror or exc}"
+        ) from None

@@ -3,6 +3,7 @@ Proxmox network; the real CLI over real sshd, LXC, tmux and the demo trainer."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import signal
@@ -25,9 +26,11 @@ from launcher.core.errors import ExitCode
 from launcher.sandbox import Sandbox, SandboxInfo
 from launcher.sandbox.network import address
 from launcher.schemas import shipped
+from launcher.watch.state import TargetRecord
 from tests.e2e.conftest import missing_requirements, warm_agent_cache
 from tests.e2e.hostpython import host_has_torch
 from tests.e2e.project import Project
+from tests.e2e.test_watch import Receiver
 
 pytestmark = pytest.mark.e2e
 
@@ -493,14 +496,17 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
     """Node 1's run killed: `job watch --restart-on-failure` redeploys every node (a new run
     id on both, checkpoints kept) once and ends healthy, as `launcher watch` would: each
     transition an event to --exec and the state file, each node's status and GPUs in the
-    metrics; SIGTERM then ends the watch with 0."""
+    metrics; SIGTERM then ends the watch with 0. What a target's watch does, a job's does:
+    the same --webhook bodies, the same state file record."""
     project = job_project
     write_job(project)
     before = deploy_and_wait(project)
     kinds = tmp_path / "kinds.txt"
     state = tmp_path / "job-watch.json"
     port = free_port()
+    receiver = Receiver()
     notify = ("--exec", f"sh -c 'echo $LAUNCHER_EVENT_KIND $LAUNCHER_EVENT_TARGET >> {kinds}'")
+    notify += ("--webhook", receiver.url)
     outlets = (*notify, "--state", str(state), "--metrics-port", str(port))
     scraped = ""
     with (tmp_path / "watch.err").open("w+") as err:
@@ -528,6 +534,7 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
             watch.wait(timeout=60)
         finally:
             killer.cancel()
+            receiver.close()
         out = "".join(seen)
         err.seek(0)
         assert watch.returncode == 0, (out, err.read())
@@ -541,6 +548,11 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
     assert delivered[:2] == ["unhealthy train", "restart train"], delivered
     logged = state.with_suffix(".events.jsonl").read_text().splitlines()
     assert [json.loads(line)["kind"] for line in logged][:3] == ["healthy", "unhealthy", "restart"]
+    posted = [body for _, body in receiver.received]
+    assert [b["kind"] for b in posted][:2] == ["unhealthy", "restart"], posted
+    assert {(b["schema"], b["target"], b["vmid"]) for b in posted} == {
+        ("launcher.watch.event/1", "train", NODES[0])
+    }
     # Metrics per node: status, and each node's GPUs (the sandbox gives each node two).
     for node, vmid in zip(("n0", "n1"), NODES, strict=True):
         held = f'gpu="1",host="sandbox",target="{node}",vmid="{vmid}"'
@@ -552,6 +564,11 @@ def test_watch_restarts_the_whole_job_when_node1_dies(job_project: Project, tmp_
     assert code == 0 and status[0]["run_id"] != before["run_id"]
     history = json.loads(project.launcher("job", "history", "train", "--json").stdout)
     assert history["runs"][0]["outcomes"] == {"n0": "launched", "n1": "launched"}
+    # The job's record is a target's record: the run it launched named, its restart counted.
+    record = json.loads(state.read_text())["targets"]["train"]
+    assert set(record) == {f.name for f in dataclasses.fields(TargetRecord)}
+    assert record["run"] == record["launched"] == status[0]["run_id"]
+    assert (record["status"], len(record["restarts"]), record["bad"]) == ("healthy", 1, False)
 
 
 def free_port() -> int:

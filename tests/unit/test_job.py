@@ -4,10 +4,6 @@ wording."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,7 +29,6 @@ from launcher.targets.fleet import Outcome
 from launcher.verify.checks import PaneState
 from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
-from launcher.watch.job import JobWatchOptions, terminated_by_sigterm, watch_job
 from tests.unit.projectfiles import write_project
 
 JOB = """\
@@ -193,51 +188,6 @@ def test_the_verdict_names_the_failing_node_not_the_cut_short_probe() -> None:
     assert job_summary(result) == "healthy: 2 node(s) in run R1"
 
 
-def test_sigterm_ends_a_job_watch_after_the_poll_under_way_and_restarts_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGTERM during a poll that finds a node gone: the change is reported, no restart
-    begins, the watch ends with a last line and exit 0 (as `launcher watch` does)."""
-    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
-    polls: list[str] = []
-
-    def one_poll(job_: object, nodes: object) -> JobResult:
-        if polls:
-            raise AssertionError("polled again after SIGTERM")
-        polls.append("poll")
-        os.kill(os.getpid(), signal.SIGTERM)
-        result = JobResult("train", "status", "unhealthy: staging (rank 1): no session")
-        result.nodes = [
-            NodeState(0, "prod", "prod", "healthy", "step 9", ExitCode.OK),
-            NodeState(1, "staging", "staging", "dead", "no session", ExitCode.UNHEALTHY),
-        ]
-        return result
-
-    def no_restart(*args: object, **kwargs: object) -> JobResult:
-        raise AssertionError("restarted after SIGTERM")
-
-    monkeypatch.setattr("launcher.watch.job.status_job", one_poll)
-    monkeypatch.setattr("launcher.watch.job.deploy_job", no_restart)
-    lines: list[str] = []
-    options = JobWatchOptions(interval=60, restart_on_failure=True)
-    with terminated_by_sigterm() as stop:
-        result = watch_job(job, None, options, say=print, event=lines.append, stop=stop)  # type: ignore[arg-type]
-    assert polls == ["poll"] and result.restarts == 0
-    assert result.exit_code == ExitCode.OK
-    assert lines[0].endswith("job train: unhealthy: staging (rank 1): no session")
-    assert lines[-1].endswith("job train: watch ended by SIGTERM")
-
-
-def test_the_sigterm_handler_is_put_back() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with terminated_by_sigterm() as stop:
-        assert not stop.is_set()
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.wait(5)
-    assert signal.getsignal(signal.SIGTERM) == before
-    assert isinstance(stop, threading.Event)
-
-
 class PolledNodes:
     """The job's nodes for `status_job`, each polled in this thread (a connection is never
     used: the status rank's poll and the others' are faked below)."""
@@ -306,26 +256,6 @@ def test_a_node_that_finished_while_the_status_rank_runs_is_judged_by_the_status
     assert result.exit_code == ExitCode.UNHEALTHY and result.nodes[1].state == "dead"
 
 
-def test_a_job_watch_does_not_restart_a_finished_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    job, nodes = polled_job(tmp_path, monkeypatch, State.FINISHED, FINISHED_NODE)
-
-    def no_restart(*args: object, **kwargs: object) -> JobResult:
-        raise AssertionError("a finished job was redeployed")
-
-    monkeypatch.setattr("launcher.watch.job.deploy_job", no_restart)
-    ticks = iter(range(100))
-    lines: list[str] = []
-    options = JobWatchOptions(interval=1, duration=5, restart_on_failure=True, failures=1)
-    result = watch_job(
-        job, nodes, options, say=print, event=lines.append,  # type: ignore[arg-type]
-        clock=lambda: float(next(ticks)), sleep=lambda seconds: None,
-    )  # fmt: skip
-    assert (result.exit_code, result.restarts) == (ExitCode.OK, 0)
-    assert len(lines) == 1 and lines[0].endswith("job train: finished: 2 node(s) in run R1")
-
-
 def watched(**fields: Any) -> Any:
     target = SimpleNamespace(name="n1", label="n1 (pve CT 301)")
     return NodeWatch(target, 1, **{"run": "train:R1", "polls": 3, **fields})  # type: ignore[arg-type]
@@ -386,54 +316,6 @@ def job_result(summary: str, *states: tuple[str, ExitCode], run: str = "R1") -> 
         for rank, (name, (word, code)) in enumerate(zip(("prod", "staging"), states, strict=True))
     ]
     return result
-
-
-def test_a_job_watch_restarts_after_its_backoff_and_records_every_transition(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`launcher watch`'s machinery for a job: the failure an event, the restart after the
-    policy's backoff (counted in the state file first), the recovery an event; every event in
-    the state's events log (schema launcher.watch.event/1)."""
-    job = load_job(load_inventory(inventory_with(tmp_path, JOB)), "train")
-    ok = ("healthy", ExitCode.OK)
-    dead = ("dead", ExitCode.UNHEALTHY)
-    polls = iter(
-        [
-            job_result("healthy: 2 node(s) in run R1", ok, ("alive", ExitCode.OK)),
-            job_result("unhealthy: staging (rank 1): the run exited (status 137)", ok, dead),
-            job_result("healthy: 2 node(s) in run R2", ok, ("alive", ExitCode.OK), run="R2"),
-        ]
-    )
-    deployed = JobResult("train", "deploy", "launched run R2 on 2 node(s)", run_id="R2")
-    monkeypatch.setattr("launcher.watch.job.status_job", lambda j, n: next(polls))
-    monkeypatch.setattr("launcher.watch.job.deploy_job", lambda *a, **k: deployed)
-    monkeypatch.setattr(
-        "launcher.watch.job.verify_job",
-        lambda *a, **k: JobResult("train", "verify", "healthy: 2 node(s) in run R2"),
-    )
-    state = tmp_path / "watch.json"
-    options = JobWatchOptions(
-        interval=1, duration=3.5, restart_on_failure=True, max_restarts=1,
-        restart_backoff=7, state_path=state,
-    )  # fmt: skip
-    ticks = iter(range(100))
-    waits: list[float] = []
-    lines: list[str] = []
-    result = watch_job(
-        job, None, options, say=print, event=lines.append,  # type: ignore[arg-type]
-        clock=lambda: float(next(ticks)), sleep=waits.append,
-    )  # fmt: skip
-    assert (result.exit_code, result.restarts, result.status) == (ExitCode.OK, 1, "healthy")
-    assert 7 in waits  # the policy's backoff before the first restart
-    assert any(line.endswith("restarting in 7 s (backoff)") for line in lines)
-    events = [
-        json.loads(line) for line in state.with_suffix(".events.jsonl").read_text().splitlines()
-    ]
-    assert [e["kind"] for e in events] == ["healthy", "unhealthy", "restart", "recovered"]
-    assert {e["schema"] for e in events} == {"launcher.watch.event/1"}
-    assert events[2]["run"] == "R2" and events[2]["target"] == "train"
-    saved = json.loads(state.read_text())
-    assert len(saved["targets"]["train"]["restarts"]) == 1
 
 
 @pytest.mark.parametrize("action", ["deploy", "verify", "status", "stop", "rollback"])

@@ -13,7 +13,7 @@ from launcher.core.errors import ExitCode
 from launcher.probe.workflows import status_state
 from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll, Verdict
 from launcher.verify.formats import StatusSpec
-from launcher.verify.lifecycle import State, ended, status_exit
+from launcher.verify.lifecycle import State, ended, replacing, status_exit
 from launcher.verify.parse import Sample, parse_pane
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings, lasted
 
@@ -273,6 +273,22 @@ def status_of(state: PaneState, wait: float = 40, window: float = 60) -> State:
 )
 def test_status_states(state: PaneState, expected: State) -> None:
     assert status_of(state) is expected
+
+
+def test_one_rule_says_a_deploy_is_replacing_the_run_for_verify_and_watch() -> None:
+    """The run gone or going while a deploy holds the lock: the probe waits (its `replacing`
+    phase), the watch's judge reports nothing, status says deploying; a live run is judged."""
+    from launcher.watch.judging import JudgeSettings, RunJudge
+
+    going = pane(pane_dead=True, dead_status=143, deploy_lock="ops@laptop")
+    why = "a deploy is replacing the run (lock held by ops@laptop)"
+    assert replacing(going) == why and ended(going) is State.DEPLOYING
+    assert replacing(pane(session_exists=False, deploy_lock="ops@laptop")) == why
+    assert replacing(pane(deploy_lock="ops@laptop")) is None  # alive: judged as it is
+    assert replacing(pane(session_exists=False)) is None
+    settings = JudgeSettings(0.0, 60.0, 1, 3, 50)
+    watched = RunJudge(ChecksSpec(), settings, lambda text, width: [], []).observe(going, 0.0)
+    assert (watched.verdict, watched.reason) == ("replacing", why)
 
 
 def test_a_crash_in_the_warmup_is_not_starting() -> None:

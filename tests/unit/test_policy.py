@@ -53,6 +53,13 @@ def test_what_each_check_declares() -> None:
     ]  # fmt: skip
     assert len({c.name for c in registry.CHECKS}) == len(registry.CHECKS)
     assert registry.find("queues.q_pre").name == "queues"
+    # A restart inside the run is judged afresh once reported: declared, not named in watch.
+    assert {c.name for c in registry.CHECKS if c.restart} == {"restarts"}
+    tally = Tally(3)
+    failed = [result("restarts", Verdict.FAIL), result("step", Verdict.FAIL)]
+    assert tally.take(failed, judging=True).restarted
+    assert not Tally(3).take([result("step", Verdict.FAIL)], judging=True).restarted
+    assert not Tally(3).take([result("restarts", Verdict.WARN)], judging=True).restarted
     assert not registry.warmup_check("no such check")
 
 

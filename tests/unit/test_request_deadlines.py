@@ -256,9 +256,10 @@ def test_watch_reports_a_frozen_ct_as_paused_and_never_restarts_it(
 ) -> None:
     import threading
 
-    from launcher.watch import monitor
-    from launcher.watch.monitor import Hub, TargetWatch, WatchSettings
+    from launcher.watch import target as watched
+    from launcher.watch.monitor import Hub, Watch, WatchSettings
     from launcher.watch.state import WatchState
+    from launcher.watch.target import TargetSubject
     from tests.unit.projectfiles import load_target
 
     paused = PausedError("sandbox: CT 200 is locked (backup) — the run is paused, not down")
@@ -266,14 +267,17 @@ def test_watch_reports_a_frozen_ct_as_paused_and_never_restarts_it(
     def frozen(*args: Any, **kwargs: Any) -> Any:
         raise paused
 
-    monkeypatch.setattr(monitor, "poll_once", frozen)
-    monkeypatch.setattr(monitor, "deploy", lambda *a, **k: pytest.fail("restarted"))
+    monkeypatch.setattr(watched, "poll_once", frozen)
+    monkeypatch.setattr(watched, "deploy", lambda *a, **k: pytest.fail("restarted"))
+    monkeypatch.setattr(watched, "rollback", lambda *a, **k: pytest.fail("restarted"))
     events: list[Any] = []
     state = WatchState(tmp_path / "watch.json").open()
     hub = Hub(state, None, None, events.append)
     target = load_target(tmp_path)
     host = StrictFakeHost()  # nothing may reach it: the polls are the fake above
-    watch = TargetWatch(target, host, WatchSettings(restart=True), hub, threading.Event())  # type: ignore[arg-type]
+    settings = WatchSettings(restart=True)
+    subject = TargetSubject(target, host, settings)  # type: ignore[arg-type]
+    watch = Watch(subject, settings, hub, threading.Event())
     watch.record.status, watch.restart_due = "unhealthy", True  # a restart was due
     for _ in range(5):
         watch.poll_and_judge()

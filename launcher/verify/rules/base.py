@@ -33,6 +33,9 @@ class Check:
     warmup: bool = False  # counts during the warmup: a crash needs no warm run
     event: bool = False  # an event, not a level: "for N polls" says nothing about it
     reason: int = UNRANKED  # its place in a reason line: the most telling first
+    # Its failure is a restart inside the run: once a watch reported it, the run is judged
+    # afresh (so that the restarted process can prove itself and recover).
+    restart: bool = False
 
     def __call__(self, run: RunHistory) -> list[CheckResult]:
         if self.judge is None:
@@ -44,11 +47,16 @@ class Check:
 
 
 def check(
-    name: str, *, warmup: bool = False, event: bool = False, reason: int = UNRANKED
+    name: str,
+    *,
+    warmup: bool = False,
+    event: bool = False,
+    reason: int = UNRANKED,
+    restart: bool = False,
 ) -> Callable[[CheckFn], Check]:
     """Declare a check: its name and how it counts, next to its function."""
 
     def declare(judge: CheckFn) -> Check:
-        return Check(name, judge, warmup, event, reason)
+        return Check(name, judge, warmup, event, reason, restart)
 
     return declare

@@ -85,7 +85,7 @@ def _open_kind(run: RunHistory, sign: FatalSign) -> Failure:
     return Failure.DEFINITE
 
 
-@check("restarts", warmup=True, event=True, reason=2)
+@check("restarts", warmup=True, event=True, reason=2, restart=True)
 def restarts(run: RunHistory) -> CheckResult:
     """No restart during the probe (one before it is forgiven)."""
     expected = "no restart during the probe (one before it is forgiven)"
