@@ -14,16 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from launcher.commands import args
-from launcher.core.jobrequests import (
-    JobDeployRequest,
-    JobHistoryRequest,
-    JobLogsRequest,
-    JobRollbackRequest,
-    JobStatusRequest,
-    JobStopRequest,
-    JobVerifyRequest,
-    JobWatchRequest,
-)
+from launcher.core import jobrequests as jobs
 from launcher.core.requests import (
     DoctorRequest,
     HistoryRequest,
@@ -158,9 +149,9 @@ def _doctor() -> Wiring:
 
 def _job(name: str) -> Callable[[], Wiring]:
     def load() -> Wiring:
-        from launcher.commands import jobs
+        from launcher.commands import jobs as runs
 
-        return Wiring(getattr(jobs, name))
+        return Wiring(getattr(runs, name))
 
     return load
 
@@ -177,14 +168,14 @@ COMMANDS: dict[str, Command] = {
         Command("history", HistoryRequest, _history),
         Command("rollback", RollbackRequest, _rollback),
         Command("doctor", DoctorRequest, _doctor),
-        Command("job deploy", JobDeployRequest, _job("deploy"), on="inventory"),
-        Command("job verify", JobVerifyRequest, _job("verify"), on="inventory"),
-        Command("job status", JobStatusRequest, _job("status"), on="inventory"),
-        Command("job stop", JobStopRequest, _job("stop"), on="inventory"),
-        Command("job history", JobHistoryRequest, _job("history"), on="inventory"),
-        Command("job rollback", JobRollbackRequest, _job("rollback"), on="inventory"),
-        Command("job logs", JobLogsRequest, _job("logs"), on="inventory"),
-        Command("job watch", JobWatchRequest, _job("watch"), on="inventory"),
+        Command("job deploy", jobs.JobDeployRequest, _job("deploy"), on="inventory"),
+        Command("job verify", jobs.JobVerifyRequest, _job("verify"), on="inventory"),
+        Command("job status", jobs.JobStatusRequest, _job("status"), on="inventory"),
+        Command("job stop", jobs.JobStopRequest, _job("stop"), on="inventory"),
+        Command("job history", jobs.JobHistoryRequest, _job("history"), on="inventory"),
+        Command("job rollback", jobs.JobRollbackRequest, _job("rollback"), on="inventory"),
+        Command("job logs", jobs.JobLogsRequest, _job("logs"), on="inventory"),
+        Command("job watch", jobs.JobWatchRequest, _job("watch"), on="inventory"),
     )
 }
 BY_REQUEST: dict[type, Command] = {c.request_type: c for c in COMMANDS.values()}

@@ -80,6 +80,11 @@ def option(
     return field(default=default, metadata=metadata)
 
 
+def seconds(help: str, bound: Any, default: float | None = None, **how: Any) -> Any:
+    """Seconds within `bound` (a Duration of core/params.py): 90, 90s, 3m on a command line."""
+    return option(help, default, type=bound, metavar="DURATION", **how)
+
+
 def flag(help: str, **how: Any) -> Any:
     """A flag, False unless given."""
     return option(help, False, **how)

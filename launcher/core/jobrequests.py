@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from launcher.core.declare import flag, option
+from launcher.core.declare import flag, option, seconds
 from launcher.core.params import (
     GRACE,
     HOUR,
@@ -23,7 +23,7 @@ from launcher.core.params import (
     WAIT,
     WATCH_FOR,
 )
-from launcher.core.requests import CheckpointMode, checkpoints, json_flag
+from launcher.core.requests import CheckpointMode, checkpoints, json_flag, tail_lines
 
 RESULT_JSON = "Print the result as JSON."
 STOP_FIRST = "Stop every node's running session first."
@@ -55,7 +55,7 @@ class JobDeployRequest:
     name: str = job_name()
     restart: bool = flag(STOP_FIRST)
     dry_run: bool = flag("Every node's plan and checks; change nothing.")
-    grace: float | None = option(AFTER_CTRL_C, type=GRACE, metavar="DURATION")
+    grace: float | None = seconds(AFTER_CTRL_C, GRACE)
     checkpoint_mode: CheckpointMode = checkpoints(
         "Delete old checkpoints.", "Leave checkpoints in place."
     )
@@ -84,8 +84,8 @@ class JobVerifyRequest:
     """
 
     name: str = job_name()
-    wait: float | None = option("How long the probe may take.", type=WAIT, metavar="DURATION")
-    interval: float | None = option("Between polls.", type=INTERVAL, metavar="DURATION")
+    wait: float | None = seconds("How long the probe may take.", WAIT)
+    interval: float | None = seconds("Between polls.", INTERVAL)
     successes: int | None = option("Healthy polls needed.", type=SUCCESSES, metavar="N")
     json: bool = json_flag(RESULT_JSON)
 
@@ -118,7 +118,7 @@ class JobStopRequest:
     """
 
     name: str = job_name()
-    grace: float | None = option(AFTER_CTRL_C, type=GRACE, metavar="DURATION")
+    grace: float | None = seconds(AFTER_CTRL_C, GRACE)
     json: bool = json_flag(RESULT_JSON)
 
 
@@ -161,12 +161,8 @@ class JobWatchRequest:
     """
 
     name: str = job_name()
-    interval: float = option(
-        "Between polls (default 10s).", 10.0, type=INTERVAL, metavar="DURATION"
-    )
-    duration: float | None = option(
-        "End after this long.", type=WATCH_FOR, names=("--for",), metavar="DURATION"
-    )
+    interval: float = seconds("Between polls (default 10s).", INTERVAL, 10.0)
+    duration: float | None = seconds("End after this long.", WATCH_FOR, names=("--for",))
     restart_on_failure: bool = flag(
         "Redeploy the whole job with its checkpoints kept (every rank resumes)."
     )
@@ -177,17 +173,13 @@ class JobWatchRequest:
         show_default=True,
         metavar="N",
     )
-    restart_window: float = option(
-        "The sliding window --max-restarts counts in (default 1h).",
-        HOUR,
-        type=RESTART_WINDOW,
-        metavar="DURATION",
+    restart_window: float = seconds(
+        "The sliding window --max-restarts counts in (default 1h).", RESTART_WINDOW, HOUR
     )
-    restart_backoff: float = option(
+    restart_backoff: float = seconds(
         "Wait before the first restart in a window, doubled for each further one (default 10s).",
+        RESTART_BACKOFF,
         10.0,
-        type=RESTART_BACKOFF,
-        metavar="DURATION",
     )
     webhooks: tuple[str, ...] = option(
         "POST each event as JSON (schema launcher.watch.event/1). Repeatable.",
@@ -234,7 +226,7 @@ class JobRollbackRequest:
     name: str = job_name()
     restart: bool = flag(STOP_FIRST)
     dry_run: bool = flag("Every node's rollback checks; change nothing.")
-    grace: float | None = option(AFTER_CTRL_C, type=GRACE, metavar="DURATION")
+    grace: float | None = seconds(AFTER_CTRL_C, GRACE)
     keep_checkpoints: bool = flag("Leave checkpoints in place.")
     json: bool = json_flag(RESULT_JSON)
 
@@ -259,14 +251,7 @@ class JobLogsRequest:
 
     name: str = job_name()
     node: str | None = option("Only this node's lines (default: every node).", metavar="NAME")
-    tail: int = option(
-        "How many of each node's last lines to show.",
-        50,
-        type=LINES,
-        names=("--tail", "-n"),
-        show_default=True,
-        metavar="N",
-    )
+    tail: int = tail_lines("How many of each node's last lines to show.")
     # Not the API's: its logs come back as a result (the CLI and the tasks follow).
     follow: bool = flag(
         "Keep printing every node's new lines until every run ends or Ctrl-C.",

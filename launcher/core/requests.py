@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 import click
 
-from launcher.core.declare import flag, option
+from launcher.core.declare import flag, option, seconds
 from launcher.core.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT, WAIT_LOCK, WINDOW
 
 # What a deploy does with the old run's checkpoints.
@@ -51,6 +51,11 @@ def rollback_flag() -> Any:
     )
 
 
+def tail_lines(help: str) -> Any:
+    """`--tail N` (`-n`): how many of a log's last lines."""
+    return option(help, 50, type=LINES, names=("--tail", "-n"), show_default=True, metavar="N")
+
+
 def json_flag(help: str) -> Any:
     return flag(help, api=False)
 
@@ -59,23 +64,20 @@ def json_flag(help: str) -> Any:
 class ProbeOverrides:
     """The probe's settings that override the playbook's `verify:` (None: the playbook's)."""
 
-    wait: float | None = option(
+    wait: float | None = seconds(
         "Warmup: only fatal signs are judged; 90, 90s, 3m, 1h; up to 7 days "
         "(default: playbook verify.wait, itself 180 s by default).",
-        type=WAIT,
-        metavar="DURATION",
+        WAIT,
     )
-    interval: float | None = option(
+    interval: float | None = seconds(
         "Time between polls: 2, 2s, 1m; 0.2 s to 1 h (default: playbook "
         "verify.interval, itself 10 s by default).",
-        type=INTERVAL,
-        metavar="DURATION",
+        INTERVAL,
     )
-    window: float | None = option(
+    window: float | None = seconds(
         "How long after the warmup it may poll: 300, 5m; up to 7 days (default: "
         "playbook verify.window, itself 300 s by default).",
-        type=WINDOW,
-        metavar="DURATION",
+        WINDOW,
     )
     successes: int | None = option(
         "Consecutive passing polls needed (default: playbook verify.successes, "
@@ -194,11 +196,10 @@ class StopRequest:
     failed, 4 refused (lock held); a fleet: the worst.
     """
 
-    grace: float | None = option(
+    grace: float | None = seconds(
         "Wait this long after C-c before killing: 90, 2m; 0 s to 1 h (default: playbook "
         "stop_grace, itself 30 s by default).",
-        type=GRACE,
-        metavar="DURATION",
+        GRACE,
     )
 
 
@@ -224,14 +225,7 @@ class LogsRequest:
     on a terminal, 3 unreachable, 141 the reader went away (`| head`).
     """
 
-    tail: int = option(
-        "How many of the last lines to show.",
-        50,
-        type=LINES,
-        names=("--tail", "-n"),
-        show_default=True,
-        metavar="N",
-    )
+    tail: int = tail_lines("How many of the last lines to show.")
     follow: bool = flag(
         "Keep printing new lines until the run ends or Ctrl-C.", names=("-f", "--follow")
     )
@@ -294,11 +288,10 @@ class RollbackRequest:
     """
 
     restart: bool = flag("Stop the running session first (C-c, wait, kill).")
-    grace: float | None = option(
+    grace: float | None = seconds(
         "Wait this long after C-c: 90, 2m; 0 s to 1 h (default: playbook stop_grace, itself "
         "30 s by default).",
-        type=GRACE,
-        metavar="DURATION",
+        GRACE,
     )
     keep_checkpoints: bool = flag("Leave checkpoints in place (for a resume).")
     wait_lock: float = lock_wait()

@@ -26,7 +26,7 @@ from launcher.config.models import SCRIPT_LIMIT, Target
 from launcher.container.agentclient import AgentClient, AgentFailure
 from launcher.container.pct import Container, HostConnection, PushFailed
 from launcher.core.bounded import read_regular
-from launcher.core.declare import flag, option
+from launcher.core.declare import flag, option, seconds
 from launcher.core.errors import (
     ExitCode,
     LauncherError,
@@ -90,10 +90,8 @@ class DeployOptions:
 
     restart: bool = flag("Stop the running session first (C-c, wait, kill).")
     dry_run: bool = flag("Print every step it would take; change nothing.")
-    grace: float | None = option(
-        "Wait this long after C-c: 90, 90s, 2m; 0 s to 1 h (default: playbook stop_grace).",
-        type=GRACE,
-        metavar="DURATION",
+    grace: float | None = seconds(
+        "Wait this long after C-c: 90, 90s, 2m; 0 s to 1 h (default: playbook stop_grace).", GRACE
     )
     checkpoint_mode: CheckpointMode = checkpoints(
         "Delete old checkpoints, not archive them.", "Leave checkpoints in place (for a resume)."
