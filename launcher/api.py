@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.commands import args
-from launcher.commands.table import COMMANDS, run
+from launcher.commands.table import BY_REQUEST, COMMANDS, run, wiring
 from launcher.config.models import Inventory, Target, inventory_path, load_inventory
 from launcher.core.errors import ExitCode, UnhealthyError, UsageError
 from launcher.core.requests import CHECKPOINT_MODES, CheckpointMode
@@ -249,6 +249,17 @@ class Launcher:
         """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
         result: DoctorResult = run(self._context(target), _request("doctor", {}))
         return result
+
+    def run(self, request: Any, target: str | None = None) -> Any:
+        """Any command of the table by its request (`launcher.core.requests`, built by you):
+        on the target, or over the inventory for a command that acts on no target (`LsRequest`,
+        a job's). The result is the command's own; the typed methods above are the same call."""
+        command = BY_REQUEST.get(type(request))
+        if command is None:
+            raise UsageError(f"{type(request).__name__}: not a command's request")
+        if command.on == "inventory":
+            return wiring(command).run(self.inventory, request)
+        return run(self._context(target), request)
 
     def watch(
         self,

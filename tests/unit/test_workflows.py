@@ -210,6 +210,9 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
     ENTRY[0] = "api"
     with Launcher(inventory) as launcher, pytest.raises(Reached):
         getattr(launcher, name)("prod")
+    ENTRY[0] = "api-run"  # the API's one call for any request
+    with Launcher(inventory) as launcher, pytest.raises(Reached):
+        launcher.run(command.request({}), "prod")
 
     ENTRY[0] = "task"
     task = getattr(tasks, name)
@@ -221,9 +224,9 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
     assert exited.value.code == ExitCode.REFUSED
 
     capsys.readouterr()
-    assert [entry for entry, _ in REACHED] == ["cli", "api", "task"]
+    assert [entry for entry, _ in REACHED] == ["cli", "api", "api-run", "task"]
     requests = [request for _, request in REACHED]
-    assert requests == [command.request({})] * 3, "the three entry points' defaults drifted"
+    assert requests == [command.request({})] * 4, "the entry points' defaults drifted"
 
 
 def test_run_dispatches_by_the_requests_type_only() -> None:
