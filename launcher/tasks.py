@@ -78,7 +78,7 @@ def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
         path = given.pop(option)
         if path:
             os.environ[variable] = os.path.abspath(os.path.expanduser(path))
-    target = given.pop("target")
+    target = given.pop("target", None)
     app.inventory_option = given.pop("inventory")
     app.target_names = [target] if target else []
     app.quiet = given.pop("quiet")
@@ -129,8 +129,10 @@ def make_task(command: Command) -> Task[Any]:
     """An invoke Task whose options are the command's parameters (plus target, inventory...)."""
     own, defaults, keywords = _options(command)
     helps = {**COMMON, **(FLEET if command.fleet else {}), **own}
+    if command.on == "inventory":  # acts on no target (`ls`)
+        del helps["target"]
     defaults.update({name: COMMON_DEFAULTS[name] for name in helps if name in COMMON_DEFAULTS})
-    order = ["target", "inventory", *own]
+    order = [*(["target"] if "target" in helps else []), "inventory", *own]
     order += [name for name in helps if name not in order]
 
     def body(c: Context, **given: Any) -> None:

@@ -41,7 +41,8 @@ def test_a_tasks_options_are_the_clis(name: str) -> None:
         if p.name != "help"
     }
     assert set(_task_options(name)) == spelled
-    assert _task_options(name)[:2] == ["target", "inventory"]  # -t and -i as for the CLI
+    first = ["target", "inventory"] if "target" in spelled else ["inventory"]
+    assert _task_options(name)[: len(first)] == first  # -t and -i as for the CLI
 
 
 def _api_method(name: str) -> Any:
