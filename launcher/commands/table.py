@@ -19,6 +19,7 @@ from launcher.core.requests import (
     DoctorRequest,
     HistoryRequest,
     LogsRequest,
+    LsRequest,
     RollbackRequest,
     SmokeRequest,
     StatusRequest,
@@ -147,6 +148,12 @@ def _doctor() -> Wiring:
     return Wiring(run_doctor, doctor_row)
 
 
+def _ls() -> Wiring:
+    from launcher.targets.listing import run_ls
+
+    return Wiring(run_ls)
+
+
 def _job(name: str) -> Callable[[], Wiring]:
     def load() -> Wiring:
         from launcher.commands import jobs as runs
@@ -168,6 +175,7 @@ COMMANDS: dict[str, Command] = {
         Command("history", HistoryRequest, _history),
         Command("rollback", RollbackRequest, _rollback),
         Command("doctor", DoctorRequest, _doctor),
+        Command("ls", LsRequest, _ls, on="inventory"),
         Command("job deploy", jobs.JobDeployRequest, _job("deploy"), on="inventory"),
         Command("job verify", jobs.JobVerifyRequest, _job("verify"), on="inventory"),
         Command("job status", jobs.JobStatusRequest, _job("status"), on="inventory"),

@@ -318,3 +318,20 @@ class DoctorRequest:
     """
 
     json: bool = json_flag("Print the checks as JSON (schema launcher.doctor/1).")
+
+
+@dataclass(frozen=True)
+class LsRequest:
+    """List the inventory's targets: name, host, VMID, cluster and jobs, one row each.
+
+    Read from the inventory alone: no connection is made and no playbook is read (a cluster
+    target's node is found when a command runs on it).
+
+    \b
+    Examples:
+      launcher ls
+      launcher ls --json | jq -r '.targets[].target'
+    Exit codes: 0 listed, 2 the inventory does not load.
+    """
+
+    json: bool = json_flag("Print the targets as JSON (schema launcher.ls/1).")
