@@ -145,22 +145,14 @@ def _deploy() -> click.Command:
     return deploy_command
 
 
-def _verify() -> click.Command:
-    from launcher.cli.verify import verify_command
+def _probe(name: str) -> Callable[[], click.Command]:
+    def load() -> click.Command:
+        from launcher.cli import verify
 
-    return verify_command
+        command: click.Command = getattr(verify, f"{name}_command")
+        return command
 
-
-def _status() -> click.Command:
-    from launcher.cli.verify import status_command
-
-    return status_command
-
-
-def _smoke() -> click.Command:
-    from launcher.cli.verify import smoke_command
-
-    return smoke_command
+    return load
 
 
 def _operate(name: str) -> Callable[[], click.Command]:
@@ -225,9 +217,7 @@ SUBCOMMANDS: dict[str, Callable[[], click.Command]] = {
     "inventory": _inventory,
     "sandbox": _sandbox,
     "deploy": _deploy,
-    "verify": _verify,
-    "status": _status,
-    "smoke": _smoke,
+    **{n: _probe(n) for n in ("verify", "status", "smoke")},
     **{n: _operate(n) for n in ("logs", "stop", "attach", "history", "rollback", "doctor")},
     "disconnect": _operate("disconnect"),
     "buckets": _buckets,

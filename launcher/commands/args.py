@@ -7,7 +7,7 @@ tasks all build their requests here."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import click
@@ -156,6 +156,3 @@ def callback(name: str, value: T | None) -> T | None:
     if value is not None and not callable(value):
         raise UsageError(f"{name}={value!r}: must be callable or None")
     return value
-
-
-Sink = Callable[[str], None]
