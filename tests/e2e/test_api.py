@@ -71,7 +71,7 @@ def test_results_are_typed_and_connections_are_shared(project: Project) -> None:
     before = project.sshd_logins()
     lines: list[str] = []
     with Launcher(project.inventory, on_line=lines.append) as launcher:
-        report = launcher.deploy.deploy(restart=True)  # default_target
+        report = launcher.deploy(restart=True)  # default_target
         status = launcher.status()
         stopped = launcher.stop()
     assert len(report.sha256) == 64 and any(s.name == "launch" for s in report.steps)
@@ -138,7 +138,7 @@ def test_watch_through_the_api_ends_on_its_duration_or_on_stop(project: Project)
     project.write({"prod": (VMID, crashing)})
     kinds: list[str] = []
     with Launcher(project.inventory) as launcher:
-        launcher.deploy.deploy("prod", restart=True)
+        launcher.deploy("prod", restart=True)
         crashed = launcher.watch(
             "prod", duration=12, interval=1, on_event=lambda event: kinds.append(event.kind)
         )
