@@ -1,4 +1,5 @@
-"""`launcher job`: deploy, verify, status and stop of a multi-node job (inventory `jobs:`)."""
+"""`launcher job`: the job commands of the table (their requests: core/jobrequests.py), each
+shown as the CLI shows a job: node by node, or its JSON envelope."""
 
 from __future__ import annotations
 
