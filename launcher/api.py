@@ -19,13 +19,14 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.commands import args
-from launcher.commands.table import CHECKPOINT_MODES, COMMANDS, probe_values, run
+from launcher.commands.table import BY_REQUEST, COMMANDS, run, wiring
 from launcher.config.models import Inventory, Target, inventory_path, load_inventory
 from launcher.core.errors import ExitCode, UnhealthyError, UsageError
-from launcher.deploy.deploy import CheckpointMode, DeployReport
+from launcher.core.requests import CHECKPOINT_MODES, CheckpointMode
+from launcher.deploy.deploy import DeployReport
 from launcher.deploy.doctor import DoctorResult
 from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
 from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
@@ -40,6 +41,15 @@ if TYPE_CHECKING:
     from launcher.watch.session import WatchResult, WatchSession
 
 LineSink = Callable[[str], None]
+# A method's keywords that are not its request's: the target and where progress goes.
+NOT_REQUEST = frozenset(("self", "target", "on_step", "on_line", "check"))
+
+
+def _request(command: str, given: dict[str, Any]) -> Any:
+    """The command's request from a method's keywords (`locals()`), checked as declared."""
+    return COMMANDS[command].request({k: v for k, v in given.items() if k not in NOT_REQUEST})
+
+
 __all__ = ["CHECKPOINT_MODES", "Launcher", "SmokeResult", "StatusResult"]
 
 
@@ -128,24 +138,7 @@ class Launcher:
         `exit_code` is 0 healthy, 1 unhealthy, 5 rolled back (the previous run healthy again),
         6 rolled back but not healthy, 7 the rollback failed.
         """
-        options = COMMANDS["deploy"].request(
-            dict(
-                restart=restart,
-                dry_run=dry_run,
-                checkpoints=checkpoints,
-                grace=grace,
-                kill_gpu_holders=kill_gpu_holders,
-                prune_archives=prune_archives,
-                wait_lock=wait_lock,
-                env=env,
-                sets=sets,
-                command=command,
-                message=message,
-                diff=diff,
-                verify=verify,
-                rollback_on_failure=rollback_on_failure,
-            )
-        )
+        options = _request("deploy", locals())
         on_step = args.callback("on_step", on_step)
         report: DeployReport = run(self._context(target, on_step), options)
         return report
@@ -166,9 +159,7 @@ class Launcher:
         The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
-        request = COMMANDS["verify"].request(
-            probe_values(wait, interval, window, successes, failure_threshold)
-        )
+        request = _request("verify", locals())
         check = args.flag("check", check)
         result: VerifyResult = run(self._context(target), request)
         if check and result.exit_code != ExitCode.OK:
@@ -192,9 +183,7 @@ class Launcher:
         smoke`). A deploy that fails raises its LauncherError; the verdict is in the result.
         With `rollback_on_failure`, a failed probe puts the previous run back (`exit_code` 5,
         6 or 7 as for `deploy`)."""
-        settings = probe_values(wait, interval, window, successes, failure_threshold)
-        values = {**settings, "wait_lock": wait_lock, "rollback_on_failure": rollback_on_failure}
-        request = COMMANDS["smoke"].request(values)
+        request = _request("smoke", locals())
         on_step = args.callback("on_step", on_step)
         result: SmokeResult = run(self._context(target, on_step), request)
         if result.deploy_error is not None:
@@ -204,12 +193,12 @@ class Launcher:
     def status(self, target: str | None = None) -> StatusResult:
         """One poll judged at once, in a lifecycle `state`: exit_code 0 for healthy, starting,
         deploying and finished; 1 for unhealthy, failed, stopped and absent."""
-        result: StatusResult = run(self._context(target), COMMANDS["status"].request({}))
+        result: StatusResult = run(self._context(target), _request("status", {}))
         return result
 
     def stop(self, target: str | None = None, *, grace: float | None = None) -> StopResult:
         """Stop the run: C-c, wait `grace` (default: playbook stop_grace), kill what is left."""
-        request = COMMANDS["stop"].request(dict(grace=grace))
+        request = _request("stop", locals())
         result: StopResult = run(self._context(target), request)
         return result
 
@@ -224,7 +213,7 @@ class Launcher:
     ) -> LogsResult:
         """The last `tail` lines of the run's log (result.lines); `follow` streams new lines to
         `on_line` until the run ends."""
-        request = COMMANDS["logs"].request(dict(tail=tail, raw=raw, follow=follow))
+        request = _request("logs", locals())
         on_line = args.callback("on_line", on_line)
         result: LogsResult = run(self._context(target, on_line=on_line), request)
         return result
@@ -234,7 +223,7 @@ class Launcher:
     ) -> HistoryResult:
         """The deploy records kept in the container, newest first; with `diff` (two run ids,
         or the start of them) `result.diff` says what changed from the first to the second."""
-        request = COMMANDS["history"].request(dict(limit=limit, diff=diff))
+        request = _request("history", locals())
         result: HistoryResult = run(self._context(target), request)
         return result
 
@@ -251,23 +240,26 @@ class Launcher:
     ) -> RollbackResult:
         """Put the previous script version back and relaunch; refuses (exit code 4) without
         one, or with an active run and no `restart`."""
-        request = COMMANDS["rollback"].request(
-            dict(
-                restart=restart,
-                grace=grace,
-                keep_checkpoints=keep_checkpoints,
-                wait_lock=wait_lock,
-                no_checkpoints=no_checkpoints,
-            )
-        )
+        request = _request("rollback", locals())
         on_step = args.callback("on_step", on_step)
         result: RollbackResult = run(self._context(target, on_step), request)
         return result
 
     def doctor(self, target: str | None = None) -> DoctorResult:
         """Every check a deploy needs, with fixes; result.exit_code is the first failure's."""
-        result: DoctorResult = run(self._context(target), COMMANDS["doctor"].request({}))
+        result: DoctorResult = run(self._context(target), _request("doctor", {}))
         return result
+
+    def run(self, request: Any, target: str | None = None) -> Any:
+        """Any command of the table by its request (`launcher.core.requests`, built by you):
+        on the target, or over the inventory for a command that acts on no target (`LsRequest`,
+        a job's). The result is the command's own; the typed methods above are the same call."""
+        command = BY_REQUEST.get(type(request))
+        if command is None:
+            raise UsageError(f"{type(request).__name__}: not a command's request")
+        if command.on == "inventory":
+            return wiring(command).run(self.inventory, request)
+        return run(self._context(target), request)
 
     def watch(
         self,
@@ -294,7 +286,7 @@ class Launcher:
         `session.stop()` ends it from another thread (the result's exit code is then 0).
         The watch opens its own connections and closes them when it ends.
         """
-        from launcher.commands import params
+        from launcher.core import params
         from launcher.watch.monitor import WatchSettings
         from launcher.watch.policy import RestartPolicy
         from launcher.watch.session import WatchRequest, WatchSession, guarded

@@ -1,6 +1,7 @@
 """The Python API's multi-node jobs: `Launcher(...).jobs`, one method per `launcher job`
-command, calling the same functions as the CLI (`launcher.commands.jobs`) with values checked by
-the CLI's own types (a bad one is a UsageError, exit code 2, before anything is opened).
+command, building the same request as the CLI (`launcher.core.jobrequests`, checked as declared:
+a bad value is a UsageError, exit code 2, before anything is opened) and running it through the
+same function (`launcher.commands.jobs`).
 
 Each call opens its nodes' connections and closes them when it returns. Results are the CLI's:
 `JobResult` (`exit_code`, `summary`, `nodes`, `to_json()`), `JobHistory`, `JobLogs`,
@@ -12,14 +13,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from launcher.commands import args, params
-from launcher.commands import jobs as jobcommands
+from launcher.commands import args
+from launcher.commands.jobs import JobSinks
+from launcher.commands.table import COMMANDS, wiring
 from launcher.core.errors import UsageError
-from launcher.core.requests import ProbeOverrides
-from launcher.deploy.deploy import DeployOptions
 
 if TYPE_CHECKING:
     from launcher.config.models import Inventory
@@ -28,14 +27,9 @@ if TYPE_CHECKING:
     from launcher.jobs.logs import JobLogs
     from launcher.watch.job import JobWatchResult
 
-CHECKPOINTS = ("archive", "purge", "keep")
 NodeLineSink = Callable[[str, str], None]  # (node, line)
-
-
-def _name(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise UsageError(f"name={value!r}: must be a job's name (a string)")
-    return value
+# A method's keywords that are not its request's: where lines go, what ends a watch.
+NOT_REQUEST = frozenset(("self", "on_line", "on_event", "stop"))
 
 
 class Jobs:
@@ -48,6 +42,12 @@ class Jobs:
     def names(self) -> list[str]:
         """The inventory's jobs, in its order."""
         return list(self._inventory.spec.jobs)
+
+    def _run(self, command: str, given: dict[str, Any], sinks: JobSinks | None = None) -> Any:
+        values = {k: v for k, v in given.items() if k not in NOT_REQUEST}
+        request = COMMANDS[f"job {command}"].request(values)
+        run = wiring(COMMANDS[f"job {command}"]).run
+        return run(self._inventory, request, sinks or JobSinks(say=self._say))
 
     def deploy(
         self,
@@ -63,20 +63,7 @@ class Jobs:
         """`launcher job deploy`: every node's checks, then every old run stopped, then every
         node launched, all with one run id (or, when some fail, none: unless `keep_partial`);
         `checkpoints` is archive, purge or keep."""
-        options = DeployOptions(
-            restart=args.flag("restart", restart),
-            dry_run=args.flag("dry_run", dry_run),
-            checkpoint_mode=args.choice("checkpoints", checkpoints, CHECKPOINTS),
-            grace=args.duration("grace", grace, params.GRACE),
-            kill_gpu_holders=args.flag("kill_gpu_holders", kill_gpu_holders),
-        )
-        return jobcommands.deploy(
-            self._inventory,
-            _name(name),
-            options,
-            self._say,
-            keep_partial=args.flag("keep_partial", keep_partial),
-        )
+        return self._run("deploy", locals())  # type: ignore[no-any-return]
 
     def verify(
         self,
@@ -87,28 +74,19 @@ class Jobs:
         successes: int | None = None,
     ) -> JobResult:
         """`launcher job verify`: the status rank's startup probe, every other node alive."""
-        overrides = ProbeOverrides(
-            wait=args.duration("wait", wait, params.WAIT),
-            interval=args.duration("interval", interval, params.INTERVAL),
-            successes=None
-            if successes is None
-            else args.count("successes", successes, params.SUCCESSES),
-        )
-        return jobcommands.verify(self._inventory, _name(name), overrides, self._say)
+        return self._run("verify", locals())  # type: ignore[no-any-return]
 
     def status(self, *names: str) -> list[JobResult]:
         """`launcher job status`: one poll of each named job (none: every job)."""
-        return jobcommands.status(self._inventory, tuple(_name(n) for n in names))
+        return self._run("status", {"names": names})  # type: ignore[no-any-return]
 
     def stop(self, name: str, *, grace: float | None = None) -> JobResult:
         """`launcher job stop`: every node's run stopped at once."""
-        grace = args.duration("grace", grace, params.GRACE)
-        return jobcommands.stop(self._inventory, _name(name), grace, self._say)
+        return self._run("stop", locals())  # type: ignore[no-any-return]
 
     def history(self, name: str, *, limit: int = 0) -> JobHistory:
         """`launcher job history`: the job's deploys, newest first (`limit` 0: all)."""
-        limit = args.count("limit", limit, params.LINES)
-        return jobcommands.history(self._inventory, _name(name), limit)
+        return self._run("history", locals())  # type: ignore[no-any-return]
 
     def rollback(
         self,
@@ -120,15 +98,7 @@ class Jobs:
         keep_checkpoints: bool = False,
     ) -> JobResult:
         """`launcher job rollback`: every node back to its previous version, all or none."""
-        from launcher.jobs.rollback import JobRollbackOptions
-
-        options = JobRollbackOptions(
-            restart=args.flag("restart", restart),
-            dry_run=args.flag("dry_run", dry_run),
-            keep_checkpoints=args.flag("keep_checkpoints", keep_checkpoints),
-            grace=args.duration("grace", grace, params.GRACE),
-        )
-        return jobcommands.rollback(self._inventory, _name(name), options, self._say)
+        return self._run("rollback", locals())  # type: ignore[no-any-return]
 
     def logs(
         self,
@@ -141,15 +111,10 @@ class Jobs:
     ) -> JobLogs:
         """`launcher job logs` without -f: each chosen node's last `tail` lines to
         `on_line(node, line)` (default: kept in the result's nodes only)."""
-        if node is not None and not isinstance(node, str):
-            raise UsageError(f"node={node!r}: must be a node's target name or None")
-        from launcher.jobs.logs import JobLogsOptions
-
-        sink = args.callback("on_line", on_line) or (lambda node_name, line: None)
-        options = JobLogsOptions(
-            node=node, tail=args.count("tail", tail, params.LINES), raw=args.flag("raw", raw)
-        )
-        return jobcommands.logs(self._inventory, _name(name), options, sink)
+        given = dict(locals())
+        sink = args.callback("on_line", on_line)
+        sinks = JobSinks(say=self._say, line=sink) if sink else None
+        return self._run("logs", given, sinks)  # type: ignore[no-any-return]
 
     def watch(
         self,
@@ -173,28 +138,9 @@ class Jobs:
         passes (None: until `stop` is set), each change to `on_event` and, as events, to the
         state file, `webhooks` and `commands` (as `Launcher.watch`); with
         `restart_on_failure` the whole job is redeployed on a failure, within the budget."""
-        from launcher.watch.job import JobWatchOptions
-
+        given = dict(locals())
         if stop is not None and not isinstance(stop, threading.Event):
             raise UsageError(f"stop={stop!r}: must be a threading.Event or None")
-        options = JobWatchOptions(
-            interval=args.seconds("interval", interval, params.INTERVAL),
-            duration=args.duration("duration", duration, params.WATCH_FOR),
-            restart_on_failure=args.flag("restart_on_failure", restart_on_failure),
-            max_restarts=args.count("max_restarts", max_restarts, params.MAX_RESTARTS),
-            restart_window=args.seconds("restart_window", restart_window, params.RESTART_WINDOW),
-            restart_backoff=args.seconds(
-                "restart_backoff", restart_backoff, params.RESTART_BACKOFF
-            ),
-            state_path=Path(where) if (where := args.path("state", state)) else None,
-            webhooks=args.strings("webhooks", webhooks),
-            commands=args.strings("commands", commands),
-            metrics_port=None
-            if metrics_port is None
-            else args.count("metrics_port", metrics_port, params.PORT),
-            metrics_address=metrics_address,
-        )
-        event = args.callback("on_event", on_event) or (lambda line: None)
-        return jobcommands.watch(
-            self._inventory, _name(name), options, say=self._say, event=event, stop=stop
-        )
+        event = args.callback("on_event", on_event)
+        sinks = JobSinks(say=self._say, event=event or (lambda line: None), stop=stop)
+        return self._run("watch", given, sinks)  # type: ignore[no-any-return]

@@ -25,8 +25,9 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task
 
 from launcher.commands import args
-from launcher.commands.table import COMMANDS, Command, Param
-from launcher.core.errors import UsageError
+from launcher.commands.args import dest
+from launcher.commands.table import COMMANDS, Command
+from launcher.core.declare import Parameter, parameters
 
 # Short flags are given out in signature order: `target` then `inventory` come first in every
 # task, so -t and -i mean what they mean for the CLI.
@@ -55,27 +56,29 @@ COMMON_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _default(param: Param) -> Any:
+def _default(param: Parameter) -> Any:
     """What invoke parses the option as: a flag for False, text for anything else. A count
     stays text (`--tail abc` is the CLI's exit 2, not invoke's ValueError traceback)."""
-    if param.kind == "flag" or param.flags:
-        return False
-    if param.kind == "pairs":
+    if param.option.repeat or param.option.nargs > 1:
         return []
-    return None if param.default is None else str(param.default)
+    if isinstance(param.default, bool):
+        return False
+    if param.default is None or param.option.none_is_default:
+        return None
+    return str(param.default)
 
 
 def _fill(app: Any, command: Command, given: dict[str, Any]) -> None:
     """The app context as the CLI's global options fill it."""
     from launcher.cli.context import IDENTITY_ENV, KNOWN_HOSTS_ENV
-    from launcher.commands.params import PARALLEL
+    from launcher.core.params import PARALLEL
 
     # As the CLI's --known-hosts and --identity: through the environment.
     for option, variable in (("known_hosts", KNOWN_HOSTS_ENV), ("identity", IDENTITY_ENV)):
         path = given.pop(option)
         if path:
             os.environ[variable] = os.path.abspath(os.path.expanduser(path))
-    target = given.pop("target")
+    target = given.pop("target", None)
     app.inventory_option = given.pop("inventory")
     app.target_names = [target] if target else []
     app.quiet = given.pop("quiet")
@@ -90,17 +93,14 @@ def _execute(command: Command, given: dict[str, Any]) -> None:
     """Run the command as the CLI does, its errors and Ctrl-C turned into exit codes by the
     CLI's own guard; a code other than 0 becomes invoke's Exit."""
     from launcher.cli.context import AppContext
-    from launcher.cli.main import run_guarded
+    from launcher.cli.main import cli, run_guarded
 
     debug = bool(given.pop("debug"))
     app = AppContext(debug=debug, command=command.name)
 
     def body() -> None:
-        conflict = given.pop("_conflict", None)
-        if conflict:
-            raise UsageError(f"{conflict} exclude each other")
         _fill(app, command, given)
-        command.run(app, given)
+        cli.commands[command.name].run(app, given, text=True)  # type: ignore[attr-defined]
 
     try:
         run_guarded(app, body, debug=debug, dry_run=bool(given.get("dry_run")))
@@ -110,55 +110,48 @@ def _execute(command: Command, given: dict[str, Any]) -> None:
             raise Exit(code=code) from None
 
 
-def _chosen(command: Command, given: dict[str, Any]) -> dict[str, Any]:
-    """Flags that spell a choice (--purge-checkpoints, --keep-checkpoints) back into it; two
-    of them exclude each other, as for the CLI (checked when the task runs: exit 2)."""
-    for param in command.params:
-        if param.flags:
-            chosen = [value for flag, value, _ in param.flags if given.pop(flag, False)]
-            given[param.name] = chosen[0] if len(chosen) == 1 else param.default
-            if len(chosen) > 1:
-                spelled = [f"--{flag.replace('_', '-')}" for flag, _, _ in param.flags]
-                given["_conflict"] = " and ".join(spelled)
-    return given
+def _options(command: Command) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
+    """Each option's help and default, by its name; and the request's keyword of each."""
+    helps: dict[str, str] = {}
+    defaults: dict[str, Any] = {}
+    keywords: dict[str, str] = {}
+    for p in parameters(command.request_type):
+        for _, spelling, text in p.option.spelled:
+            helps[dest(spelling)], defaults[dest(spelling)] = text, False
+            keywords[dest(spelling)] = dest(spelling)  # read back by the command's run
+        if not p.option.spelled:
+            helps[p.task_option], defaults[p.task_option] = p.option.help, _default(p)
+            keywords[p.task_option] = p.keyword
+    return helps, defaults, keywords
 
 
 def make_task(command: Command) -> Task[Any]:
     """An invoke Task whose options are the command's parameters (plus target, inventory...)."""
-    helps = {**COMMON, **(FLEET if command.fleet else {})}
-    names = [n for p in command.params for n in ([f for f, _, _ in p.flags] or [p.task_name])]
-    for param in command.params:
-        helps.update({param.task_name: param.help} if not param.flags else {})
-        helps.update({flag: text for flag, _, text in param.flags})
-    defaults = {name: COMMON_DEFAULTS[name] for name in helps if name in COMMON_DEFAULTS}
-    defaults.update({name: False for name in names})
-    defaults.update({p.task_name: _default(p) for p in command.params if not p.flags})
-    order = ["target", "inventory", *names]
+    own, defaults, keywords = _options(command)
+    helps = {**COMMON, **(FLEET if command.fleet else {}), **own}
+    if command.on == "inventory":  # acts on no target (`ls`)
+        del helps["target"]
+    defaults.update({name: COMMON_DEFAULTS[name] for name in helps if name in COMMON_DEFAULTS})
+    order = [*(["target"] if "target" in helps else []), "inventory", *own]
     order += [name for name in helps if name not in order]
 
-    renamed = {p.task_name: p.name for p in command.params}
-
     def body(c: Context, **given: Any) -> None:
-        _execute(command, _chosen(command, {renamed.get(k, k): v for k, v in given.items()}))
+        _execute(command, {keywords.get(k, k): v for k, v in given.items()})
 
-    body.__name__ = command.name
-    body.__qualname__ = command.name
-    body.__doc__ = command.doc
+    body.__name__ = body.__qualname__ = command.name
+    body.__doc__ = "\n".join(
+        line for line in inspect.cleandoc(command.help).splitlines() if line != "\b"
+    )
     kind = inspect.Parameter.KEYWORD_ONLY
     body.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         + [inspect.Parameter(name, kind, default=defaults[name]) for name in order]
     )
-    iterable = [p.task_name for p in command.params if p.kind == "pairs"]
+    iterable = [n for n, d in defaults.items() if isinstance(d, list)]
     return Task(body, name=command.name, help=helps, iterable=iterable)
 
 
-deploy = make_task(COMMANDS["deploy"])
-verify = make_task(COMMANDS["verify"])
-smoke = make_task(COMMANDS["smoke"])
-status = make_task(COMMANDS["status"])
-stop = make_task(COMMANDS["stop"])
-logs = make_task(COMMANDS["logs"])
-history = make_task(COMMANDS["history"])
-rollback = make_task(COMMANDS["rollback"])
-doctor = make_task(COMMANDS["doctor"])
+# A task for every command of the table that is not a job's: deploy, verify, smoke, status...
+TASKS = {name: make_task(c) for name, c in COMMANDS.items() if " " not in name}
+globals().update(TASKS)
+__all__ = sorted(TASKS)

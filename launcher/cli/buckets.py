@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from launcher.commands.params import BUCKET_COUNT, EPOCHS, KTOK_PER_S, SEED, TOKENS
+from launcher.core.params import BUCKET_COUNT, EPOCHS, KTOK_PER_S, SEED, TOKENS
 
 # Inputs at least this large (bytes) get a progress bar on a terminal.
 PROGRESS_BYTES = 1 << 20

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from launcher.commands.params import PARALLEL
 from launcher.core.errors import LauncherError
+from launcher.core.params import PARALLEL
 
 if TYPE_CHECKING:
     from launcher.config.models import Inventory, Target

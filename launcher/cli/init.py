@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, global_options, pass_app
-from launcher.commands.params import TRIAL
 from launcher.core.errors import HostKeyError, LauncherError, UsageError
+from launcher.core.params import TRIAL
 
 if TYPE_CHECKING:
     from launcher.deploy.init import HostKey
@@ -121,11 +121,11 @@ def init_command(
     click.echo(f"next: launcher -i {inventory} deploy   then: launcher verify", err=True)
     if no_doctor:
         return
-    from launcher.commands.table import COMMANDS
+    from launcher.cli.operate import doctor_command
 
     app.inventory_option, app.inventory_from_env = str(inventory), False
     app.target_names[:] = [name]
-    COMMANDS["doctor"].run(app, {"json": False})
+    doctor_command.run(app, {})
 
 
 def _refuse_existing(paths: list[Path], force: bool) -> None:

@@ -6,7 +6,6 @@ Workflow modules (and so pydantic, paramiko) are imported inside commands, so th
 
 from __future__ import annotations
 
-import importlib
 import os
 import shlex
 import sys
@@ -124,44 +123,133 @@ def cli(
     ctx.obj = app
 
 
-# Every subcommand, by where it is defined: a command's module (its options and imports) loads
-# when the command is named, so `launcher status` loads cli/verify.py alone, not the other
-# eight modules (~15 ms); --help, completion and the docs load them all.
-SUBCOMMANDS: dict[str, str] = {
-    "inventory": "launcher.cli.inventory:inventory",
-    "sandbox": "launcher.cli.sandbox:sandbox",
-    "deploy": "launcher.cli.deploy:deploy_command",
-    "verify": "launcher.cli.verify:verify_command",
-    "status": "launcher.cli.verify:status_command",
-    "smoke": "launcher.cli.verify:smoke_command",
-    "logs": "launcher.cli.operate:logs_command",
-    "stop": "launcher.cli.operate:stop_command",
-    "attach": "launcher.cli.operate:attach_command",
-    "history": "launcher.cli.operate:history_command",
-    "rollback": "launcher.cli.operate:rollback_command",
-    "doctor": "launcher.cli.operate:doctor_command",
-    "disconnect": "launcher.cli.operate:disconnect_command",
-    "buckets": "launcher.cli.buckets:buckets",
-    "status-format": "launcher.cli.statusformat:status_format",
-    "init": "launcher.cli.init:init_command",
-    "completion": "launcher.cli.completion:completion_command",
-    "watch": "launcher.cli.watch:watch_command",
-    "job": "launcher.cli.job:job",
+# Every subcommand that is not a declared command of the table (or shows its result its own
+# way), by the function that loads it: a command's module (its options and imports) loads when
+# the command is named, so `launcher status` loads cli/verify.py alone, not the other modules
+# (~15 ms); --help, completion and the docs load them all.
+def _inventory() -> click.Command:
+    from launcher.cli.inventory import inventory
+
+    return inventory
+
+
+def _sandbox() -> click.Command:
+    from launcher.cli.sandbox import sandbox
+
+    return sandbox
+
+
+def _deploy() -> click.Command:
+    from launcher.cli.deploy import deploy_command
+
+    return deploy_command
+
+
+def _probe(name: str) -> Callable[[], click.Command]:
+    def load() -> click.Command:
+        from launcher.cli import verify
+
+        command: click.Command = getattr(verify, f"{name}_command")
+        return command
+
+    return load
+
+
+def _operate(name: str) -> Callable[[], click.Command]:
+    def load() -> click.Command:
+        from launcher.cli import operate
+
+        command: click.Command = getattr(operate, f"{name}_command")
+        return command
+
+    return load
+
+
+def _buckets() -> click.Command:
+    from launcher.cli.buckets import buckets
+
+    return buckets
+
+
+def _status_format() -> click.Command:
+    from launcher.cli.statusformat import status_format
+
+    return status_format
+
+
+def _init() -> click.Command:
+    from launcher.cli.init import init_command
+
+    return init_command
+
+
+def _completion() -> click.Command:
+    from launcher.cli.completion import completion_command
+
+    return completion_command
+
+
+def _watch() -> click.Command:
+    from launcher.cli.watch import watch_command
+
+    return watch_command
+
+
+def _job() -> click.Command:
+    from launcher.cli.job import job
+
+    return job
+
+
+def _declared(name: str) -> Callable[[], click.Command]:
+    """A command of the table shown the default way (`launcher.cli.declared`)."""
+
+    def load() -> click.Command:
+        from launcher.cli.declared import declared
+        from launcher.commands.table import COMMANDS
+
+        return declared(COMMANDS[name])
+
+    return load
+
+
+SUBCOMMANDS: dict[str, Callable[[], click.Command]] = {
+    "inventory": _inventory,
+    "sandbox": _sandbox,
+    "deploy": _deploy,
+    **{n: _probe(n) for n in ("verify", "status", "smoke")},
+    **{n: _operate(n) for n in ("logs", "stop", "attach", "history", "rollback", "doctor")},
+    "disconnect": _operate("disconnect"),
+    "buckets": _buckets,
+    "status-format": _status_format,
+    "init": _init,
+    "completion": _completion,
+    "watch": _watch,
+    "job": _job,
 }
 
 
-class LazyCommands(MutableMapping[str, click.Command]):
-    """The group's `commands`: each name's command imported on its first lookup."""
+def _table_commands() -> list[str]:
+    """The table's other top-level commands (loaded only when every name is wanted, or one
+    not listed above)."""
+    from launcher.commands.table import COMMANDS
 
-    def __init__(self, where: Mapping[str, str]) -> None:
+    return [n for n in COMMANDS if " " not in n and n not in SUBCOMMANDS]
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The group's `commands`: each name's command loaded on its first lookup."""
+
+    def __init__(self, where: Mapping[str, Callable[[], click.Command]]) -> None:
         self._where = dict(where)
         self._loaded: dict[str, click.Command] = {}
 
     def __getitem__(self, name: str) -> click.Command:
         command = self._loaded.get(name)
         if command is None:
-            module, _, attr = self._where[name].partition(":")  # KeyError: no such command
-            command = getattr(importlib.import_module(module), attr)
+            if name not in self._where and name in _table_commands():
+                self._where[name] = _declared(name)
+            command = self._where[name]()  # KeyError: no such command
             if not isinstance(command, click.Command) or command.name != name:
                 raise TypeError(f"{self._where[name]} is not the command {name!r}")
             self._loaded[name] = command
@@ -169,17 +257,18 @@ class LazyCommands(MutableMapping[str, click.Command]):
 
     def __setitem__(self, name: str, command: click.Command) -> None:
         self._loaded[name] = command
-        self._where.setdefault(name, "")
+        self._where.setdefault(name, lambda: command)
 
     def __delitem__(self, name: str) -> None:
         del self._where[name]
         self._loaded.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
+        self._where.update((n, _declared(n)) for n in _table_commands() if n not in self._where)
+        return iter(list(self._where))
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(list(iter(self)))
 
 
 cli.commands = LazyCommands(SUBCOMMANDS)

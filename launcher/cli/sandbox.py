@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launcher.commands.params import PCT_CALLS, SANDBOX_GPUS, SANDBOX_STALL, STALL_CALLS
 from launcher.core.errors import UsageError
+from launcher.core.params import PCT_CALLS, SANDBOX_GPUS, SANDBOX_STALL, STALL_CALLS
 
 if TYPE_CHECKING:
     from launcher.sandbox import Sandbox

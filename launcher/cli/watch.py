@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.commands.params import (
+from launcher.core.params import (
     HOUR,
     INTERVAL,
     MAX_RESTARTS,

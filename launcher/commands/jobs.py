@@ -1,91 +1,157 @@
-"""Each `launcher job` command as one function of an inventory: the job loaded, its nodes'
-connections opened for the phase and closed after (`job.on_job`), the phase run. The CLI
-(`cli/job.py`) and the Python API (`Launcher.jobs`) both call these, so they cannot drift.
+"""Each `launcher job` command's run: a function of an inventory, its request and where its
+lines go (`JobSinks`): the job loaded, its nodes' connections opened for the phase and closed
+after (`job.on_job`), the phase run. The CLI (`cli/job.py`) and the Python API
+(`Launcher.jobs`) both call these through the command table, so they cannot drift.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.config.models import Inventory
 from launcher.core.errors import UsageError
+from launcher.core.jobrequests import (
+    JobDeployRequest,
+    JobHistoryRequest,
+    JobLogsRequest,
+    JobRollbackRequest,
+    JobStatusRequest,
+    JobStopRequest,
+    JobVerifyRequest,
+    JobWatchRequest,
+)
 from launcher.core.requests import ProbeOverrides
 from launcher.deploy.deploy import DeployOptions
 from launcher.jobs.deploy import JobResult, Say, deploy_job, stop_job
 from launcher.jobs.history import JobHistory, job_history
 from launcher.jobs.job import load_job, on_job
-from launcher.jobs.logs import JobLogs, JobLogsOptions, NodeLine, job_logs
-from launcher.jobs.rollback import JobRollbackOptions, rollback_job
+from launcher.jobs.logs import JobLogs, NodeLine, job_logs
+from launcher.jobs.rollback import rollback_job
 from launcher.jobs.verify import status_job, verify_job
 from launcher.watch.job import JobWatchOptions, JobWatchResult, job_state_path, watch_job
 
 
-def deploy(
-    inventory: Inventory,
-    name: str,
-    options: DeployOptions,
-    say: Say,
-    *,
-    keep_partial: bool = False,
-) -> JobResult:
+def _nowhere(*_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class JobSinks:
+    """Where a job command's lines go: progress (node, line), a log's lines (node, line), a
+    watch's events; `stop` ends a watch from another thread."""
+
+    say: Say = _nowhere
+    line: NodeLine = _nowhere
+    event: Callable[[str], None] = _nowhere
+    stop: threading.Event | None = None
+
+
+NOWHERE = JobSinks()
+
+
+def deploy(inventory: Inventory, request: JobDeployRequest, sinks: JobSinks = NOWHERE) -> JobResult:
     """Every node's checks, then every old run stopped (`restart`), then every node launched
     (or, when some fail, none: unless `keep_partial`)."""
+    options = DeployOptions(
+        restart=request.restart,
+        dry_run=request.dry_run,
+        checkpoint_mode=request.checkpoint_mode,
+        grace=request.grace,
+        kill_gpu_holders=request.kill_gpu_holders,
+    )
     return on_job(
-        load_job(inventory, name),
-        lambda j, nodes: deploy_job(j, nodes, options, say, keep_partial=keep_partial),
+        load_job(inventory, request.name),
+        lambda j, nodes: deploy_job(
+            j, nodes, options, sinks.say, keep_partial=request.keep_partial
+        ),
     )
 
 
-def verify(inventory: Inventory, name: str, overrides: ProbeOverrides, say: Say) -> JobResult:
+def verify(inventory: Inventory, request: JobVerifyRequest, sinks: JobSinks = NOWHERE) -> JobResult:
     """The job's startup probe: the status rank's, every other node alive throughout."""
-    return on_job(load_job(inventory, name), lambda j, nodes: verify_job(j, nodes, overrides, say))
+    overrides = ProbeOverrides(
+        wait=request.wait, interval=request.interval, successes=request.successes
+    )
+    return on_job(
+        load_job(inventory, request.name),
+        lambda j, nodes: verify_job(j, nodes, overrides, sinks.say),
+    )
 
 
-def status(inventory: Inventory, names: Sequence[str] = ()) -> list[JobResult]:
+def status(
+    inventory: Inventory, request: JobStatusRequest, sinks: JobSinks = NOWHERE
+) -> list[JobResult]:
     """One poll of each named job (none named: every job of the inventory)."""
-    chosen = list(names) or list(inventory.spec.jobs)
+    chosen = list(request.names) or list(inventory.spec.jobs)
     if not chosen:
         raise UsageError(f"{inventory.path}: no jobs", hint="a job is defined under `jobs:`")
     return [on_job(load_job(inventory, name), status_job) for name in chosen]
 
 
-def stop(inventory: Inventory, name: str, grace: float | None, say: Say) -> JobResult:
+def stop(inventory: Inventory, request: JobStopRequest, sinks: JobSinks = NOWHERE) -> JobResult:
     """Every node's run stopped at once."""
-    return on_job(load_job(inventory, name), lambda j, nodes: stop_job(j, nodes, grace, say))
+    return on_job(
+        load_job(inventory, request.name),
+        lambda j, nodes: stop_job(j, nodes, request.grace, sinks.say),
+    )
 
 
-def history(inventory: Inventory, name: str, limit: int = 0) -> JobHistory:
+def history(
+    inventory: Inventory, request: JobHistoryRequest, sinks: JobSinks = NOWHERE
+) -> JobHistory:
     """The job's deploys from every node's own records, newest first."""
-    return on_job(load_job(inventory, name), lambda j, nodes: job_history(j, nodes, limit=limit))
+    return on_job(
+        load_job(inventory, request.name),
+        lambda j, nodes: job_history(j, nodes, limit=request.limit),
+    )
 
 
-def rollback(inventory: Inventory, name: str, options: JobRollbackOptions, say: Say) -> JobResult:
+def rollback(
+    inventory: Inventory, request: JobRollbackRequest, sinks: JobSinks = NOWHERE
+) -> JobResult:
     """Every node back to its previous version, all or none."""
-    return on_job(load_job(inventory, name), lambda j, nodes: rollback_job(j, nodes, say, options))
+    return on_job(
+        load_job(inventory, request.name),
+        lambda j, nodes: rollback_job(j, nodes, sinks.say, request),
+    )
 
 
-def logs(inventory: Inventory, name: str, options: JobLogsOptions, on_line: NodeLine) -> JobLogs:
-    """Every chosen node's last lines to `on_line`, then with `follow` their new ones."""
-    return on_job(load_job(inventory, name), lambda j, nodes: job_logs(j, nodes, on_line, options))
+def logs(inventory: Inventory, request: JobLogsRequest, sinks: JobSinks = NOWHERE) -> JobLogs:
+    """Every chosen node's last lines to `sinks.line`, then with `follow` their new ones."""
+    return on_job(
+        load_job(inventory, request.name),
+        lambda j, nodes: job_logs(j, nodes, sinks.line, request),
+    )
 
 
 def watch(
-    inventory: Inventory,
-    name: str,
-    options: JobWatchOptions,
-    *,
-    say: Say,
-    event: Callable[[str], None],
-    stop: threading.Event | None = None,
+    inventory: Inventory, request: JobWatchRequest, sinks: JobSinks = NOWHERE
 ) -> JobWatchResult:
-    """The job's verdict polled until `options.duration` passes or `stop` is set; each change
-    to `event` and, as events, to the state file (default: one per inventory and job), the
-    webhooks and commands; with `restart_on_failure`, the whole job redeployed on a failure."""
-    if options.state_path is None:
-        options = dataclasses.replace(options, state_path=job_state_path(inventory.path, name))
+    """The job's verdict polled until `duration` passes or `sinks.stop` is set; each change
+    to `sinks.event` and, as events, to the state file (default: one per inventory and job),
+    the webhooks and commands; with `restart_on_failure`, the whole job redeployed on a
+    failure."""
+    options = JobWatchOptions(
+        interval=request.interval,
+        duration=request.duration,
+        restart_on_failure=request.restart_on_failure,
+        max_restarts=request.max_restarts,
+        restart_window=request.restart_window,
+        restart_backoff=request.restart_backoff,
+        state_path=Path(request.state)
+        if request.state
+        else job_state_path(inventory.path, request.name),
+        webhooks=request.webhooks,
+        commands=request.commands,
+        metrics_port=request.metrics_port,
+        metrics_address=request.metrics_address,
+    )
     return on_job(
-        load_job(inventory, name),
-        lambda j, nodes: watch_job(j, nodes, options, say=say, event=event, stop=stop),
+        load_job(inventory, request.name),
+        lambda j, nodes: watch_job(
+            j, nodes, options, say=sinks.say, event=sinks.event, stop=sinks.stop
+        ),
     )

@@ -19,9 +19,6 @@ import sys
 from typing import Any, NoReturn, TextIO
 
 VERSION = (["--version"], ["-V"])
-# The group's global options (cli/main.py), which may come before --version.
-GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target"))
-GLOBAL_FLAGS = frozenset(("--debug", "-q", "--quiet"))
 
 
 def main() -> NoReturn:
@@ -165,16 +162,9 @@ def _persist_when_interactive() -> None:
 def _asks_version_only(argv: list[str]) -> bool:
     """`--version` (or `-V`) and nothing but the global options: what click would answer with
     the version line alone (its version option is eager) before anything else is read."""
-    rest, i = [], 0
-    while i < len(argv):
-        word = argv[i]
-        if word in GLOBAL_WITH_VALUE and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-            i += 2
-            continue
-        if word not in GLOBAL_FLAGS and not word.startswith(("--inventory=", "--target=")):
-            rest.append(word)
-        i += 1
-    return rest in VERSION
+    from launcher.entry import globalargs
+
+    return globalargs.read(argv).rest in VERSION
 
 
 def _version() -> NoReturn:

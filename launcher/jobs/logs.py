@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher.config.models import Target
 from launcher.core.errors import ExitCode, LauncherError, UsageError
+from launcher.core.jobrequests import JobLogsRequest
 from launcher.jobs.job import Job, JobNodes
 from launcher.operate.commands import LogsResult, logs
 from launcher.targets.fleet import worst
@@ -59,19 +60,7 @@ def chosen_nodes(job: Job, nodes: JobNodes, node: str | None) -> list[Target]:
     raise UsageError(f"job {job.name!r} has no node {node!r} (nodes: {names})")
 
 
-@dataclass(frozen=True)
-class JobLogsOptions:
-    """`launcher job logs`' options."""
-
-    node: str | None = None  # only this node's lines (None: every node's)
-    tail: int = 50  # how many of each node's last lines
-    raw: bool = False  # each tmux pane instead of each log
-    follow: bool = False  # then every node's new lines until every run ends
-
-
-def job_logs(
-    job: Job, nodes: JobNodes, on_line: NodeLine, options: JobLogsOptions = JobLogsOptions()
-) -> JobLogs:
+def job_logs(job: Job, nodes: JobNodes, on_line: NodeLine, options: JobLogsRequest) -> JobLogs:
     """The chosen nodes' last `tail` lines, then with `follow` their new lines as they come.
 
     Without `follow` the tails are read at once and shown node by node in rank order (the

@@ -9,29 +9,17 @@ The summary names the script versions the nodes run now (one sha256 when they ag
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from launcher.config.models import Target
 from launcher.container.pct import HostConnection
+from launcher.core.jobrequests import JobRollbackRequest
 from launcher.deploy.deploy import Step
 from launcher.jobs.deploy import JobResult, Phases, Say, run_phases
 from launcher.jobs.job import Job, JobNodes
 from launcher.operate.commands import RollbackResult, rollback
 
 
-@dataclass(frozen=True)
-class JobRollbackOptions:
-    """`launcher job rollback`'s options."""
-
-    restart: bool = False  # stop every node's running session first
-    dry_run: bool = False  # every node's checks only
-    keep_checkpoints: bool = False
-    grace: float | None = None  # None: the playbook's stop_grace
-
-
-def rollback_job(
-    job: Job, nodes: JobNodes, say: Say, options: JobRollbackOptions = JobRollbackOptions()
-) -> JobResult:
+def rollback_job(job: Job, nodes: JobNodes, say: Say, options: JobRollbackRequest) -> JobResult:
     """Every node back to its previous script version, with one new run id (see the module)."""
 
     def run(

@@ -97,7 +97,7 @@ def run_smoke(ctx: FleetContext, request: SmokeRequest) -> SmokeResult:
         report = plain_run_deploy(ctx, options)
     except LauncherError as error:
         return SmokeResult(error.exit_code, None, None, ctx.target.name, error)
-    probe, story = probe_then_roll_back(ctx, report, request.overrides, rollback_on_failure=True)
+    probe, story = probe_then_roll_back(ctx, report, request, rollback_on_failure=True)
     code = EXIT_CODES.get(story.outcome, probe.exit_code)
     return SmokeResult(code, report, probe, ctx.target.name, rolled=story)
 

@@ -388,7 +388,7 @@ def run_smoke(ctx: FleetContext, request: SmokeRequest) -> SmokeResult:
         report = run_deploy(ctx, DeployOptions(restart=True, wait_lock=request.wait_lock))
     except LauncherError as error:
         return SmokeResult(error.exit_code, None, None, ctx.target.name, error)
-    probe = run_probe(ctx, request.overrides, expected_run=deployed_run(report.to_json()))
+    probe = run_probe(ctx, request, expected_run=deployed_run(report.to_json()))
     verified = VerifyResult.of(probe, ctx.target)
     return SmokeResult(verified.exit_code, report, verified, ctx.target.name)
 

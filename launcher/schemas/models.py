@@ -257,6 +257,14 @@ class InventoryExtra(Closed):
     groups: dict[str, list[str]]
 
 
+class LsTarget(Closed):
+    target: str
+    host: str | None = Field(description="the inventory's host; null: a cluster target")
+    vmid: int
+    cluster: str | None = Field(description="the cluster whose nodes run the VMID, or null")
+    jobs: list[str] = Field(description="the jobs the target is a node of")
+
+
 class BucketsExtra(Closed):
     input: dict[str, Any]
     budget: int
@@ -356,6 +364,7 @@ CONTRACTS = (
         extra=InventoryExtra,
         per_target=False,
     ),
+    Contract(command="ls", title="launcher ls", items=(LsTarget,), per_target=False),
     Contract(
         command="buckets",
         title="launcher buckets plan",

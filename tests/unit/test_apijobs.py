@@ -1,5 +1,5 @@
 """`Launcher.jobs` and `launcher job` reach the same function of launcher.commands.jobs with the
-same values, every job command has its API method, and bad values are refused before anything
+same request, every job command has its API method, and bad values are refused before anything
 opens."""
 
 from __future__ import annotations
@@ -23,30 +23,20 @@ class Reached(RefusedError):
     """What the recording job command raises: the CLI turns it into exit code 4."""
 
 
-def recorder(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
-    """Every jobcommands function replaced by one that records its values (callbacks, the
-    SIGTERM event and the inventory object left out) and raises Reached."""
-    calls: list[tuple[str, dict[str, Any]]] = []
+def recorder(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every jobcommands function replaced by one that records its request (and the
+    inventory's path) and raises Reached."""
+    calls: list[tuple[str, Any]] = []
 
-    def recording(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(function)
-
-        def record(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            values = {
-                key: value
-                for key, value in bound.arguments.items()
-                if key not in ("inventory", "say", "on_line", "event", "stop")
-            }
-            values["inventory"] = str(bound.arguments["inventory"].path)
-            calls.append((name, values))
+    def recording(name: str) -> Callable[..., Any]:
+        def record(inventory: Any, request: Any, sinks: Any = None) -> Any:
+            calls.append((name, (str(inventory.path), request)))
             raise Reached(f"job {name} reached")
 
         return record
 
     for name in COMMANDS:
-        monkeypatch.setattr(jobcommands, name, recording(name, getattr(jobcommands, name)))
+        monkeypatch.setattr(jobcommands, name, recording(name))
     return calls
 
 
@@ -95,7 +85,8 @@ def test_every_job_command_has_an_api_method() -> None:
     methods = {name for name, _ in inspect.getmembers(Jobs, inspect.isfunction)}
     assert set(COMMANDS) <= methods
     own = inspect.getmembers(jobcommands, inspect.isfunction)
-    assert set(COMMANDS) == {n for n, f in own if f.__module__ == jobcommands.__name__}
+    public = {n for n, f in own if f.__module__ == jobcommands.__name__ and n[0] != "_"}
+    assert set(COMMANDS) == public
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -1,43 +1,30 @@
-"""The CLI, the API and the Fabric tasks cannot drift: every CLI option of the commands in
-launcher.commands.table has a counterpart in the declaration, the API's keywords and the tasks (or
-is listed here as deliberately CLI-only, with the reason)."""
+"""What the declarations promise: every value is checked with the CLI's own types wherever it
+comes from (a UsageError naming the argument, exit code 2), a task's options are the CLI's, and
+the API's keywords (written out, for its readers and type checkers) are its request's."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from invoke.exceptions import Exit
 
 from launcher import tasks
 from launcher.api import Launcher
-from launcher.cli.main import cli
+from launcher.apijobs import Jobs
+from launcher.cli.main import cli, main
 from launcher.commands.table import COMMANDS
+from launcher.core.declare import parameters
 from launcher.core.errors import ExitCode, UsageError
+from tests.unit.projectfiles import write_project
 
-# The CLI's options that every command shares, and the task option each one is.
-GLOBAL_OPTIONS = {
-    "target": "target",
-    "inventory": "inventory",
-    "known_hosts": "known_hosts",
-    "identity": "identity",
-    "quiet": "quiet",
-    "debug": "debug",
-    "all": "all",
-    "parallel": "parallel",
-}
-# Options of these commands that a task or the API deliberately does not take: none yet.
-# An entry is (command, click parameter name): "why".
-CLI_ONLY: dict[tuple[str, str], str] = {}
-# Keywords of the API that are not command options: callbacks and the API's own choices.
-API_EXTRAS = {"target", "on_step", "on_line", "check"}
-
-
-def _cli_params(name: str) -> list[click.Parameter]:
-    command = cli.commands[name]
-    return [p for p in command.params if p.name and p.name != "help"]
+# The CLI's options that every command shares, as the tasks spell them.
+GLOBAL_OPTIONS = {"target", "inventory", "known_hosts", "identity", "quiet", "debug"}
+FLEET_OPTIONS = {"all", "parallel"}
+# Keywords of the API that are not a request's: the target, callbacks, the API's own choices.
+API_EXTRAS = {"target", "name", "on_step", "on_line", "check", "on_event", "stop"}
 
 
 def _task_options(name: str) -> list[str]:
@@ -45,59 +32,62 @@ def _task_options(name: str) -> list[str]:
     return [p for p in inspect.signature(task.body).parameters if p != "c"]
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_every_cli_option_has_a_declaration_a_task_option_and_an_api_keyword(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_a_tasks_options_are_the_clis(name: str) -> None:
+    command = cli.commands[name]
+    spelled = {
+        next(o for o in p.opts if o.startswith("--"))[2:].replace("-", "_")
+        for p in command.params
+        if p.name != "help"
+    }
+    assert set(_task_options(name)) == spelled
+    first = ["target", "inventory"] if "target" in spelled else ["inventory"]
+    assert _task_options(name)[: len(first)] == first  # -t and -i as for the CLI
+
+
+def _api_method(name: str) -> Any:
+    group, _, command = name.rpartition(" ")
+    return getattr(Jobs if group else Launcher, command)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in COMMANDS if hasattr(Launcher, n) or " " in n))
+def test_the_apis_keywords_and_defaults_are_its_requests(name: str) -> None:
+    """A method's keywords are its request's, and what it passes when none is given builds
+    the request the declaration's defaults build."""
     command = COMMANDS[name]
-    declared = {cli_name: p for p in command.params for cli_name in p.cli_names}
-    task_options = _task_options(name)
-    api = inspect.signature(getattr(Launcher, name)).parameters
-    for param in _cli_params(name):
-        assert param.name is not None
-        if (name, param.name) in CLI_ONLY:
-            continue
-        if param.name in GLOBAL_OPTIONS:
-            if not command.fleet and param.name in ("all", "parallel"):
-                continue
-            assert GLOBAL_OPTIONS[param.name] in task_options, (name, param.name)
-            continue
-        assert param.name in declared, f"`launcher {name}` option {param.name!r} is not declared"
-        owner = declared[param.name]
-        spelled = [flag for flag, _, _ in owner.flags] or [owner.task_name]
-        for option in spelled:
-            assert option in task_options, f"task {name} lacks {option!r}"
-        if owner.request:
-            assert owner.name in api, f"Launcher.{name} lacks the keyword {owner.name!r}"
+    signature = inspect.signature(_api_method(name)).parameters
+    keywords = {p.name: p.default for p in signature.values() if p.name not in API_EXTRAS}
+    keywords.pop("self", None)
+    if "names" in signature:  # job status: the jobs are its positional arguments
+        keywords = {}
+    wanted = {p.keyword for p in parameters(command.request_type) if p.option.api}
+    assert set(keywords) == wanted - {"name", "names"}
+    named = {"name": "train"} if "name" in wanted else {}
+    assert command.request({**keywords, **named}) == command.request(named)
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_nothing_is_declared_that_the_cli_lacks_and_the_api_takes_nothing_else(name: str) -> None:
-    cli_names = {p.name for p in _cli_params(name)}
-    for param in COMMANDS[name].params:
-        for cli_name in param.cli_names:
-            assert cli_name in cli_names, f"{name}: {cli_name!r} is declared, not a CLI option"
-    api = set(inspect.signature(getattr(Launcher, name)).parameters) - {"self"}
-    requested = {p.name for p in COMMANDS[name].params if p.request}
-    assert api - API_EXTRAS == requested
-
-
-def test_cli_only_entries_name_real_options_and_say_why() -> None:
-    for (name, option), why in CLI_ONLY.items():
-        assert option in {p.name for p in _cli_params(name)} and why.strip()
-
-
-def test_a_task_for_every_declared_command_with_target_and_inventory_first() -> None:
-    for name in COMMANDS:
-        options = _task_options(name)
-        assert options[:2] == ["target", "inventory"], name  # -t and -i as for the CLI
+def test_the_api_refuses_a_bad_value_naming_the_argument(tmp_path: Path) -> None:
+    with Launcher(write_project(tmp_path)) as launcher:
+        for call, named in (
+            (lambda: launcher.verify("prod", wait=-5), "wait=-5"),
+            (lambda: launcher.verify("prod", interval=0), "interval=0"),
+            (lambda: launcher.verify("prod", wait=float("nan")), "wait=nan"),
+            (lambda: launcher.logs("prod", tail="5"), "tail='5'"),
+            (lambda: launcher.deploy("prod", checkpoints="shred"), "checkpoints='shred'"),
+        ):
+            with pytest.raises(UsageError) as caught:
+                call()
+            assert caught.value.exit_code == ExitCode.USAGE
+            assert named in caught.value.message
 
 
 def test_task_values_are_checked_with_the_cli_types() -> None:
     verify = COMMANDS["verify"]
-    overrides = verify.request({"wait": "3m", "successes": "2", "interval": "2s"})
+    overrides = verify.request({"wait": "3m", "successes": "2", "interval": "2s"}, text=True)
     assert (overrides.wait, overrides.successes, overrides.interval) == (180.0, 2, 2.0)
     for bad in ({"wait": "-5"}, {"successes": "abc"}, {"interval": "0"}, {"wait": True}):
         with pytest.raises(UsageError) as caught:
-            verify.request(bad)
+            verify.request(bad, text=True)
         assert caught.value.exit_code == ExitCode.USAGE
     with pytest.raises(UsageError, match="unknown argument"):
         verify.request({"grace": 3})
@@ -110,6 +100,7 @@ def test_deploy_request_from_the_declaration() -> None:
     assert options.env == {"LR": "3e-4", "EMPTY": ""}
     assert options.sets == ("verify.wait=60",) and options.checkpoint_mode == "keep"
     assert options.wait_lock == 0.0 and not options.restart
+    assert COMMANDS["deploy"].request({"wait_lock": None}).wait_lock == 0.0
     for bad in (
         {"env": ["NOEQUALS"]},
         {"env": "A=1"},
@@ -150,3 +141,13 @@ def test_the_tasks_spell_a_choice_as_the_clis_flags(capsys: pytest.CaptureFixtur
     both = {"purge_checkpoints": True, "keep_checkpoints": True}
     assert _run_task("deploy", inventory="/nonexistent/inventory.yaml", **both) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_both_checkpoint_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["deploy"], ["job", "deploy", "train"]):
+        with pytest.raises(SystemExit) as done:
+            main(["-i", "/nonexistent.yaml", *argv, "--purge-checkpoints", "--keep-checkpoints"])
+        assert done.value.code == ExitCode.USAGE
+        assert "--purge-checkpoints and --keep-checkpoints exclude each other" in (
+            capsys.readouterr().err
+        )

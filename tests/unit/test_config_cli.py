@@ -374,7 +374,8 @@ def test_version() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.output == f"launcher, version {__version__}\n"
     fast_forms = (["--version"], ["-V"], ["-i", "x.yaml", "-q", "--version"])
-    fast_forms += (["--inventory=x.yaml", "--debug", "-t", "a", "-V"],)
+    fast_forms += (["--inventory=x.yaml", "--debug", "-t", "a", "-V"], ["-ix.yaml", "--version"])
+    fast_forms += (["--known-hosts", "kh", "--identity=key", "--version"],)
     for argv in fast_forms:
         fast = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "launcher", *argv],
@@ -385,7 +386,7 @@ def test_version() -> None:
         assert (fast.returncode, fast.stdout) == (0, result.output), argv
         assert not {"click", "launcher.cli.main"} & imported(fast.stderr), argv
     # Anything else goes to click, which answers as it always has.
-    for argv, code in ((["-ix.yaml", "--version"], 0), (["-t", "--version"], 2)):
+    for argv, code in ((["--version", "status"], 0), (["-t", "--version"], 2)):
         slow = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "launcher", *argv],
             capture_output=True,

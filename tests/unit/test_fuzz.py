@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.cli.main import cli, main
-from launcher.commands.params import Duration, Number
 from launcher.config.models import load_inventory, load_playbook
 from launcher.core.errors import ConfigError
+from launcher.core.params import Duration, Number
 from tests.unit.projectfiles import INVENTORY, PLAYBOOK, write_project
 from tests.unit.test_hostile_config import deadline
 

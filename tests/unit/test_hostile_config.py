@@ -17,11 +17,11 @@ from types import FrameType
 import pytest
 
 from launcher.cli.main import main
-from launcher.commands.params import GRACE, INTERVAL, WAIT, Duration, human, parse_duration
 from launcher.config import yamlsource
 from launcher.config.models import load_inventory, load_playbook, parse_jump
 from launcher.config.yamlsource import MAX_BYTES, load_yaml
 from launcher.core.errors import ConfigError
+from launcher.core.params import GRACE, INTERVAL, WAIT, Duration, human, parse_duration
 from tests.unit.projectfiles import write_project
 
 # The classic "billion laughs": 9 levels of 9 aliases, about a billion strings once expanded.

@@ -52,14 +52,7 @@ UPWARD_ALLOWED: frozenset[str] = frozenset(
     }
 )
 # Where a module may load another by name: the console's entry points.
-IMPORTS_BY_NAME = frozenset(
-    {
-        "launcher.entry.cmdserver.server",
-        # being replaced by a table of functions:
-        "launcher.cli.main",
-        "launcher.commands.table",
-    }
-)
+IMPORTS_BY_NAME = frozenset({"launcher.entry.cmdserver.server"})
 
 
 def module_files() -> dict[str, Path]:

@@ -16,7 +16,7 @@ from typing import Any
 from tests.unit.projectfiles import write_project
 
 # What `launcher status` imports on its way, named as its code names them: the group and its
-# command (cli/main.py, cli/verify.py), the workflow and its fleet row (commands.py), the run on
+# command (cli/main.py, cli/verify.py), the workflow and its fleet row (the table), the run on
 # targets and the report (cli/verify.py's run_status and _report), the connection, the
 # configuration, then the SSH libraries a new connection imports.
 STATUS_PATH = """
@@ -26,7 +26,7 @@ main.cli.commands["status"]
 from launcher.commands import table as commands
 from launcher.core.requests import StatusRequest
 commands.workflow_for(StatusRequest)
-commands._resolve(commands.WORKFLOWS[StatusRequest].row)
+commands.wiring(commands.BY_REQUEST[StatusRequest]).row
 import launcher.cli.targets, launcher.probe.report, launcher.transport.pool
 from launcher.config import models as config
 models = [m for m in vars(config).values() if isinstance(m, type)

@@ -1,5 +1,5 @@
 """Every command has the one shape of launcher.targets.workflow: a frozen Request, a typed Result
-(exit code, summary, JSON form) and one run function in `commands.WORKFLOWS`; and the CLI,
+(exit code, summary, JSON form) and one run function in the command table; and the CLI,
 `api.Launcher` and the Fabric tasks all reach that same run function with the same request."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from launcher import tasks
 from launcher.api import Launcher
 from launcher.cli.main import cli, main
 from launcher.commands import table as commands
-from launcher.commands.table import COMMANDS, WORKFLOWS, workflow_for
+from launcher.commands.table import BY_REQUEST, COMMANDS, Wiring, wiring, workflow_for
+from launcher.core.declare import parameters
 from launcher.core.errors import ExitCode, RefusedError
 from launcher.targets.workflow import Context
 from launcher.transport.pool import ConnectionPool
@@ -34,8 +35,8 @@ NOT_WORKFLOWS = {
     "inventory": "local: checks the inventory file",
     "init": "writes an inventory and a playbook from answers (a host key fetched, a trial run "
     "through fleet.on_target), then runs the doctor workflow",
-    "job": "a multi-node job: its own phases over every node, one function each in "
-    "launcher.commands.jobs, which the CLI and api.Launcher.jobs both call",
+    "job": "a group: its commands are the table's `job <name>`, each one run over the "
+    "inventory's job (launcher.commands.jobs), which the CLI and api.Launcher.jobs both call",
     "sandbox": "local: the staging host itself",
     "status-format": "local: reads a sample of a trainer's lines (detect -t reads a pane "
     "through the logs workflow)",
@@ -44,18 +45,22 @@ NOT_WORKFLOWS = {
 }
 # What opens or hands out connections: the workflows' layers use these, the CLI does not.
 CONNECTION_HANDLING = {"connections_for", "ConnectionPool", "Connection", "SSHConnection", "place"}
+# The commands run on targets (a Context each), as the CLI names them.
+ON_TARGETS = sorted(name for name, c in COMMANDS.items() if c.on != "inventory")
 
 
 def test_every_cli_command_is_a_workflow_or_says_why_not() -> None:
     for name in cli.commands:
         assert (name in COMMANDS) != (name in NOT_WORKFLOWS), name
+    for name in COMMANDS:
+        assert name.partition(" ")[0] in cli.commands, name
     for name, why in NOT_WORKFLOWS.items():
         assert name in cli.commands and why.strip()
 
 
 def test_runs_overloads_follow_the_workflows() -> None:
-    """`commands.run` has one overload per request type in WORKFLOWS (and in `Request`), each
-    returning what that request's workflow returns: kept by hand, checked here."""
+    """`commands.run` has one overload per request type run on targets (and in `Request`),
+    each returning what that request's workflow returns: kept by hand, checked here."""
     overloads = {}
     # Read from the source: typing.get_overloads is Python 3.11+, and the client runs on 3.10.
     for node in ast.parse(Path(inspect.getfile(commands)).read_text()).body:
@@ -63,12 +68,13 @@ def test_runs_overloads_follow_the_workflows() -> None:
             request = next(arg for arg in node.args.args if arg.arg == "request")
             assert request.annotation is not None and node.returns is not None
             overloads[ast.unparse(request.annotation)] = ast.unparse(node.returns)
+    types = [COMMANDS[name].request_type for name in ON_TARGETS]
     wanted = {
         request_type.__name__: typing.get_type_hints(workflow_for(request_type))["return"].__name__
-        for request_type in WORKFLOWS
+        for request_type in types
     }
     assert overloads == wanted
-    assert set(typing.get_args(commands.Request)) == set(WORKFLOWS)
+    assert set(typing.get_args(commands.Request)) == set(types)
 
 
 def _is_overload(node: ast.FunctionDef) -> bool:
@@ -78,29 +84,35 @@ def _is_overload(node: ast.FunctionDef) -> bool:
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_frozen_request_a_run_and_a_typed_result(name: str) -> None:
     command = COMMANDS[name]
-    request = command.request({})
+    named = [p for p in parameters(command.request_type) if p.option.argument]
+    request = command.request({p.keyword: "train" for p in named if not p.option.repeat})
     assert type(request) is command.request_type
     params = dataclasses.fields(request)  # a dataclass ...
     with pytest.raises(dataclasses.FrozenInstanceError):  # ... and frozen
         setattr(request, params[0].name if params else "anything", None)
     run = command.workflow
     assert run is workflow_for(command.request_type)
-    assert WORKFLOWS[command.request_type].run.endswith(f":{run.__name__}")
     hints = typing.get_type_hints(run)
-    assert list(inspect.signature(run).parameters)[:2] == ["ctx", "request"]
-    assert hints["ctx"] is Context
+    if command.on == "inventory":  # over the inventory, not a target's context
+        assert list(inspect.signature(run).parameters)[:2] == ["inventory", "request"]
+    else:
+        assert list(inspect.signature(run).parameters)[:2] == ["ctx", "request"]
+        assert hints["ctx"] is Context
     assert isinstance(request, hints["request"])
     result = hints["return"]
-    assert callable(getattr(result, "to_json", None)), f"{result.__name__} has no to_json()"
-    for attribute in ("exit_code", "summary"):
-        fields = {f.name for f in dataclasses.fields(result)}
+    result = typing.get_args(result)[0] if typing.get_args(result) else result  # list[JobResult]
+    fields = {f.name for f in dataclasses.fields(result)}
+    # A job's results (history, watch) need not be one target's shape: an exit code at least.
+    wanted = ("exit_code",) if command.on == "inventory" else ("exit_code", "summary")
+    for attribute in wanted:
         assert attribute in fields or isinstance(getattr(result, attribute, None), property), (
             f"{result.__name__} has no {attribute}"
         )
-    row = WORKFLOWS[command.request_type].row
+    if command.on != "inventory":
+        assert callable(getattr(result, "to_json", None)), f"{result.__name__} has no to_json()"
+    row = wiring(command).row
     assert (row is not None) == command.fleet, name
-    if row is not None:
-        assert callable(commands._resolve(row)), name
+    assert row is None or callable(row), name
 
 
 def _loaded_with(name: str) -> set[str]:
@@ -145,8 +157,8 @@ def test_the_cli_handles_no_connection() -> None:
 
 
 def test_naming_a_request_loads_no_workflow() -> None:
-    """The table names run functions by module: a command loads its own workflow module only
-    (what `launcher status` loads is what it needs, not stop's or doctor's)."""
+    """The table loads run functions when a command runs: a command loads its own workflow
+    module only (what `launcher status` loads is what it needs, not stop's or doctor's)."""
     loaded = _loaded_with("launcher.commands.table")
     assert "launcher.core.requests" in loaded
     assert {"launcher.operate.commands", "launcher.deploy.doctor"} & loaded == set()
@@ -161,13 +173,13 @@ ENTRY = ["none"]
 
 
 def recording(ctx: Context, request: Any) -> Any:
-    """Stands in for a command's run function (through its WORKFLOWS entry)."""
+    """Stands in for a command's run function (through its loader in the table)."""
     assert ctx.target.name == "prod"
     REACHED.append((ENTRY[0], request))
     raise Reached(f"{type(request).__name__} reached its run function")
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+@pytest.mark.parametrize("name", ON_TARGETS)
 def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
     name: str,
     tmp_path: Path,
@@ -186,10 +198,9 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
 
     monkeypatch.setattr(ConnectionPool, "get", lambda self, *a, **k: NoHost())
 
-    wiring = WORKFLOWS[command.request_type]
-    monkeypatch.setitem(
-        WORKFLOWS, command.request_type, wiring._replace(run=f"{__name__}:recording")
-    )
+    row = wiring(command).row
+    recorded = dataclasses.replace(command, load=lambda: Wiring(recording, row))
+    monkeypatch.setitem(BY_REQUEST, command.request_type, recorded)
 
     ENTRY[0] = "cli"
     with pytest.raises(SystemExit) as done:
@@ -199,6 +210,9 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
     ENTRY[0] = "api"
     with Launcher(inventory) as launcher, pytest.raises(Reached):
         getattr(launcher, name)("prod")
+    ENTRY[0] = "api-run"  # the API's one call for any request
+    with Launcher(inventory) as launcher, pytest.raises(Reached):
+        launcher.run(command.request({}), "prod")
 
     ENTRY[0] = "task"
     task = getattr(tasks, name)
@@ -210,9 +224,9 @@ def test_the_cli_the_api_and_the_tasks_reach_the_same_run_with_the_same_request(
     assert exited.value.code == ExitCode.REFUSED
 
     capsys.readouterr()
-    assert [entry for entry, _ in REACHED] == ["cli", "api", "task"]
+    assert [entry for entry, _ in REACHED] == ["cli", "api", "api-run", "task"]
     requests = [request for _, request in REACHED]
-    assert requests == [command.request({})] * 3, "the three entry points' defaults drifted"
+    assert requests == [command.request({})] * 4, "the entry points' defaults drifted"
 
 
 def test_run_dispatches_by_the_requests_type_only() -> None:

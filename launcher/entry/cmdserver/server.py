@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from launcher.entry import globalargs
 from launcher.entry.cmdserver import wire
 from launcher.transport.rundir import listen_private, peer_uid
 
@@ -284,15 +285,7 @@ def declines(args: list[str]) -> str | None:
 
 def inventory_option(args: list[str]) -> str | None:
     """-i/--inventory's value, before or after the command's name (the last one wins)."""
-    found = None
-    for i, word in enumerate(args):
-        if word in ("-i", "--inventory") and i + 1 < len(args):
-            found = args[i + 1]
-        elif word.startswith("--inventory="):
-            found = word.partition("=")[2]
-        elif word.startswith("-i") and len(word) > 2 and not word.startswith("--"):
-            found = word[2:]
-    return found
+    return globalargs.read(args).last("--inventory")
 
 
 # -- the process --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from launcher.entry import globalargs
 from launcher.transport.rundir import runtime_dir
 
 PROTOCOL = 1
@@ -33,8 +34,6 @@ MAX_IDLE = 24 * 3600.0  # persist.MAX_IDLE
 SERVED = frozenset(
     ("status", "verify", "smoke", "logs", "stop", "history", "rollback", "deploy", "doctor")
 )
-# The group's options that take a value (cli/main.py), which may come before the command.
-GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target", "--known-hosts"))
 
 
 class WireError(ValueError):
@@ -145,18 +144,7 @@ def _request(doc: dict[str, Any]) -> Request:
 def command_of(argv: list[str]) -> str | None:
     """The command's name: the first word that is no option (nor an option's value) of the
     group's (cli/main.py)."""
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            return argv[i + 1] if i + 1 < len(argv) else None
-        if word in GLOBAL_WITH_VALUE:
-            i += 2
-            continue
-        if not word.startswith("-"):
-            return word
-        i += 1
-    return None
+    return globalargs.read(argv).command
 
 
 def idle_seconds(env: dict[str, str] | os._Environ[str]) -> float:

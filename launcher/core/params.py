@@ -127,21 +127,6 @@ class Count(click.IntRange):
 GRACE = Duration(0, HOUR)  # the deploy lock is held while the old run gets its grace
 WAIT = Duration(0, WEEK)
 WAIT_LOCK = Duration(0, DAY)  # --wait-lock: how long a deploy waits for another's lock
-
-
-def wait_lock_option(command: Any) -> Any:
-    """`--wait-lock DURATION` (deploy, smoke, rollback): a CI job queues behind a deploy that
-    holds the container's lock instead of failing with exit 4 at once."""
-    return click.option(
-        "--wait-lock",
-        type=WAIT_LOCK,
-        metavar="DURATION",
-        default=0.0,
-        help="Wait up to this long for another deploy's lock (90s, 10m; default 0: refuse at "
-        "once, exit 4).",
-    )(command)
-
-
 INTERVAL = Duration(0.2, HOUR)
 TRIAL = Duration(2, 10 * 60)  # launcher init's trial run of the trainer
 # launcher watch (and launcher job watch)
