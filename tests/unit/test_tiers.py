@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import HERE, TIERS, TierViolation, markers_of, tier
+from tests.e2e.weights import file_seconds
 
 
 def test_this_module_is_in_the_unit_tier(request: pytest.FixtureRequest) -> None:
@@ -92,3 +93,9 @@ def test_a_socketpair_is_allowed() -> None:
     with left, right:
         left.sendall(b"ping")
         assert right.recv(4) == b"ping"
+
+
+def test_every_weighed_e2e_file_exists() -> None:
+    """tests/e2e/weights.json orders the e2e files by name: a renamed file's old name would
+    leave the file at the default weight, out of its place in the order."""
+    assert sorted(name for name in file_seconds() if not (HERE / "e2e" / name).is_file()) == []
