@@ -13,7 +13,8 @@ gets it as a marker of the same name (pyproject.toml lists them; `./run test` se
 
 A tier marker written on a test by hand must agree with its directory: one that does not is
 refused at collection (a test in two tiers would run twice, or in the wrong one).
-The e2e files run longest first (tests/e2e/weights.py says why), each file's tests in order.
+The e2e and timing files run longest first (tests/e2e/weights.py says why), each file's tests
+in order.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.weights import file_seconds, weight
+from tests.e2e.weights import WEIGHED, file_seconds, weight
 
 # pytest keeps each test module's assertion-rewritten code in __pycache__, but not where
 # PYTHONDONTWRITEBYTECODE is set: then every worker of every tier rewrote every module again
@@ -91,7 +92,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     def order(item: pytest.Item) -> tuple[int, float]:
         path = Path(str(item.path))
-        return (1, -weight(path, seconds)) if tier(path) == "e2e" else (0, 0.0)
+        return (1, -weight(path, seconds)) if tier(path) in WEIGHED else (0, 0.0)
 
     items.sort(key=order)  # stable: a file's tests keep their order
 

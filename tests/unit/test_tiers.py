@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import HERE, TIERS, TierViolation, markers_of, tier
-from tests.e2e.weights import file_seconds
+from tests.e2e.weights import WEIGHED, file_seconds
 
 
 def test_this_module_is_in_the_unit_tier(request: pytest.FixtureRequest) -> None:
@@ -95,7 +95,10 @@ def test_a_socketpair_is_allowed() -> None:
         assert right.recv(4) == b"ping"
 
 
-def test_every_weighed_e2e_file_exists() -> None:
-    """tests/e2e/weights.json orders the e2e files by name: a renamed file's old name would
-    leave the file at the default weight, out of its place in the order."""
-    assert sorted(name for name in file_seconds() if not (HERE / "e2e" / name).is_file()) == []
+def test_every_weighed_file_exists_in_one_weighed_tier() -> None:
+    """tests/e2e/weights.json orders the e2e and timing files by name: a renamed file's old
+    name would leave the file at the default weight, out of its place in the order, and a name
+    in both directories would give both the same weight."""
+    names = [{p.name for p in (HERE / tier).glob("test_*.py")} for tier in WEIGHED]
+    assert set.intersection(*names) == set()
+    assert sorted(name for name in file_seconds() if name not in set.union(*names)) == []
