@@ -1,16 +1,20 @@
-"""The suite's tiers, as pytest markers (pyproject.toml lists them):
+"""The suite's tiers: a test's tier is the directory it lives in, tests/<tier>/, and pytest
+gets it as a marker of the same name (pyproject.toml lists them; `./run test` selects by them):
 
-  unit    pure: no process, socket or sandbox of its own (the bulk of tests/unit); a unit test
-          that starts a process or binds or connects a socket fails (_unit_tier_is_pure)
-  local   tests/unit modules that run real local things: the agent with tmux, interpreters,
-          Unix sockets, `ssh -G`
-  e2e     tests/e2e: against a sandbox (real sshd, LXC, tmux; root)
+  unit    pure: no process, socket or sandbox of its own; a unit test that starts a process
+          or binds or connects a socket fails (_unit_tier_is_pure)
+  local   real local things, no sandbox: the agent with tmux, interpreters, Unix sockets,
+          `ssh -G`
+  e2e     against a sandbox (real sshd, LXC, tmux; root)
   timing  asserts how long something took: run after the rest (`./run test`), on two workers
           of their own (they mostly wait), since a loaded machine makes it flaky and it makes
-          nothing else flaky
+          nothing else flaky. A timing test that uses the sandbox is marked `e2e` as well, and
+          its JUnit record says so (tests/require_e2e.py counts it as end-to-end)
 
-unit/local/e2e come from where a test lives (below); timing is marked on the test itself.
-The e2e files run longest first (tests/e2e/weights.py says why), each file's tests in order.
+A tier marker written on a test by hand must agree with its directory: one that does not is
+refused at collection (a test in two tiers would run twice, or in the wrong one).
+The e2e and timing files run longest first (tests/e2e/weights.py says why), each file's tests
+in order.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.weights import file_seconds, weight
+from tests.e2e.weights import WEIGHED, file_seconds, weight
 
 # pytest keeps each test module's assertion-rewritten code in __pycache__, but not where
 # PYTHONDONTWRITEBYTECODE is set: then every worker of every tier rewrote every module again
@@ -35,40 +39,37 @@ from tests.e2e.weights import file_seconds, weight
 sys.dont_write_bytecode = False
 
 HERE = Path(__file__).resolve().parent
-# tests/unit modules that start real processes or sockets (the `local` tier).
-LOCAL_MODULES = frozenset(
-    {
-        "test_agent.py",
-        "test_agent_cache.py",
-        "test_agent_package.py",
-        "test_buckets.py",
-        "test_cli_contract.py",
-        "test_cmdserver.py",
-        "test_command_socket.py",
-        "test_config_cli.py",
-        "test_examples.py",
-        "test_open_socket.py",
-        "test_operate.py",
-        "test_persist.py",
-        "test_project_manifest.py",
-        "test_protocol_contract.py",
-        "test_provenance.py",
-        "test_python_floor.py",
-        "test_quoting.py",
-        "test_sandbox_rootfs.py",
-        "test_sshconfig.py",
-        "test_startup_interrupt.py",
-        "test_status.py",
-        "test_status_imports.py",
-        "test_watch.py",
-    }
-)
+TIERS = ("unit", "local", "e2e", "timing")
 
 
 def tier(path: Path) -> str:
-    if path.is_relative_to(HERE / "e2e"):
-        return "e2e"
-    return "local" if path.name in LOCAL_MODULES else "unit"
+    """The tier of a test file: its directory under tests/, "" for a file elsewhere (refused,
+    as a directory that is no tier's, by pytest_collection_modifyitems)."""
+    path = path.resolve()
+    parts = path.relative_to(HERE).parts if path.is_relative_to(HERE) else ()
+    return parts[0] if len(parts) > 1 else ""
+
+
+def markers_of(item: pytest.Item) -> set[str]:
+    """The tier markers a test carries: its directory's, and `e2e` for a timing test that uses
+    the sandbox (tests/e2e/conftest.py's `sandbox`, directly or through another fixture). A
+    tier marker written by hand that says otherwise is refused: the test would run in two
+    tiers, or in the wrong one."""
+    name = tier(Path(str(item.path)))
+    if name not in TIERS:
+        raise pytest.UsageError(
+            f"{item.nodeid}: a test lives in the directory of its tier, one of "
+            + ", ".join(f"tests/{t}" for t in TIERS)
+        )
+    needs_sandbox = "sandbox" in getattr(item, "fixturenames", ())
+    markers = {name, "e2e"} if name == "timing" and needs_sandbox else {name}
+    by_hand = {m.name for m in item.iter_markers() if m.name in TIERS} - markers
+    if by_hand:
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked {', '.join(sorted(by_hand))} by hand: the tier of a test "
+            f"is its directory (tests/conftest.py); move it to tests/{sorted(by_hand)[0]}"
+        )
+    return markers
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -82,12 +83,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(getattr(pytest.mark, tier(Path(str(item.path)))))
+        markers = markers_of(item)
+        for marker in sorted(markers):
+            item.add_marker(getattr(pytest.mark, marker))
+        # The JUnit report says which tests needed the sandbox (tests/require_e2e.py).
+        item.user_properties.append(("tiers", " ".join(sorted(markers))))
     seconds = file_seconds()
 
     def order(item: pytest.Item) -> tuple[int, float]:
         path = Path(str(item.path))
-        return (1, -weight(path, seconds)) if tier(path) == "e2e" else (0, 0.0)
+        return (1, -weight(path, seconds)) if tier(path) in WEIGHED else (0, 0.0)
 
     items.sort(key=order)  # stable: a file's tests keep their order
 
@@ -99,8 +104,8 @@ class TierViolation(AssertionError):
 def _refuse(what: str) -> Callable[..., Any]:
     def refused(*args: object, **kwargs: object) -> Any:
         raise TierViolation(
-            f"a unit-tier test {what}: list its module in LOCAL_MODULES (tests/conftest.py) "
-            "so that it runs in the local tier"
+            f"a unit-tier test {what}: move its module to tests/local (tests/conftest.py), "
+            "the tier of real processes and sockets"
         )
 
     return refused

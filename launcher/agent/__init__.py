@@ -48,7 +48,7 @@ on the client, where tests import them as the ordinary package they are.
 from __future__ import annotations
 
 # The bundle's modules in dependency order: a module imports only modules before it
-# (tests/unit/test_agent_package.py checks it, and that every module of the package but boot is
+# (tests/local/test_agent_package.py checks it, and that every module of the package but boot is
 # here). launcher.agent.protocol comes first of all.
 MODULES = (
     "base",

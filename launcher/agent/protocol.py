@@ -220,7 +220,7 @@ class Envelope(TypedDict):
 # --------------------------------------------------------------------------- requests
 # Each request declares every key the agent reads from it: `NotRequired` where the agent has a
 # default, required where it cannot do without the key (most answer `invalid`). `op` is the op's
-# name as a Literal. tests/unit/test_protocol_contract.py runs each handler against requests
+# name as a Literal. tests/local/test_protocol_contract.py runs each handler against requests
 # that record what is read and fails on a key the request type does not declare.
 
 

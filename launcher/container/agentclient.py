@@ -106,7 +106,7 @@ ERROR_KINDS: dict[str, type[LauncherError]] = {
 assert set(ERROR_KINDS) == set(p.ERROR_KINDS), "every agent error kind has an exit code"
 
 # Each op's request and answer type: every answer is checked against its op's type before a
-# workflow reads it (check_answer); tests/unit/test_protocol_contract.py checks that the agent's
+# workflow reads it (check_answer); tests/local/test_protocol_contract.py checks that the agent's
 # handlers read only what the request types declare and that both maps cover every op.
 REQUESTS: dict[str, type] = {
     "preflight": p.PreflightRequest,

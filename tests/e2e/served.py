@@ -6,7 +6,7 @@ configuration models, paramiko): 0.3–0.7 s of CPU as measured, hundreds of tim
 two-core machine. The command server (launcher/cmdserver) has them imported once and forks one
 child per command, which takes the caller's argv, environment, cwd, umask and descriptors and
 runs what the console script runs (console.run_cli); docs/internals.md says why a child is a
-fresh process as far as the command can tell, and tests/unit/test_cmdserver.py checks that
+fresh process as far as the command can tell, and tests/local/test_cmdserver.py checks that
 nothing computed at import depends on the environment, the cwd or the terminal.
 
 Here each xdist worker has one server of its own, in a runtime directory of its own (so no

@@ -343,7 +343,10 @@ def test_json_and_the_report_carry_no_nan_or_infinity(clean_ct: Project, tmp_pat
     book = scripted(project, "infrate", INFINITE_RATE)
     project.write({"infrate": (VMID, book)})
     assert project.launcher("deploy").returncode == 0
-    time.sleep(2)
+    project.wait_for(
+        lambda: all(rate in project.launcher("logs").stdout for rate in ("1e308Mtok/s", "Ktok/s")),
+        what="status lines with an infinite and an ordinary rate",
+    )
     report = tmp_path / "report.html"
     verify = project.launcher("verify", "--json", "--wait", "3", "--report", str(report))
     assert verify.returncode in (0, 1), verify.stderr

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from launcher.agent.protocol import LOCK_PATH
 from launcher.sandbox import Sandbox
 from tests.e2e.conftest import missing_requirements
 from tests.e2e.project import Project, json_out
@@ -291,6 +292,23 @@ def watch_record(state_home: Path, target: str) -> dict[str, Any]:
     return {}
 
 
+def deploy_lock_held(project: Project, vmid: int) -> bool:
+    """Whether a deploy holds the CT's deploy lock now, as the host's /proc/locks shows it:
+    reading takes no lock, so it cannot get in the deploy's way."""
+    init = subprocess.run(
+        ["lxc-info", "-n", str(vmid), "-P", str(project.sandbox.lxcpath), "-p", "-H"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        lock = os.stat(f"/proc/{init}/root{LOCK_PATH}")
+    except FileNotFoundError:
+        return False
+    inode = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"
+    return any(inode in line.split() for line in Path("/proc/locks").read_text().splitlines())
+
+
 def test_a_watcher_killed_mid_restart_leaves_its_count_to_the_next(
     clean_ct: Project, tmp_path: Path
 ) -> None:
@@ -316,7 +334,8 @@ def test_a_watcher_killed_mid_restart_leaves_its_count_to_the_next(
             40,
             "the first watcher's restart",
         )
-        time.sleep(1)  # in the stop's grace: the deploy is under way in the container
+        # The restart's deploy under way in the container (then in the stop's grace).
+        project.wait_for(lambda: deploy_lock_held(project, VMID), 20, "the restart's deploy")
     finally:
         first.kill()
         first.wait(timeout=30)

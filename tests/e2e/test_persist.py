@@ -129,7 +129,7 @@ def test_another_user_cannot_use_it(persisted: Project, _private_runtime_dir: Pa
         [sys.executable, "-c", code, str(sock)], capture_output=True, text=True, timeout=30
     )
     assert result.stdout.strip() == "refused", result.stderr
-    # Past the directory, the server still answers only its own user: tests/unit/test_persist.py
+    # Past the directory, the server still answers only its own user: tests/local/test_persist.py
 
 
 def test_a_changed_inventory_gets_a_connection_of_its_own(

@@ -1,13 +1,15 @@
-"""Longest file first: the order the e2e files are handed to the xdist workers.
+"""Longest file first: the order the e2e and timing files are handed to the xdist workers.
 
 `--dist loadfile` keeps a file on one worker (its module fixtures, and tests that follow one
 another, stay together) and hands the files out in collection order as workers free up
 (`--no-loadscope-reorder`, else xdist orders them by test count). A long file handed out last
 leaves the other worker idle for as long as it runs; handed out first, the short files fill in
-around it (longest-processing-time-first scheduling). FILE_SECONDS is what each file took on
-one worker of a two-core machine; refresh it from a JUnit report with
+around it (longest-processing-time-first scheduling). weights.json holds what each file of
+tests/e2e and tests/timing took on one worker of a two-core machine (by file name: the two
+directories share no name, tests/unit/test_tiers.py checks it); refresh it from the JUnit
+reports of both tiers with
 
-    python -m tests.e2e.weights .test-report-e2e.xml
+    python -m tests.e2e.weights .test-report-e2e.xml .test-report-timing.xml
 
 A file missing here (a new one) counts as DEFAULT_SECONDS: its place is a guess, nothing more.
 """
@@ -23,8 +25,11 @@ WEIGHTS = Path(__file__).with_name("weights.json")
 DEFAULT_SECONDS = 30.0
 
 
+WEIGHED = ("e2e", "timing")  # the tiers whose files are ordered by weight
+
+
 def file_seconds() -> dict[str, float]:
-    """tests/e2e file name -> seconds, as measured."""
+    """tests/e2e or tests/timing file name -> seconds, as measured."""
     loaded = json.loads(WEIGHTS.read_text())
     return {str(name): float(seconds) for name, seconds in loaded.items()}
 
@@ -33,19 +38,21 @@ def weight(path: Path, seconds: dict[str, float]) -> float:
     return seconds.get(path.name, DEFAULT_SECONDS)
 
 
-def from_junit(report: Path) -> dict[str, float]:
-    """Seconds per e2e file in a JUnit report (pytest's classname is the module's dotted path)."""
+def from_junit(*reports: Path) -> dict[str, float]:
+    """Seconds per e2e or timing file in JUnit reports (pytest's classname is the module's
+    dotted path)."""
     totals: dict[str, float] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        parts = (case.get("classname") or "").split(".")
-        if parts[:2] == ["tests", "e2e"] and len(parts) > 2:
-            name = parts[2] + ".py"
-            totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
+    for report in reports:
+        for case in ET.parse(report).getroot().iter("testcase"):
+            parts = (case.get("classname") or "").split(".")
+            if parts[0] == "tests" and len(parts) > 2 and parts[1] in WEIGHED:
+                name = parts[2] + ".py"
+                totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
     ranked = sorted(totals.items(), key=lambda item: -item[1])
     return {name: round(seconds, 1) for name, seconds in ranked}
 
 
 if __name__ == "__main__":
-    measured = from_junit(Path(sys.argv[1]))
+    measured = from_junit(*map(Path, sys.argv[1:]))
     WEIGHTS.write_text(json.dumps(measured, indent=1) + "\n")
     print(f"{len(measured)} files, {sum(measured.values()):.0f} s in all -> {WEIGHTS}")

@@ -17,17 +17,11 @@ from types import FrameType
 import pytest
 
 from launcher.cli.main import main
-from launcher.config import yamlsource
 from launcher.config.models import load_inventory, load_playbook, parse_jump
-from launcher.config.yamlsource import MAX_BYTES, load_yaml
+from launcher.config.yamlsource import load_yaml
 from launcher.core.errors import ConfigError
 from launcher.core.params import GRACE, INTERVAL, WAIT, Duration, human, parse_duration
 from tests.unit.projectfiles import write_project
-
-# The classic "billion laughs": 9 levels of 9 aliases, about a billion strings once expanded.
-LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
-    f"{b}: &{b} [{','.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
-)
 
 
 class Hang(BaseException):
@@ -302,33 +296,6 @@ def timed_error(path: Path) -> tuple[str, float]:
     return str(error.value), time.monotonic() - started
 
 
-@pytest.mark.timing
-def test_billion_laughs_fails_fast_through_the_cli(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    book = project / "playbooks" / "dflash.yaml"
-    book.write_text(LAUGHS + book.read_text())
-    assert len(LAUGHS) < 720
-    started = time.monotonic()
-    code, _, err = check(project, capsys)
-    elapsed = time.monotonic() - started
-    assert code == 2
-    assert err.startswith(f"error: {book}:")
-    assert "playbook refused: more than 20000 values (aliases expanded)" in err
-    assert elapsed < 1.0
-
-
-@pytest.mark.timing
-def test_lists_nested_1000_deep_are_refused_without_recursion(tmp_path: Path) -> None:
-    path = tmp_path / "deep.yaml"
-    path.write_text("a: " + "[" * 1000 + "]" * 1000 + "\n")
-    message, elapsed = timed_error(path)
-    # libyaml has its own limit of 1000; the pure-Python parser reaches launcher's first.
-    assert message.startswith(f"{path}:1:"), message
-    assert "nested more than 64 levels deep" in message or "maximum nesting depth" in message
-    assert elapsed < 1.0
-
-
 def test_depth_limit(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text("a: " + "[" * 200 + "]" * 200 + "\n")
@@ -363,32 +330,6 @@ def test_depth_counts_what_aliases_stand_for(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.timing
-@pytest.mark.parametrize("loader", ["libyaml", "python"])
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (LAUGHS, ":5:11: playbook refused: more than 20000 values (aliases expanded)"),
-        ("a: " + "[" * 200 + "]" * 200, ":1:67: playbook refused: nested more than 64 levels deep"),
-        ("x: &x 1\nl: [" + ", ".join(["*x"] * 101) + "]\n", ":2:"),
-        ("a: &a [1, *a]\n", ":1:11: playbook refused: alias *a is inside the value it refers to"),
-        ("a: 1\nb: éé\x07\n", ":2:6: YAML syntax error: unacceptable character #x0007: "),
-        ("a: !!timestamp\n", ":1:4: YAML syntax error: cannot read this value: "),
-    ],
-)
-def test_limits_hold_with_either_parser(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loader: str, text: str, expected: str
-) -> None:
-    # PyYAML built without libyaml falls back to the pure-Python parser: same limits.
-    if loader == "python":
-        monkeypatch.setattr(yamlsource, "_Loader", yamlsource._PyLoader)
-    path = tmp_path / "hostile.yaml"
-    path.write_text(text)
-    message, elapsed = timed_error(path)
-    assert message.startswith(f"{path}{expected}"), message
-    assert elapsed < 1.0
-
-
 def test_too_many_aliases(tmp_path: Path) -> None:
     path = tmp_path / "aliases.yaml"
     path.write_text("x: &x 1\nl: [" + ", ".join(["*x"] * 101) + "]\n")
@@ -413,16 +354,6 @@ def test_merge_keys_still_work_and_lines_point_at_what_was_written(tmp_path: Pat
     document = load_yaml(path, what="playbook")
     assert document.data["c"] == {"x": 1, "y": 3}
     assert document.line_of(["c", "y"]) == 4
-
-
-@pytest.mark.timing
-def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    path = tmp_path / "huge.yaml"
-    with path.open("wb") as handle:
-        handle.truncate(100 * 2**20)  # sparse: 100 MB of NULs, no disk used
-    message, elapsed = timed_error(path)
-    assert message == f"{path}: playbook is too large (104857600 bytes; at most {MAX_BYTES}, 1 MiB)"
-    assert elapsed < 0.5
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:

@@ -297,8 +297,8 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
     import threading
 
     from launcher.container import agentclient
+    from tests.local.test_operate import poll_answer
     from tests.unit.projectfiles import NO_SESSION
-    from tests.unit.test_operate import poll_answer
 
     monkeypatch.setattr(agentclient, "EARLY_LOOK", 0.05)
     thawed = threading.Event()
@@ -330,8 +330,8 @@ def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
     """A watcher that gives up on run A stops A, not what someone deployed since: it names A
     and the poll is not needed."""
     from launcher.operate.commands import stop
+    from tests.local.test_operate import stop_report
     from tests.unit.projectfiles import load_target
-    from tests.unit.test_operate import stop_report
 
     host = StrictFakeHost()
     seen: dict[str, Any] = {}

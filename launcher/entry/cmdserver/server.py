@@ -3,7 +3,7 @@ CLI and every served command's modules once, then forks one child per command.
 
 The server itself never runs a command: every child starts from the state the imports left,
 as a fresh process would (nothing launcher computes at import depends on the environment, the
-cwd or the terminal: tests/unit/test_cmdserver.py checks it). It has no threads when it forks.
+cwd or the terminal: tests/local/test_cmdserver.py checks it). It has no threads when it forks.
 
 A child takes the client's descriptors as 0, 1 and 2, its environment (os.environ replaced
 whole), cwd, umask and argv, runs console.run_cli (what the console script runs), sends the

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.project import Project
+from launcher.agent.protocol import LOCK_PATH
+from tests.e2e.project import Project, local_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +41,27 @@ def healthy(project: Project, name: str) -> bool:
 
 def agents(project: Project, vmid: int) -> list[str]:
     return project.processes(vmid, "launcher_agent")
+
+
+def pct_calls_running(project: Project) -> list[int]:
+    """The sandbox's `pct` calls running on its host (this machine) now, stalled ones included."""
+    pct = str(project.sandbox.state_dir / "bin" / "pct").encode()
+    return [pid for pid, cmdline, _ in local_processes() if pct in cmdline.split(b"\0")]
+
+
+def lock_opened_in(project: Project, vmid: int) -> bool:
+    """Whether a process in the CT has its deploy lock open: a deploy's agent taking the lock,
+    which keeps the file open while it waits for the lock's holder."""
+    fds = project.ct_text(vmid, "sh", "-c", "ls -l /proc/[0-9]*/fd/ 2>/dev/null; true")
+    return f"-> {LOCK_PATH}" in fds
+
+
+def watched_status(state: Path, name: str) -> str | None:
+    """The status a watcher's state file gives the target (written atomically)."""
+    try:
+        return str(json.loads(state.read_text())["targets"][name]["status"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @pytest.fixture
@@ -74,8 +96,13 @@ def test_an_abandoned_stop_never_kills_the_run_deployed_after_it(project: Projec
     new = run_marker(project, 200, name)
     assert new != old
     project.wait_for(lambda: healthy(project, name), timeout=30, what="the new run healthy")
-    # The stalled call reaches the container at second 70; give its agent time to answer.
-    time.sleep(max(0.0, started + 70 + 6 - time.monotonic()))
+    # The stalled call reaches the container at second 70; once its `pct` has ended on the
+    # host, its agent has answered.
+    project.wait_for(
+        lambda: not pct_calls_running(project),
+        timeout=max(1.0, started + 70 + 20 - time.monotonic()),
+        what="the stalled pct call to end",
+    )
     project.wait_for(lambda: not agents(project, 200), timeout=20, what="the late stop to end")
     assert run_marker(project, 200, name) == new
     assert project.processes(200, "train_demo.py"), "the new run was killed"
@@ -120,8 +147,9 @@ def test_a_deploy_frozen_mid_transaction_does_not_go_on_after_the_thaw(
             text=True,
         )
         # Mid-transaction: its agent is in the container, waiting for the lock (a check).
-        project.wait_for(lambda: agents(project, 201), timeout=30, what="the deploy's agent")
-        time.sleep(1.0)
+        project.wait_for(
+            lambda: lock_opened_in(project, 201), timeout=30, what="the deploy's wait for the lock"
+        )
         project.sandbox.freeze(201)
         thawed.append(201)
     finally:
@@ -154,7 +182,11 @@ def test_a_frozen_ct_is_paused_for_status_and_watch_never_restarts_it(
                      "1", "--wait", "2", "--state", str(tmp_path / "watch.json"), "--json"),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(6)  # judged healthy first
+    project.wait_for(
+        lambda: watched_status(tmp_path / "watch.json", name) == "healthy",
+        timeout=30,
+        what="the watcher's judging the run healthy first",
+    )
     project.sandbox.freeze(200)
     thawed.append(200)
 
