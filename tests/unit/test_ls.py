@@ -13,7 +13,7 @@ from launcher import tasks
 from launcher.api import Launcher
 from launcher.core.requests import LsRequest
 from launcher.transport.pool import ConnectionPool
-from tests.unit.test_cli_contract import run, validate
+from tests.local.test_cli_contract import run, validate
 from tests.unit.test_job import JOB, inventory_with
 
 
