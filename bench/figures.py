@@ -83,9 +83,16 @@ def _counts(values: list[int]) -> float | str:
 # command handed to the command server and the host's connection persisted. The benchmark has
 # no terminal, so it sets the variable as a user may.
 SERVED_ENV = {"LAUNCHER_CONTROL_PERSIST": "600"}
+# The connection persisted, every command run in its own process (no command server).
+ALONE_ENV = {**SERVED_ENV, "LAUNCHER_COMMAND_SERVER": "0"}
 
 
-def served_run(env: BenchEnv, argv: list[str], cpu: list[float] | None = None) -> Timed:
+def served_run(
+    env: BenchEnv,
+    argv: list[str],
+    cpu: list[float] | None = None,
+    extra: dict[str, str] = SERVED_ENV,
+) -> Timed:
     """argv with SERVED_ENV, as BenchEnv.run runs a command; the client process's own CPU
     seconds appended to `cpu` (served: the client's start and hand-over only)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -94,7 +101,7 @@ def served_run(env: BenchEnv, argv: list[str], cpu: list[float] | None = None) -
         argv,
         capture_output=True,
         text=True,
-        env={**env.env, **SERVED_ENV},
+        env={**env.env, **extra},
         cwd=env.project,
         stdin=subprocess.DEVNULL,
         timeout=180,
@@ -129,16 +136,20 @@ def persisted_inventory(env: BenchEnv) -> Path:
 
 def deploy_comparison(
     env: BenchEnv, inventory: Path, runs: int, latency: float, log: Log
-) -> tuple[Samples, Samples, Samples, Samples]:
-    """Interleaved L, A, B runs of the same redeploy (a new script version each round), and L
-    through the command server with its connection persisted (S)."""
+) -> tuple[Samples, Samples, Samples, Samples, Samples]:
+    """Interleaved L, A, B runs of the same redeploy (a new script version each round), L
+    through the command server with its connection persisted (S), and L with its connection
+    persisted alone (P)."""
     env.set_latency(latency)
-    launcher, hand, mux, served = Samples(), Samples(), Samples(), Samples()
+    launcher, hand, mux, served, alone = Samples(), Samples(), Samples(), Samples(), Samples()
     deploy = ("-t", "demo", "deploy", "--restart")
     persisted = persisted_inventory(env)
 
     def run_s() -> Timed:
         return served_run(env, env.launcher_argv(persisted, *deploy), served.cpu)
+
+    def run_p() -> Timed:
+        return served_run(env, env.launcher_argv(persisted, *deploy), alone.cpu, ALONE_ENV)
 
     def run_b() -> Timed:
         result = env.run(env.handwritten_argv(MUX_VMID, mux=True))
@@ -153,7 +164,9 @@ def deploy_comparison(
         check(run_s(), "warm-up deploy, served")  # in-process: starts the command server
         command_server_up(env)
         check(run_s(), "warm-up deploy, served")
+        check(run_p(), "warm-up deploy, persisted alone")
         served.cpu.clear()
+        alone.cpu.clear()
         check(env.run(env.handwritten_argv(HAND_VMID, mux=False)), "warm-up A")
         check(run_b(), "warm-up B")
         for i in range(runs):
@@ -161,23 +174,27 @@ def deploy_comparison(
             launcher.add(env, lambda: env.launcher(inventory, *deploy), "launcher deploy")
             env.new_script()
             served.add(env, run_s, "launcher deploy, served")
+            env.new_script()
+            alone.add(env, run_p, "launcher deploy, persisted alone")
             hand.add(env, lambda: env.run(env.handwritten_argv(HAND_VMID, mux=False)), "A")
             mux.add(env, run_b, "B")
             log(
                 f"  run {i + 1}/{runs} at {latency:g} s pct latency: launcher "
                 f"{launcher.seconds[-1]:.2f} s, served {served.seconds[-1]:.2f} s, "
+                f"persisted alone {alone.seconds[-1]:.2f} s, "
                 f"A {hand.seconds[-1]:.2f} s, B {mux.seconds[-1]:.2f} s"
             )
     finally:
         env.set_latency(0)
-    return launcher, hand, mux, served
+    return launcher, hand, mux, served, alone
 
 
 def deploy_rows(
-    results: dict[float, tuple[Samples, Samples, Samples, Samples]], targets: dict[float, float]
+    results: dict[float, tuple[Samples, Samples, Samples, Samples, Samples]],
+    targets: dict[float, float],
 ) -> list[Row]:
     rows = []
-    for latency, (lau, hand, mux, _) in results.items():
+    for latency, (lau, hand, mux, _, _) in results.items():
         lm, am, bm = median(lau.seconds), median(hand.seconds), median(mux.seconds)
         goal = targets.get(latency)
         rows.append(
@@ -193,7 +210,25 @@ def deploy_rows(
                 note=f"median of {len(lau.seconds)}; ratio launcher/B",
             )
         )
-    for latency, (_, hand, mux, served) in results.items():
+    for latency, (_, hand, mux, _, alone) in results.items():
+        pm, bm = median(alone.seconds), median(mux.seconds)
+        goal = targets.get(latency)
+        rows.append(
+            Row(
+                f"deploy --restart wall, pct latency {latency:g} s, connection persisted alone",
+                "s",
+                pm,
+                median(hand.seconds),
+                bm,
+                ratio=pm / bm,
+                target=f"<= {goal:g}x B" if goal else "",
+                met=pm / bm <= goal if goal else None,
+                note=f"median of {len(alone.seconds)}; ratio launcher/B; in its own process "
+                f"(LAUNCHER_CONTROL_PERSIST=600, no command server); {_counts(alone.ssh)} SSH "
+                f"connections, {_counts(alone.pct)} pct calls per deploy",
+            )
+        )
+    for latency, (_, hand, mux, served, _) in results.items():
         sm, bm = median(served.seconds), median(mux.seconds)
         goal = targets.get(latency)
         rows.append(
@@ -213,7 +248,7 @@ def deploy_rows(
                 f"{_counts(served.pct)} pct calls per deploy",
             )
         )
-    lau, hand, mux, _ = results[min(results)]
+    lau, hand, mux, _, _ = results[min(results)]
     pct = max(lau.pct)
     rows.append(
         Row(
@@ -377,13 +412,19 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
     for _ in range(2):
         check(served_status(), "status", codes=(0, 1))
     cpu.clear()
-    times: dict[str, list[float]] = {"direct": [], "persisted": [], "A": [], "B": []}
-    pct: dict[str, list[int]] = {"direct": [], "persisted": []}
+
+    def alone_status() -> Timed:
+        argv = env.launcher_argv(persisted, "-t", "demo", "status")
+        return served_run(env, argv, None, ALONE_ENV)
+
+    times: dict[str, list[float]] = {"direct": [], "persisted": [], "alone": [], "A": [], "B": []}
+    pct: dict[str, list[int]] = {"direct": [], "persisted": [], "alone": []}
     accepts0 = env.ssh_accepts()
     for _ in range(runs):
         for way, run in (
             ("direct", lambda: env.launcher(inventory, "-t", "demo", "status")),
             ("persisted", served_status),
+            ("alone", alone_status),
         ):
             pct0 = env.pct_calls()
             times[way].append(check(run(), "status", codes=(0, 1)).seconds)
@@ -410,6 +451,12 @@ def status_rows(env: BenchEnv, inventory: Path, runs: int) -> list[Row]:
             f"the client's own CPU {median(cpu):.2f} s); no SSH connection "
             f"({new_connections} opened in {runs} runs): the poll through the persisted "
             "connection's background process",
+        ),
+        (
+            "alone",
+            "launcher status, connection persisted alone (no command server)",
+            STATUS_TARGETS["persisted"],
+            "in its own process (LAUNCHER_CONTROL_PERSIST=600, LAUNCHER_COMMAND_SERVER=0)",
         ),
     ):
         mine = median(times[way])

@@ -109,6 +109,8 @@ def _main() -> NoReturn:
     if _asks_version_only(argv):
         _version()
     _persist_when_interactive()
+    if os.environ.get("LAUNCHER_COMMAND_SERVER", "") == "0":  # persistence alone
+        os._exit(run_cli())
     from launcher.entry.cmdserver import client
 
     served = client.hand_over(argv)  # a served command's exit code, or where it was not
