@@ -43,7 +43,6 @@ LOCAL_MODULES = frozenset(
         "test_agent_package.py",
         "test_buckets.py",
         "test_cli_contract.py",
-        "test_cmdserver.py",
         "test_command_socket.py",
         "test_config_cli.py",
         "test_examples.py",
