@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any, NoReturn, TextIO
 
+from launcher.core import collector
+
 VERSION = (["--version"], ["-V"])
 # The group's global options (cli/main.py), which may come before --version.
 GLOBAL_WITH_VALUE = frozenset(("-i", "--inventory", "-t", "--target"))
@@ -106,6 +108,7 @@ def _main() -> NoReturn:
     if _asks_version_only(argv):
         _version()
     _persist_when_interactive()
+    collector.defer()  # until the command's first remote command
     os._exit(run_cli())
 
 

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launcher.core import collector
 from launcher.transport.endpoint import CommandResult, Endpoint
 from launcher.transport.runner import Runner, first_taker
 from launcher.transport.ssh import SSHConnection
@@ -58,6 +59,7 @@ class Connection:
 
     def runners(self) -> list[Runner]:
         """The runners a command tries, in order (see the module's docstring)."""
+        collector.resume()  # the command has started: see core/collector.py
         chosen: list[Runner] = []
         if self._persisted is not None and not self.ssh.connected:
             chosen.append(self._persisted)
