@@ -137,7 +137,7 @@ doctor_command = declared(COMMANDS["doctor"], show_doctor)
 
 @click.command("disconnect")
 def disconnect_command() -> None:
-    """End this user's persisted connections and command servers.
+    """End this user's persisted connections.
 
     Each ends after its idle time anyway; this ends them now, e.g. after changing
     ssh_config, which a persisted connection keeps as it was when it connected.
@@ -149,5 +149,4 @@ def disconnect_command() -> None:
     """
     from launcher.operate.commands import disconnect
 
-    connections, servers = disconnect()
-    click.echo(f"ended {connections} persisted connection(s) and {servers} command server(s)")
+    click.echo(f"ended {disconnect()} persisted connection(s)")

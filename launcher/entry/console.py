@@ -1,12 +1,9 @@
 """The `launcher` console script and `python -m launcher`.
 
-A command the command server serves (cmdserver/: the persisted connection's companion, same
-lifetime) is handed to it before click is imported; otherwise, or when it declines, the CLI
-runs here, then the process ends at once with its exit code, after flushing its output and
-shutting logging down: by then the command has closed its connections and joined every thread
-it started, and what would follow is the interpreter's teardown (freeing every module:
-paramiko, pydantic, ... ~0.05 s), which nothing needs. os._exit is called here and, for a
-served command, in the command server's child (cmdserver/server.py), which ends the same way.
+The CLI runs here, then the process ends at once with its exit code, after flushing its output
+and shutting logging down: by then the command has closed its connections and joined every
+thread it started, and what would follow is the interpreter's teardown (freeing every module:
+paramiko, pydantic, ... ~0.05 s), which nothing needs. os._exit is called here only.
 
 Standard library only until the CLI is imported.
 """
@@ -17,6 +14,8 @@ import contextlib
 import os
 import sys
 from typing import Any, NoReturn, TextIO
+
+from launcher.core import collector
 
 VERSION = (["--version"], ["-V"])
 
@@ -106,20 +105,12 @@ def _main() -> NoReturn:
     if _asks_version_only(argv):
         _version()
     _persist_when_interactive()
-    from launcher.entry.cmdserver import client
-
-    served = client.hand_over(argv)  # a served command's exit code, or where it was not
-    if isinstance(served, int):
-        os._exit(served)
-    code = run_cli()
-    if served.start:  # no server answered: one for the next command
-        client.start(served)
-    os._exit(code)
+    collector.defer()  # until the command's first remote command
+    os._exit(run_cli())
 
 
 def run_cli() -> int:
-    """The CLI in this process, its output flushed and logging shut down: its exit code. What
-    the console script runs, and the command server's child for a served command."""
+    """The CLI in this process, its output flushed and logging shut down: its exit code."""
     from launcher.cli.main import flush_stdout
     from launcher.cli.main import main as cli_main
 
@@ -145,7 +136,7 @@ def run_cli() -> int:
 
 def _persist_when_interactive() -> None:
     """On an interactive terminal, a host whose inventory sets no control_persist keeps its
-    connection 60 s for the next command (persist.default_idle), as Ansible's ssh connection
+    connection 60 s for the next command (persistidle.default_idle), as Ansible's ssh connection
     does with ControlPersist; not under CI=true, nor for scripts (no terminal): each of their
     runs stands alone and leaves no process behind. The user's own setting wins."""
     if os.environ.get("CI", "").lower() == "true":
@@ -155,8 +146,9 @@ def _persist_when_interactive() -> None:
     except (AttributeError, ValueError):  # closed or replaced streams
         return
     if interactive:
-        # persist.DEFAULT_ENV and INTERACTIVE_IDLE, named here without importing persist.py
-        os.environ.setdefault("LAUNCHER_CONTROL_PERSIST", "60")
+        from launcher.transport.persistidle import DEFAULT_ENV, INTERACTIVE_IDLE
+
+        os.environ.setdefault(DEFAULT_ENV, f"{INTERACTIVE_IDLE:g}")
 
 
 def _asks_version_only(argv: list[str]) -> bool:

@@ -830,10 +830,9 @@ def rollback(
 # --------------------------------------------------------------------------- disconnect
 
 
-def disconnect() -> tuple[int, int]:
-    """End this user's persisted connections and command servers now (each ends after its idle
-    time anyway); how many of each were asked to."""
-    from launcher.entry.cmdserver import client
+def disconnect() -> int:
+    """End this user's persisted connections now (each ends after its idle time anyway); how
+    many were asked to."""
     from launcher.transport import persist
 
-    return len(persist.stop_all()), client.end_all()
+    return len(persist.stop_all())

@@ -16,12 +16,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launcher.core import collector
 from launcher.transport.endpoint import CommandResult, Endpoint
-from launcher.transport.persist import PersistedRunner
 from launcher.transport.runner import Runner, first_taker
 from launcher.transport.ssh import SSHConnection
 
 if TYPE_CHECKING:
+    from launcher.transport.persist import PersistedRunner
     from launcher.transport.relay import Relay
     from launcher.transport.sshopen import BoundedConnection
 
@@ -36,7 +37,11 @@ class Connection:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.ssh = SSHConnection(endpoint)
-        self._persisted = PersistedRunner(endpoint) if endpoint.control_persist > 0 else None
+        self._persisted: PersistedRunner | None = None
+        if endpoint.control_persist > 0:  # else its client and frame format are not loaded
+            from launcher.transport.persist import PersistedRunner
+
+            self._persisted = PersistedRunner(endpoint)
         self._relay: Relay | None = None  # use_relay(): one channel carries every command
         self._lock = threading.Lock()
 
@@ -54,6 +59,7 @@ class Connection:
 
     def runners(self) -> list[Runner]:
         """The runners a command tries, in order (see the module's docstring)."""
+        collector.resume()  # the command has started: see core/collector.py
         chosen: list[Runner] = []
         if self._persisted is not None and not self.ssh.connected:
             chosen.append(self._persisted)

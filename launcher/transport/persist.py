@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -51,6 +50,10 @@ from launcher.core.errors import (
     RemoteError,
 )
 from launcher.transport import frames
+from launcher.transport.persistidle import DEFAULT_ENV as DEFAULT_ENV
+from launcher.transport.persistidle import INTERACTIVE_IDLE as INTERACTIVE_IDLE
+from launcher.transport.persistidle import MAX_IDLE as MAX_IDLE
+from launcher.transport.persistidle import default_idle as default_idle
 from launcher.transport.rundir import connect_own
 from launcher.transport.rundir import peer_uid as peer_uid  # for persistserver.py
 from launcher.transport.rundir import runtime_dir as runtime_dir
@@ -112,26 +115,6 @@ def unattended(endpoint: Endpoint) -> bool:
             return False
         hop = hop.via
     return True
-
-
-# The idle seconds for a host whose inventory sets no control_persist. The console script sets
-# it to INTERACTIVE_IDLE on an interactive terminal (console.py); a user may set it (0: off).
-DEFAULT_ENV = "LAUNCHER_CONTROL_PERSIST"
-INTERACTIVE_IDLE = 60.0  # as Ansible's ssh connection (ControlPersist=60s)
-MAX_IDLE = 24 * 3600.0  # what the inventory allows (config.HostSpec.control_persist)
-
-
-def default_idle(passphrase: str) -> float:
-    """control_persist for a host whose inventory leaves it unset: LAUNCHER_CONTROL_PERSIST's
-    seconds, if it is a number within 0..MAX_IDLE (anything else: off); always off for a host
-    whose key is unlocked on the terminal, which a background process cannot do."""
-    if passphrase == "prompt":
-        return 0.0
-    try:
-        seconds = float(os.environ.get(DEFAULT_ENV, "0"))
-    except ValueError:
-        return 0.0
-    return seconds if 0.0 <= seconds <= MAX_IDLE else 0.0
 
 
 def persistable(endpoint: Endpoint) -> bool:

@@ -83,9 +83,9 @@ def resolve_endpoint(name: str, host: HostSpec, ssh_config: Path | None = None) 
     if "control_persist" in explicit:
         control_persist = host.control_persist
     else:
-        from launcher.transport import persist
+        from launcher.transport.persistidle import default_idle
 
-        control_persist = persist.default_idle(host.passphrase)
+        control_persist = default_idle(host.passphrase)
     # While OpenSSH answers, import the SSH libraries a connection will need; not for a host
     # whose connection may be persisted, where the command usually needs none.
     meanwhile = None if control_persist else _load_ssh_stack

@@ -1,7 +1,6 @@
 """A leaf, standard library only: the user's private directory for sockets and the check of
-who is at the other end of one. The persisted connection (persist.py, persistserver.py) and
-the command server (cmdserver/) both live there; the command server's client imports this
-before click, so it imports nothing of launcher's.
+who is at the other end of one, where the persisted connection (persist.py, persistserver.py)
+lives.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 def runtime_dir() -> Path | None:
     """The user's private directory for sockets, made if missing; None when it is not a real
-    directory owned by the user with mode 0700 (then nothing is persisted or served)."""
+    directory owned by the user with mode 0700 (then nothing is persisted)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(xdg) / "launcher" if xdg and os.path.isabs(xdg) else None
     if base is None or len(str(base)) > 60:  # a socket path must fit in 108 bytes

@@ -142,15 +142,12 @@ def ssh(sandbox: tuple[Sandbox, SandboxInfo]) -> SshRunner:
 
 
 @pytest.fixture
-def project(
-    sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Project]:
-    """An inventory + playbooks in a temp dir on the session's sandbox; faults reset after. A
-    timing test's CLI calls are fresh processes: what it times is what a user waits for."""
+def project(sandbox: tuple[Sandbox, SandboxInfo], tmp_path: Path) -> Iterator[Project]:
+    """An inventory + playbooks in a temp dir on the session's sandbox; faults reset after.
+    Every CLI call is a fresh process, as a user's and CI's are."""
     sb, info = sandbox
     sb.set_faults()
-    timing = request.node.get_closest_marker("timing") is not None
-    yield Project(tmp_path / "project", sb, info, served=not timing)
+    yield Project(tmp_path / "project", sb, info)
     sb.set_faults()
     end_leftover_runs(sb)
 

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import yaml
 
 from launcher.sandbox import Sandbox, SandboxInfo
-from tests.e2e import served
 
 T = TypeVar("T")
 
@@ -32,9 +31,6 @@ class Project:
     root: Path
     sandbox: Sandbox
     info: SandboxInfo
-    # The CLI through this worker's command server (tests/e2e/served.py), or (False: for the
-    # timing tests) a fresh process per call.
-    served: bool = True
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -109,12 +105,8 @@ class Project:
         return [sys.executable, "-m", "launcher", "-i", str(self.inventory), *args]
 
     def launcher(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run the real CLI in a process of its own, as a user would: a child of this worker's
-        command server (tests/e2e/served.py), or a fresh `python -m launcher`."""
-        if self.served and served.enabled():
-            result = served.server().run(["-i", str(self.inventory), *args], timeout)
-            if result is not None:
-                return result
+        """Run the real CLI in a process of its own, as a user (or CI) would: a fresh
+        `python -m launcher`."""
         return subprocess.run(
             self.argv(*args),
             stdin=subprocess.DEVNULL,

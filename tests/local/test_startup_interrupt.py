@@ -41,9 +41,7 @@ RUN_MAIN = "import runpy; runpy.run_module('launcher', run_name='__main__', alte
 CONSOLE_SCRIPT = "from launcher.entry.console import main; main()"
 ENTRIES = [
     pytest.param(RUN_MAIN, "launcher.entry.console", id="python -m launcher, loading console"),
-    pytest.param(
-        CONSOLE_SCRIPT, "launcher.entry.cmdserver", id="console script, loading cmdserver"
-    ),
+    pytest.param(CONSOLE_SCRIPT, "launcher.cli.main", id="console script, loading the CLI"),
 ]
 
 
@@ -52,7 +50,7 @@ def run(entry: str, module: str, exc: str, tmp: Path) -> subprocess.CompletedPro
     fails at once without any connection."""
     inventory = str(tmp / "missing inventory.yaml")
     script = SCRIPT.format(exc=exc, module=module, entry=entry, inventory=inventory)
-    env = {k: v for k, v in os.environ.items() if k != "LAUNCHER_CONTROL_PERSIST"}  # no server
+    env = {k: v for k, v in os.environ.items() if k != "LAUNCHER_CONTROL_PERSIST"}
     return subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

@@ -40,19 +40,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # click commands rendering results
     ("api", "apijobs", "launcher"),  # the Python API
     ("tasks",),  # Fabric tasks
-    ("entry", "__main__"),  # the console script, the command server, docs and demo tools
+    ("entry", "__main__"),  # the console script, docs and demo tools
 )
 MAX_TOP_LEVEL = 20
 # Imports that go up a floor, each with why; at most one, and only a type-only one.
-UPWARD_ALLOWED: frozenset[str] = frozenset(
-    {
-        # `launcher disconnect` ends the command servers too (being resolved: the command
-        # server's future is decided by its measurement).
-        "launcher.operate.commands (floor 10) imports launcher.entry.cmdserver.client (floor 18)",
-    }
-)
+UPWARD_ALLOWED: frozenset[str] = frozenset()
 # Where a module may load another by name: the console's entry points.
-IMPORTS_BY_NAME = frozenset({"launcher.entry.cmdserver.server"})
+IMPORTS_BY_NAME: frozenset[str] = frozenset()
 
 
 def module_files() -> dict[str, Path]:
