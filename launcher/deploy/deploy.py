@@ -1,6 +1,6 @@
 """The deploy workflow: the script and one locked transaction in the container.
 
-pct invocations: one exec, the transaction (agent/deploy.py `Deploy`), which receives the script
+pct invocations: one exec, the transaction (agent/deploy.py), which receives the script
 inline, checks its sha256 and everything else that could stop the deploy, and only then changes
 things. A script over INLINE_LIMIT is pushed first (`pct push` to a temp name in workdir, plus a
 preflight that creates the workdir on a first deploy). `--dry-run` is one preflight exec.
