@@ -27,7 +27,10 @@ from launcher.config.models import Inventory, Target, inventory_path, load_inven
 from launcher.core.errors import ExitCode, UnhealthyError, UsageError
 from launcher.deploy.deploy import CheckpointMode, DeployReport
 from launcher.deploy.doctor import DoctorResult
-from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
+from launcher.operate.history import HistoryResult
+from launcher.operate.logs import LogsResult
+from launcher.operate.rollback import RollbackResult
+from launcher.operate.stop import StopResult
 from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
 from launcher.targets.cluster import place
 from launcher.targets.workflow import Context, Step, StepSink

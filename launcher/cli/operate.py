@@ -80,7 +80,7 @@ def run_logs(app: AppContext, request: LogsRequest, *, raw_bytes: bool) -> None:
     """The run's log on one target (also `launcher.tasks.logs`)."""
     from launcher.commands.table import run
     from launcher.core.errors import UsageError
-    from launcher.operate.commands import LogsResult
+    from launcher.operate.logs import LogsResult
     from launcher.targets.fleet import run_one
 
     target = app.target()
@@ -163,7 +163,7 @@ def attach_command(app: AppContext) -> None:
     Exit codes: 0 detached, 1 no session, 2 not a terminal or bad input, 3 unreachable.
     """
     from launcher.core.errors import UsageError
-    from launcher.operate.commands import attach
+    from launcher.operate.attach import attach
     from launcher.targets.fleet import on_target
 
     result = on_target(app.target(), attach)
@@ -226,7 +226,7 @@ def run_history(app: AppContext, request: HistoryRequest, *, json: bool) -> None
     """The deploy records on the app's targets (also `launcher.tasks.history`)."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
     from launcher.commands.table import work
-    from launcher.operate.commands import diff_lines, history_lines
+    from launcher.operate.history import diff_lines, history_lines
 
     outcomes = run_on_targets(app, work(request))
     if json:
@@ -377,7 +377,7 @@ def disconnect_command() -> None:
       launcher disconnect
     Exit codes: 0 (also when there was none).
     """
-    from launcher.operate.commands import disconnect
+    from launcher.operate.disconnect import disconnect
 
     connections, servers = disconnect()
     click.echo(f"ended {connections} persisted connection(s) and {servers} command server(s)")

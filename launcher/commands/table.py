@@ -31,7 +31,10 @@ from launcher.deploy.deploy import DeployOptions
 if TYPE_CHECKING:
     from launcher.deploy.deploy import DeployReport
     from launcher.deploy.doctor import DoctorResult
-    from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
+    from launcher.operate.history import HistoryResult
+    from launcher.operate.logs import LogsResult
+    from launcher.operate.rollback import RollbackResult
+    from launcher.operate.stop import StopResult
     from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
     from launcher.targets.fleet import Outcome, Work
     from launcher.targets.workflow import Context, Workflow
@@ -403,13 +406,13 @@ WORKFLOWS: dict[type, Wiring] = {
     StatusRequest: Wiring(
         "launcher.probe.workflows:run_status", "launcher.probe.workflows:status_row"
     ),
-    StopRequest: Wiring("launcher.operate.commands:run_stop", "launcher.operate.commands:stop_row"),
-    LogsRequest: Wiring("launcher.operate.commands:run_logs", None),
+    StopRequest: Wiring("launcher.operate.stop:run_stop", "launcher.operate.stop:stop_row"),
+    LogsRequest: Wiring("launcher.operate.logs:run_logs", None),
     HistoryRequest: Wiring(
-        "launcher.operate.commands:run_history", "launcher.operate.commands:history_row"
+        "launcher.operate.history:run_history", "launcher.operate.history:history_row"
     ),
     RollbackRequest: Wiring(
-        "launcher.operate.commands:run_rollback", "launcher.operate.commands:rollback_row"
+        "launcher.operate.rollback:run_rollback", "launcher.operate.rollback:rollback_row"
     ),
     DoctorRequest: Wiring("launcher.deploy.doctor:run_doctor", "launcher.deploy.doctor:doctor_row"),
 }

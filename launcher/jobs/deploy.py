@@ -34,7 +34,7 @@ from launcher.jobs.job import (
     with_env,
 )
 from launcher.jobs.network import NetworkPlan, plan_network, write_hosts
-from launcher.operate.commands import StopResult, stop
+from launcher.operate.stop import StopResult, stop
 from launcher.output.ui import step_line
 from launcher.targets.fleet import worst
 

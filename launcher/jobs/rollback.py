@@ -16,7 +16,7 @@ from launcher.container.pct import HostConnection
 from launcher.deploy.deploy import Step
 from launcher.jobs.deploy import JobResult, Phases, Say, run_phases
 from launcher.jobs.job import Job, JobNodes
-from launcher.operate.commands import RollbackResult, rollback
+from launcher.operate.rollback import RollbackResult, rollback
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from launcher.container.pct import HostConnection
 from launcher.core.errors import LauncherError, PausedError, RefusedError, RemoteError
 from launcher.core.runid import new_run_id
 from launcher.deploy.deploy import DeployOptions, deploy
-from launcher.operate.commands import RunBack, rollback, stop
+from launcher.operate.rollback import RunBack, rollback
+from launcher.operate.stop import stop
 from launcher.probe.poll import poll_once
 from launcher.probe.workflows import deployed_run, parser_for
 from launcher.verify.lifecycle import State

@@ -20,7 +20,7 @@ from launcher.jobs.deploy import Phases, run_phases
 from launcher.jobs.job import Job, NodeResult, load_job
 from launcher.jobs.logs import chosen_nodes
 from launcher.jobs.network import NetworkPlan
-from launcher.operate.commands import StopResult
+from launcher.operate.stop import StopResult
 from tests.unit.test_job import JOB, inventory_with
 
 ADDRESSED = JOB + "    addresses: {prod: 10.0.0.5}\n"  # rank 0's address: no remote call

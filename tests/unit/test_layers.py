@@ -48,7 +48,7 @@ UPWARD_ALLOWED: frozenset[str] = frozenset(
     {
         # `launcher disconnect` ends the command servers too (being resolved: the command
         # server's future is decided by its measurement).
-        "launcher.operate.commands (floor 10) imports launcher.entry.cmdserver.client (floor 18)",
+        "launcher.operate.disconnect (floor 10) imports launcher.entry.cmdserver.client (floor 18)",
     }
 )
 # Where a module may load another by name: the console's entry points.

@@ -326,7 +326,7 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
 def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
     """A watcher that gives up on run A stops A, not what someone deployed since: it names A
     and the poll is not needed."""
-    from launcher.operate.commands import stop
+    from launcher.operate.stop import stop
     from tests.unit.projectfiles import load_target
     from tests.unit.test_operate import stop_report
 
