@@ -35,8 +35,7 @@ from launcher.core.version import __version__
 from launcher.deploy.localhistory import append_local_history
 from launcher.deploy.provenance import source_of
 from launcher.targets.fleet import Outcome
-from launcher.targets.workflow import Context, StepSink
-from launcher.targets.workflow import Step as Step  # its home before workflow.py
+from launcher.targets.workflow import Context, Step, StepSink
 
 if TYPE_CHECKING:
     from launcher.deploy.releases import PreparedRelease

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from launcher.config.models import Target
 from launcher.container.pct import HostConnection
-from launcher.deploy.deploy import Step
 from launcher.jobs.deploy import JobResult, Phases, Say, run_phases
 from launcher.jobs.job import Job, JobNodes
 from launcher.operate.rollback import RollbackResult, rollback
+from launcher.targets.workflow import Step
 
 
 @dataclass(frozen=True)

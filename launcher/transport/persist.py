@@ -51,9 +51,7 @@ from launcher.core.errors import (
     RemoteError,
 )
 from launcher.transport import frames
-from launcher.transport.rundir import connect_own
-from launcher.transport.rundir import peer_uid as peer_uid  # for persistserver.py
-from launcher.transport.rundir import runtime_dir as runtime_dir
+from launcher.transport.rundir import connect_own, runtime_dir
 from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
 
 if TYPE_CHECKING:

@@ -38,8 +38,8 @@ from launcher.agent import poll as agent_poll
 from launcher.agent import processes as agent_processes
 from launcher.agent import stop as agent_stop
 from launcher.agent import tmux as agent_tmux
-from launcher.agent.protocol import RUN_ENV
-from launcher.container.agentclient import BOOT, agent_sources, payload
+from launcher.agent.protocol import BOOT, RUN_ENV
+from launcher.container.agentclient import agent_sources, payload
 from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
