@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Recording  # also puts the checkout on sys.path
 
+from launcher.agent.protocol import BOOT
 from launcher.config.models import inventory_path, load_inventory
-from launcher.container.agentclient import BOOT, container_for, payload
+from launcher.container.agentclient import container_for, payload
 from launcher.probe.poll import poll_once, poll_request
 from launcher.transport.pool import ConnectionPool
 

@@ -28,7 +28,10 @@ from launcher.core.errors import ExitCode, UnhealthyError, UsageError
 from launcher.core.requests import CHECKPOINT_MODES, CheckpointMode
 from launcher.deploy.deploy import DeployReport
 from launcher.deploy.doctor import DoctorResult
-from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
+from launcher.operate.history import HistoryResult
+from launcher.operate.logs import LogsResult
+from launcher.operate.rollback import RollbackResult
+from launcher.operate.stop import StopResult
 from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
 from launcher.targets.cluster import place
 from launcher.targets.workflow import Context, Step, StepSink

@@ -24,8 +24,10 @@ The package, one job a module (each imports only the ones before it in MODULES):
     archives   checkpoint archives: made, measured, pruned only with the user's word
     commandcheck  the run's command: its program and script exist, before the stop
     stop       stopping a run for real, the `stop` op
-    deploy     the deploy transaction (`Deploy`), the `apply` and `rollback` ops
-    release    project releases: the `releases` op, the release transaction
+    resources  the deploy's checks of disk room and GPUs for the new run
+    deploy     the deploy transaction: step functions over `DeployState`, the `apply` op
+    rollback   the `rollback` op: the run put back through the deploy transaction
+    release    project releases: the `releases` op, a release plugged into the transaction
     poll       the `poll` op
     logs       the `logs`, `follow` and `history` ops
     network    the `network` op: names, interfaces, torch, the master port's reach (jobs)
@@ -64,7 +66,9 @@ MODULES = (
     "archives",
     "commandcheck",
     "stop",
+    "resources",
     "deploy",
+    "rollback",
     "release",
     "poll",
     "logs",

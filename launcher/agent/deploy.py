@@ -1,7 +1,11 @@
 # mypy: allow-untyped-calls
-"""The deploy transaction (`Deploy`): every check that can stop it before its first change,
-then stop, set the checkpoints aside, install, launch, record; and the `apply` and
-`rollback` ops."""
+"""The deploy transaction: every check that can stop it before its first change, then install,
+stop, set the checkpoints aside, launch, record; the `apply` op (rollback.py's `rollback` op
+runs through it too).
+
+It is step functions over one state object (`DeployState`), run in the order of two short
+lists (`checks`, `changes`); a project release (release.py) plugs its own steps and hooks into
+them as `state.release`."""
 
 from __future__ import annotations
 
@@ -20,15 +24,12 @@ from launcher.agent.archives import (
     archives_of,
     choose_prunes,
     describe_archive,
-    measure_tree,
     measured_archives,
     prune_archives,
     record_archive,
     run_seconds,
-    size_text,
 )
 from launcher.agent.base import (
-    PYTHON_VERSION,
     AgentError,
     as_int,
     emit_event,
@@ -45,19 +46,8 @@ from launcher.agent.base import (
 )
 from launcher.agent.commandcheck import CommandCheck
 from launcher.agent.gpus import (
-    describe_holders,
     describe_outside,
-    describe_watchers,
-    gpu_contexts,
-    gpu_devices,
-    gpu_holders,
-    gpu_names,
-    gpu_report,
-    holder_entries,
-    shared_from_outside,
     start_gpu_queries,
-    used_outside,
-    wanted_gpus,
 )
 from launcher.agent.lock import DeployLock, describe_holder, lock_state
 from launcher.agent.params import (
@@ -85,7 +75,6 @@ from launcher.agent.paths import (
     tmp_path,
     write_private,
 )
-from launcher.agent.preflight import free_bytes
 from launcher.agent.processes import run_pids
 from launcher.agent.protocol import (
     HISTORY_LIMIT,
@@ -97,13 +86,13 @@ from launcher.agent.protocol import (
     RUN_REPLACED,
     SPEC_NOT_KEPT,
 )
+from launcher.agent.resources import check_disk_and_gpus, check_gpu_holders
 from launcher.agent.runs import (
     archive_problem,
-    checkpoints_of,
+    find_script,
     latest_run,
     load_run_spec,
     new_spec,
-    previous_run,
     read_records,
     save_run_spec,
 )
@@ -132,8 +121,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 SCRIPT_HISTORY = 5
-OUTSIDE_GRACE = 2.0  # s a GPU seen used from outside is looked at again (check_gpu_holders)
-OUTSIDE_RECHECK = 0.25
 PLACEHOLDER_WINDOW = "launcher-placeholder"
 RUN_WINDOW = "run"
 # Runs the playbook command and records how it ended. The command and the environment come from
@@ -173,12 +160,14 @@ COMPILE = (
 )
 
 
-# --------------------------------------------------------------------------- op: apply
+# --------------------------------------------------------------------------- the transaction
 
 
-class Deploy:
-    """The deploy transaction. Every check that can stop it runs before the first destructive
-    step; after that, a failure still answers with the steps done so far."""
+class DeployState:
+    """One deploy transaction: the request's values (checked), what the checks found, the lock,
+    the steps done and the answer being built (`result`). The steps are the functions below,
+    each `step(state) -> (status, detail)`; `release` is a project release's part of it
+    (release.py's `Release`), None for a script."""
 
     def __init__(self, request, warnings):
         self.warnings = warnings
@@ -186,7 +175,9 @@ class Deploy:
         self.session = session_param(request)
         # A project release (release.py) may come without a script.
         project = bool(request.get("release"))
+        self.release: Any = None
         self.dest_rel = param(request, "dest", str, required=not project)
+        self.dest: Any = None  # the script's path, once check_paths proved it safe
         self.start_dir = self.workdir
         # The script comes either inline (base64, written here to a temp file) or pushed before
         # this call with `pct push` to `tmp`; no script at all when the client saw it in place.
@@ -201,12 +192,15 @@ class Deploy:
         # be put back (its spec and code kept, its checkpoints not about to be deleted).
         self.rollback_guard = param(request, "rollback_guard", bool, default=False)
         self.replaced = None
+        self.old_state: dict[str, Any] = {}
+        self.old_pids: set[int] = set()
         self.foreign_holders: list[dict[str, Any]] = []
         self.queries: dict[str, Any] = {}
         self.wanted: set[int] = set()
         self.query_flags = (False, False, False)
         self.run_file_next = None
         self.checkpoints_rel = param(request, "checkpoints", str)
+        self.checkpoints: Any = None  # their path, once the guard proved it safe
         self.mode = param(request, "checkpoint_mode", str, default="keep")
         # None: every archive kept. With a limit, one worth more than the runs kept in its
         # place is pruned only with prune_archives (the user's --prune-archives).
@@ -246,7 +240,7 @@ class Deploy:
         self.failures: list[AgentError] = []
         lock_path = param(request, "lock_path", str, default=LOCK_PATH)
         self.lock = DeployLock(lock_path, request.get("operator"))
-        self.validate()
+        validate(self)
         self.steps: list[dict[str, Any]] = []
         self.destructive = False
         self.tmp_ok = False
@@ -260,946 +254,883 @@ class Deploy:
             "preflight": None,
         }
 
-    def validate(self):
-        if self.mode not in ("archive", "purge", "keep", "restore"):
-            raise AgentError("invalid", "checkpoint_mode must be archive, purge, keep or restore")
-        if self.mode == "restore" and not self.restore_from:
-            raise AgentError("invalid", "checkpoint_mode restore needs restore_from")
-        if self.mode != "keep" and self.checkpoints_rel is None:
-            raise AgentError("invalid", "checkpoint_mode %s needs checkpoints" % self.mode)
-        keep = self.keep_archives if self.keep_archives is not None else 0
-        if self.width < 20 or self.height < 5 or self.history_limit < 0 or keep < 0:
-            raise AgentError(
-                "invalid", "width, height, history_limit or keep_archives out of range"
-            )
-        if not self.command.strip():
-            raise AgentError("invalid", "command is empty")
-        if len(self.command.encode()) > COMMAND_LIMIT:
-            raise AgentError(
-                "invalid",
-                "command is %d bytes; at most %d can be run"
-                % (len(self.command.encode()), COMMAND_LIMIT),
-            )
-        for key, value in sorted(self.env.items()):
-            size = len(key.encode()) + len(value.encode()) + 2  # "KEY=value" and its NUL
-            if size > ARG_STRLEN:
-                raise AgentError(
-                    "invalid",
-                    "env %s is %d bytes as KEY=value; exec takes at most %d for one string "
-                    "(MAX_ARG_STRLEN): put large values in a file the trainer reads"
-                    % (key, size, ARG_STRLEN),
-                )
-        env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env.items())
-        if env_bytes > ENV_LIMIT:
-            raise AgentError(
-                "invalid",
-                "env is %d bytes; at most %d fit a process environment (put large values in a "
-                "file the trainer reads)" % (env_bytes, ENV_LIMIT),
-            )
 
-    # -- driver
-
-    def checks(self):
-        """Every check that can stop the deploy, in order; none of them changes anything that
-        matters (the inline script goes to a temp file, the lock is taken)."""
-        checks = [("paths", self.check_paths)]
-        if self.content_b64 is not None:
-            checks.append(("receive", self.receive))
-        checks += [
-            ("lock", self.take_lock),
-            ("tmux", self.check_tmux),
-            ("active_check", self.check_active),
-            ("verify", self.verify_sha),
-            ("compile", self.compile_check),
-            ("checkpoint_guard", self.guard_checkpoints),
-            ("launch_check", self.check_launch),
-        ]
-        if self.rollback_guard:
-            checks.append(("rollback_guard", self.check_rollback_ready))
-        # Last, so that the nvidia-smi queries (started with the transaction; slow on a real
-        # 8-GPU host) answer while the checks above run.
-        if self.check_resources:
-            checks.append(("resources", self.check_disk_and_gpus))
-        if self.gpus > 0:
-            checks.append(("gpus", self.check_gpu_holders))
-        return checks
-
-    def run(self):
-        try:
-            check_deadline(self.deadline, "the %s" % self.what)
-            checks = self.checks()
-            names = [name for name, _ in checks]
-            # nvidia-smi and tmux -V answer while the checks before their own run (they read).
-            # -L only when CUDA_VISIBLE_DEVICES names MIG devices: it lists them under their GPU.
-            mig = "MIG-" in self.env.get("CUDA_VISIBLE_DEVICES", "")
-            asked = "gpus" in names
-            self.query_flags = (asked and mig, asked or "resources" in names, asked)
-            self.start_queries()
-            for name, check in checks:
-                try:
-                    self.step(name, check)
-                except AgentError as exc:
-                    if not self.keep_going:
-                        raise
-                    self.failures.append(exc)
-                if name == "lock" and not self.plan:
-                    self.remove_stale_temps()
-            if self.failures:
-                raise self.failures[0]
-            if self.plan:
-                self.plan_actions()
-                return None, self.result
-            # The point of no return: a transaction held up in its checks (a lock waited for,
-            # a CT frozen by a backup) must not begin to change things once its client gave up.
-            check_deadline(self.deadline, "the %s's first change" % self.what)
-            self.step("install", self.install)
-            self.step("stop", self.stop_old)
-            try:
-                self.step("checkpoints", self.set_checkpoints_aside)
-                self.step("launch", self.launch)
-            except AgentError as exc:
-                raise self.run_down(exc) from None  # the old run is stopped: say what is left
-            self.step("record", self.write_record)
-            error = None
-        except AgentError as exc:
-            error = exc
-            if self.destructive and self.result["record"] is None:
-                self.try_record_failure(exc)
-        finally:
-            self.cleanup()
-        return error, self.result
-
-    @property
-    def what(self):
-        rollback = getattr(self, "rollback", False) or self.record_base.get("rollback")
-        return "rollback" if rollback else "deploy"
-
-    def plan_actions(self):
-        """What the deploy would change, as `planned` steps (from the checks' view of the CT)."""
-        planned = []
-        if getattr(self, "dest", None) is not None:
-            unchanged = sha256_or_none(self.dest) == self.sha256
-            planned.append(("install", "%s %s" % (self.dest, "unchanged" if unchanged else
-                            "replaced (the old one kept as .prev)")))  # fmt: skip
-        active = pane_active(self.old_state) or self.old_pids
-        if active or self.foreign_holders:
-            # A preview without --restart: the stop that --restart would add.
-            needs = "with --restart: " if active and not self.restart else ""
-            planned.append(("stop", "%ssession '%s' (pane pid %s): C-c, wait %g s, kill the "
-                            "session and what is left of the run" % (needs, self.session,
-                            self.old_state["pane_pid"], self.grace)))  # fmt: skip
-        else:
-            planned.append(("stop", "nothing to stop: no active session '%s'" % self.session))
-        where = self.checkpoints
-        if where is None or self.mode == "keep":
-            planned.append(("checkpoints", "keep %s for a resume" % where))
-        elif not os.path.lexists(where) and self.mode != "restore":
-            planned.append(("checkpoints", "nothing to set aside at %s" % where))
-        elif self.mode == "purge":
-            planned.append(("checkpoints", "DELETE %s" % where))
-        elif self.mode == "restore":
-            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, then %s back to %s"
-                            % (where, where, self.restore_from, where)))  # fmt: skip
-        else:
-            planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, %s"
-                            % (where, where, self.archive_policy())))  # fmt: skip
-        planned.append(("launch", "tmux session '%s' in %s: %s"
-                        % (self.session, self.workdir, self.command)))  # fmt: skip
-        planned.append(("record", os.path.join(state_dir(self.workdir), "deploys.jsonl")))
-        for name, detail in planned:
-            self.steps.append({"name": name, "status": "planned", "detail": detail})
-
-    def step(self, name, action):
-        started = time.monotonic()
-        try:
-            status, detail = action()
-        except AgentError as exc:
-            self.steps.append(
-                {"name": name, "status": "failed", "detail": exc.message, "kind": exc.kind}
-            )
-            self.emit_step()
-            raise
-        except Exception as exc:  # an unexpected error still answers with the steps so far
-            message = "%s: %s" % (type(exc).__name__, exc)
-            self.steps.append(
-                {"name": name, "status": "failed", "detail": message, "kind": "failed"}
-            )
-            self.emit_step()
-            raise AgentError("failed", "%s failed: %s" % (name, message)) from exc
-        seconds = round(time.monotonic() - started, 3)
-        self.steps.append({"name": name, "status": status, "detail": detail, "seconds": seconds})
-        self.emit_step()
-
-    def start_queries(self):
-        self.queries = start_gpu_queries(*self.query_flags)
-        self.queries["tmux"] = start_tmux_version()
-
-    def emit_step(self):
-        if self.events:
-            emit_event({"event": "step", "step": self.steps[-1]})
-
-    def cleanup(self):
-        for query in self.queries.values():  # a check failed before reading it
-            if query is not None:
-                query.cancel()
-        # The pushed temp file never outlives the transaction; only removed once proven ours.
-        if self.tmp_ok:
-            remove_quietly(self.tmp)
-        if self.run_file_next:
-            remove_quietly(self.run_file_next)
-        try:
-            self.lock.release()
-        except OSError as exc:
-            self.warnings.append("could not release the lock: %s" % exc)
-
-    # -- checks (nothing destructive)
-
-    def receive(self):
-        """Write the inline script next to where it will live (same filesystem: mv is a rename)."""
-        if self.tmp is not None:
-            raise AgentError("invalid", "give either tmp or content_b64, not both")
-        try:
-            data = base64.b64decode(self.content_b64, validate=True)
-        except (ValueError, TypeError) as exc:
-            raise AgentError(
-                "corrupt", "transfer corrupted: the script is not valid base64: %s" % exc
-            ) from None
-        if self.plan:
-            self.content = data
-            return "ok", "%d bytes received (plan: kept in memory)" % len(data)
-        os.makedirs(state_dir(self.workdir), exist_ok=True)
-        name = ".%s.launcher-%s.tmp" % (os.path.basename(self.dest_rel), random_hex(12))
-        path = os.path.join(self.workdir, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self.tmp, self.tmp_ok = path, True  # ours from here on: removed on any failure
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return "ok", "%d bytes to %s" % (len(data), path)
-
-    def check_paths(self):
-        # workdir_param already refused a workdir that resolves to / or a system directory.
-        self.dest = dest_path(self.workdir, self.dest_rel)
-        if self.tmp is not None:
-            self.tmp = tmp_path(self.workdir, self.tmp)
-            # Proven inside the workdir: from here on the temp file is ours to remove on failure.
-            self.tmp_ok = True
-        # (A dest in the checkpoints is refused by the checkpoint guard: it protects the script.)
-        reason = dest_problem(self.workdir, self.dest)
-        if reason:
-            raise AgentError(
-                "unsafe_path", "script destination %r is refused: %s" % (self.dest_rel, reason)
-            )
-        return "ok", self.dest
-
-    def remove_stale_temps(self):
-        """Temp files of earlier deploys that were killed mid-way (kill -9, a dropped link).
-
-        Runs under the lock, so no other deploy's transaction is using them."""
-        removed = []
-        name = os.path.basename(self.dest)
-        prefixes = (".%s.launcher-" % name,)
-        for directory in sorted({self.workdir, os.path.dirname(self.dest)}):
-            for entry in list_dir(directory):
-                full = os.path.join(directory, entry)
-                if not (entry.startswith(prefixes) and entry.endswith(".tmp")) or full == self.tmp:
-                    continue
-                if os.path.islink(full) or not os.path.isfile(full):
-                    continue
-                remove_quietly(full)
-                removed.append(full)
-        state = state_dir(self.workdir)
-        for entry in list_dir(state):
-            if entry.startswith(self.session + ".run.next"):
-                remove_quietly(os.path.join(state, entry))
-        if removed:
-            self.steps.append(
-                {"name": "leftovers", "status": "ok", "seconds": 0.0,
-                 "detail": "removed %d stale temp file(s) of killed deploys: %s"
-                 % (len(removed), ", ".join(removed))}
-            )  # fmt: skip
-            self.emit_step()
-
-    def take_lock(self):
-        if self.plan:
-            holder = lock_state(self.lock.path)
-            if holder and not holder["stale"]:
-                raise AgentError(
-                    "locked", "another deploy is running: %s" % describe_holder(holder),
-                    holder=holder,
-                )  # fmt: skip
-            return "ok", "%s free (plan: not taken)" % self.lock.path
-        progress = None
-        if self.events:
-
-            def progress(detail):
-                emit_event({"event": "progress", "name": "lock", "detail": detail})
-
-        if self.lock.acquire(self.warnings, wait=self.wait_lock, progress=progress):
-            # The queries started with the transaction saw the containers as they were before
-            # the deploy that held the lock: its run's GPUs would look held from outside.
-            for query in self.queries.values():
-                if query is not None:
-                    query.cancel()
-            self.start_queries()
-        return "ok", self.lock.path
-
-    def check_tmux(self):
-        version = tmux_version(self.queries.get("tmux"))
-        if not version:
-            raise AgentError("missing", "tmux is not installed in the container")
-        return "ok", version
-
-    def check_disk_and_gpus(self):
-        free = free_bytes(self.workdir)
-        # Who holds the GPUs is judged once the old run's processes are known (check_gpu_holders).
-        gpus = gpu_report(self.gpus, holders=False, devices_started=self.queries.get("devices"))
-        self.result["preflight"] = {
-            "python": PYTHON_VERSION,
-            "free_bytes": free,
-            "gpus": gpus,
-        }
-        if free is not None and free < self.need_bytes:
-            raise AgentError("missing", "only %d bytes free under %s" % (free, self.workdir))
-        if self.gpus > 0 and gpus["error"]:
-            # A driver that fails (version mismatch, a lost GPU, a hung nvidia-smi): refused
-            # here, before anything is stopped.
-            kind = "missing" if "nvidia-smi not found" in gpus["error"] else "refused"
-            raise AgentError(kind, "playbook wants %d GPUs: %s" % (self.gpus, gpus["error"]))
-        room = self.check_room_for_the_new_run()
-        if self.gpus > 0 and gpus["visible"] < self.gpus:
-            raise AgentError(
-                "missing", "playbook wants %d GPUs, %d visible" % (self.gpus, gpus["visible"])
-            )
-        detail = "python %s, %d MiB free" % (
-            PYTHON_VERSION,
-            (free or 0) // 2**20,
-        )
-        if self.gpus > 0:
-            detail += ", %d GPUs" % gpus["visible"]
-        return "ok", detail + room
-
-    def archive_policy(self):
-        if self.keep_archives is None:
-            return "every archive kept (keep_archives unset)"
-        return "keep %d archive(s)%s" % (
-            self.keep_archives,
-            " (--prune-archives: also older runs worth more)" if self.prune_archives else "",
-        )
-
-    def check_room_for_the_new_run(self):
-        """Archiving the checkpoints frees no space, and the new run writes as many again:
-        when the disk will not hold that, say so before the stop (what the archives hold, what
-        pruning may free) instead of pruning to make room."""
-        if self.mode != "archive" or self.checkpoints is None:
-            return ""
-        if not os.path.isdir(self.checkpoints) or os.path.islink(self.checkpoints):
-            return ""
-        free = free_bytes(os.path.dirname(self.checkpoints))  # its filesystem: a mount may differ
-        if free is None:
-            return ""
-        now = measure_tree(self.checkpoints)
-        need = self.need_bytes + now["bytes"]
-        if free >= need:
-            return ""
-        old = measured_archives(self.workdir, archives_of(self.checkpoints))
-        held = sum(a.get("bytes") or 0 for a in old)
-        to_prune, _ = choose_prunes([now] + old, self.keep_archives, self.prune_archives)
-        freed = sum(a.get("bytes") or 0 for a in to_prune)
-        if free + freed >= need:
-            return "; pruning %d archive(s) frees %s for the new run" % (
-                len(to_prune), size_text(freed))  # fmt: skip
+def validate(state):
+    if state.mode not in ("archive", "purge", "keep", "restore"):
+        raise AgentError("invalid", "checkpoint_mode must be archive, purge, keep or restore")
+    if state.mode == "restore" and not state.restore_from:
+        raise AgentError("invalid", "checkpoint_mode restore needs restore_from")
+    if state.mode != "keep" and state.checkpoints_rel is None:
+        raise AgentError("invalid", "checkpoint_mode %s needs checkpoints" % state.mode)
+    keep = state.keep_archives if state.keep_archives is not None else 0
+    if state.width < 20 or state.height < 5 or state.history_limit < 0 or keep < 0:
+        raise AgentError("invalid", "width, height, history_limit or keep_archives out of range")
+    if not state.command.strip():
+        raise AgentError("invalid", "command is empty")
+    if len(state.command.encode()) > COMMAND_LIMIT:
         raise AgentError(
-            "missing",
-            "the disk will not hold the new run: %s free under %s, and the run it replaces "
-            "wrote %s of checkpoints (%s), which the new run will write again; %d archive(s) of "
-            "older checkpoints hold %s%s. Nothing was stopped: free space, deploy with "
-            "--purge-checkpoints or --keep-checkpoints, or set keep_archives and deploy with "
-            "--prune-archives" % (
-                size_text(free), self.workdir, size_text(now["bytes"]), self.checkpoints,
-                len(old), size_text(held),
-                " (%s)" % ", ".join(os.path.basename(a["path"]) for a in old[:5]) if old else "",
-            ),
-        )  # fmt: skip
-
-    def check_gpu_holders(self):
-        """Refuse to launch onto GPUs used by processes that are not the old run's (a child
-        that double-forked out of the run, another job): stopping the run would not free them.
-        Users are this container's processes with /dev/nvidia-uvm and /dev/nvidia<N> open (a
-        CUDA context); watchers (device files only: nvtop, NVML monitors) never count. A GPU
-        with memory in use and no user here is used from outside (another CT, the host):
-        nothing done here can free it, so that refuses whatever the options."""
-        devices, held, watchers, contexts = self.gpu_facts(
-            self.queries.get("devices"), self.queries.get("contexts")
+            "invalid",
+            "command is %d bytes; at most %d can be run"
+            % (len(state.command.encode()), COMMAND_LIMIT),
         )
-        listing = ""
-        if "MIG-" in self.env.get("CUDA_VISIBLE_DEVICES", ""):
-            listing = gpu_names(self.queries.get("names"))[2]
-        self.wanted = wanted = wanted_gpus(self.gpus, self.env, devices, listing)
-        outside = self.outside_of(wanted, devices, held, contexts)
-        # A run that has just exited (a crash a watcher restarts at once) still shows its
-        # memory for a moment, with no process here holding the device: the driver frees it
-        # after the process ends. Look again for a moment before calling it someone else's.
-        deadline = time.monotonic() + OUTSIDE_GRACE
-        while outside and time.monotonic() < deadline:
-            time.sleep(OUTSIDE_RECHECK)
-            devices, held, watchers, contexts = self.gpu_facts(warn=False)
-            outside = self.outside_of(wanted, devices, held, contexts)
-        if outside:
+    for key, value in sorted(state.env.items()):
+        size = len(key.encode()) + len(value.encode()) + 2  # "KEY=value" and its NUL
+        if size > ARG_STRLEN:
             raise AgentError(
-                "refused",
-                "%s: used from outside this container (another container or the host; its "
-                "processes cannot be seen or stopped from here); free %s there first"
-                % (describe_outside(outside), "it" if len(outside) == 1 else "them"),
-                gpus_outside=outside,
+                "invalid",
+                "env %s is %d bytes as KEY=value; exec takes at most %d for one string "
+                "(MAX_ARG_STRLEN): put large values in a file the trainer reads"
+                % (key, size, ARG_STRLEN),
             )
-        ours = holder_entries({p: g for p, g in held.items() if p in self.old_pids})
-        self.foreign_holders = holder_entries(
-            {p: g for p, g in held.items() if p not in self.old_pids and wanted & set(g)}
+    env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in state.env.items())
+    if env_bytes > ENV_LIMIT:
+        raise AgentError(
+            "invalid",
+            "env is %d bytes; at most %d fit a process environment (put large values in a "
+            "file the trainer reads)" % (env_bytes, ENV_LIMIT),
         )
-        if self.foreign_holders and not self.kill_gpu_holders:
-            raise AgentError(
-                "refused",
-                "GPUs are held by processes outside session '%s''s run: %s; stop them, or "
-                "deploy with --kill-gpu-holders"
-                % (self.session, describe_processes(self.foreign_holders)),
-                holders=self.foreign_holders,
-            )
-        if self.foreign_holders:
-            return "warning", "held by %s: killed with the old run" % describe_processes(
-                self.foreign_holders
-            )
-        # Not this run's GPUs, but worth saying (doctor shows it): others use them from outside.
-        rest = set(d["index"] for d in devices) - wanted
-        elsewhere = self.outside_of(rest, devices, held, contexts)
-        note = "; used from outside, not by this run: %s" % describe_outside(elsewhere)
-        note = note if elsewhere else ""
-        others = {p: g for p, g in watchers.items() if p not in self.old_pids}
-        if others:  # never blocks, never killed: said so
-            note += "; %s (no GPU in use, left alone)" % describe_watchers(others)
-        if ours:
-            return "ok", "held by the old run (%s)%s" % (describe_holders(ours), note)
-        return "ok", "free" + note
 
-    def gpu_facts(self, devices_query=None, contexts_query=None, warn=True):
-        """(devices, users here, watchers here, contexts) from the queries started (None:
-        query now). nvidia-smi failing (a driver fault, a lost GPU, no answer) refuses."""
-        devices, error = gpu_devices(devices_query)
-        if error:
-            raise AgentError("refused", "cannot read the GPUs: %s" % error)
-        held, watchers = gpu_holders(devices=devices)
-        contexts, contexts_error = gpu_contexts(contexts_query)
-        if contexts_error and warn:
-            self.warnings.append("cannot count the GPUs' contexts: %s" % contexts_error)
-        return devices, held, watchers, contexts
 
-    @staticmethod
-    def outside_of(wanted, devices, held, contexts):
-        """GPUs of `wanted` used from outside: memory and no user here, or more contexts than
-        users here."""
-        outside = used_outside(devices, held, wanted)
-        return outside + shared_from_outside(devices, held, wanted, contexts)
+# -- the driver
 
-    def check_active(self):
-        self.old_state = session_state(self.session)
-        self.old_pids = run_pids(self.old_state["pane_pid"], self.session)
-        # The run this deploy replaces: the session's, or (its session gone) the last launched.
-        self.replaced = self.old_state.get("run") or latest_run(
-            read_records(self.workdir)[0], self.session
-        )
-        if self.expect_run is not None and self.old_state.get("run") != self.expect_run:
-            # Checked under the deploy lock: whoever replaced the run first is the only one.
-            raise AgentError(
-                "refused",
-                "session '%s' %s %s (now %s): someone else replaced it"
-                % (
-                    self.session,
-                    RUN_REPLACED,
-                    self.expect_run,
-                    self.old_state.get("run") or "nothing",
-                ),
-            )
-        if self.restart:
-            # Said as what is there: doctor plans with restart too, and asked for nothing.
-            if pane_active(self.old_state) or self.old_pids:
-                return "ok", "session '%s' is running: --restart replaces it" % (self.session)
-            return "ok", "no active run"
-        if self.preview and (pane_active(self.old_state) or self.old_pids):
-            return "warning", (
-                "session '%s' is running: a deploy refuses (exit 4) unless --restart replaces it"
-                % self.session
-            )
-        if pane_active(self.old_state):
-            raise AgentError(
-                "refused", "session '%s' is running; use --restart to replace it" % self.session
-            )
-        if self.old_pids:
-            raise AgentError(
-                "refused",
-                "session '%s' has ended but processes of its run are alive (pids %s); use --restart"
-                % (self.session, ", ".join(str(p) for p in sorted(self.old_pids))),
-            )
-        return "ok", "no active run"
 
-    def verify_sha(self):
-        if self.content is not None:
-            got = hashlib.sha256(self.content).hexdigest()
-            if got != self.sha256:
-                raise AgentError(
-                    "corrupt", "transfer corrupted: expected %s, got %s" % (self.sha256, got)
-                )
-            return "ok", got
-        if self.tmp is None:
-            got = sha256_or_none(self.dest)
-            if got != self.sha256:
-                raise AgentError(
-                    "failed", "%s changed since the preflight (sha256 %s)" % (self.dest, got)
-                )
-            return "unchanged", "%s already in place" % got
-        got = sha256_file(self.tmp)
-        if got != self.sha256:
-            raise AgentError(
-                "corrupt", "transfer corrupted: expected %s, got %s" % (self.sha256, got)
-            )
-        return "ok", got
+def checks(state):
+    """Every check that can stop the deploy, in order; none of them changes anything that
+    matters (the inline script goes to a temp file, the lock is taken)."""
+    checks = [("paths", check_paths)]
+    if state.content_b64 is not None:
+        checks.append(("receive", receive))
+    checks += [
+        ("lock", take_lock),
+        ("tmux", check_tmux),
+        ("active_check", check_active),
+        ("verify", verify_sha),
+        ("compile", compile_check),
+        ("checkpoint_guard", guard_checkpoints),
+        ("launch_check", check_launch),
+    ]
+    if state.rollback_guard:
+        checks.append(("rollback_guard", check_rollback_ready))
+    # Last, so that the nvidia-smi queries (started with the transaction; slow on a real
+    # 8-GPU host) answer while the checks above run.
+    if state.check_resources:
+        checks.append(("resources", check_disk_and_gpus))
+    if state.gpus > 0:
+        checks.append(("gpus", check_gpu_holders))
+    if state.release is not None:
+        checks = state.release.checks(state, checks)
+    return checks
 
-    def compile_check(self):
-        if self.content is not None:
-            source = self.content
-        elif self.tmp is None:
-            return "skipped", "script unchanged"
-        else:
-            with open(self.tmp, "rb") as handle:
-                source = handle.read()
-        if os.path.realpath(self.python) == os.path.realpath(sys.executable or ""):
-            # The run's interpreter is this one: compile here, without a second start-up.
+
+# What a failure of these leaves: the old run stopped and the new one not up (run_down).
+AFTER_THE_STOP = ("checkpoints", "launch")
+
+
+def changes(state):
+    """The destructive steps, in order, once every check has passed."""
+    changes = [
+        ("install", install),
+        ("stop", stop_old),
+        ("checkpoints", set_checkpoints_aside),
+        ("launch", launch),
+        ("record", write_record),
+    ]
+    if state.release is not None:
+        changes = state.release.changes(state, changes)
+    return changes
+
+
+def run_transaction(state):
+    """The checks, then (unless a plan) the changes: (the first error or None, the answer).
+    Every check that can stop it runs before the first change; after that, a failure still
+    answers with the steps done so far."""
+    try:
+        check_deadline(state.deadline, "the %s" % what(state))
+        run_checks(state, checks(state))
+        if state.plan:
+            plan_actions(state)
+            return None, state.result
+        # The point of no return: a transaction held up in its checks (a lock waited for,
+        # a CT frozen by a backup) must not begin to change things once its client gave up.
+        check_deadline(state.deadline, "the %s's first change" % what(state))
+        for name, action in changes(state):
             try:
-                compile(source, self.dest, "exec", dont_inherit=True)
-            except SyntaxError as exc:
-                raise AgentError("compile", syntax_message(self.dest, source, exc.lineno,
-                                 exc.offset, exc.msg)) from None  # fmt: skip
-            except ValueError as exc:  # e.g. NUL bytes
-                raise AgentError("compile", "%s: %s" % (self.dest, exc)) from None
-            return "ok", self.python
-        rc, out, err = run([self.python, "-c", COMPILE, "-", self.dest], timeout=120, input=source)
-        if rc == 3:
-            try:
-                line, column, message = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError, TypeError):
-                line, column, message = None, None, out.strip()
-            raise AgentError("compile", syntax_message(self.dest, source, line, column, message))
-        if rc != 0:
-            message = (err.strip() or out.strip()).splitlines()
-            raise AgentError("compile", "\n".join(message[-12:]) or "compile exited %d" % rc)
-        return "ok", self.python
+                step(state, name, action)
+            except AgentError as exc:
+                if name in AFTER_THE_STOP:  # the old run is stopped: say what is left
+                    raise run_down(state, exc) from None
+                raise
+        error = None
+    except AgentError as exc:
+        error = exc
+        if state.destructive and state.result["record"] is None:
+            try_record_failure(state, exc)
+    finally:
+        cleanup(state)
+    return error, state.result
 
-    def guard_checkpoints(self):
-        if self.checkpoints_rel is None:
-            self.checkpoints = None
-            return "skipped", "no checkpoints directory"
-        self.checkpoints = self.safe_checkpoints()
-        if self.mode == "restore":
-            problem = archive_problem(self.workdir, self.checkpoints, self.restore_from)
-            if problem:
-                raise AgentError("refused", "cannot restore the checkpoints: %s" % problem)
-            return "ok", "%s (%s goes back there)" % (self.checkpoints, self.restore_from)
-        return "ok", self.checkpoints
 
-    def safe_checkpoints(self):
-        protected = protected_paths(self.workdir, self.session, self.dest)
-        path, reason = checkpoint_problem(self.workdir, self.checkpoints_rel, protected)
-        if reason:
-            raise AgentError(
-                "unsafe_path", "checkpoints path %r is unsafe: %s" % (self.checkpoints_rel, reason)
-            )
-        return path
+def run_checks(state, checks):
+    names = [name for name, _ in checks]
+    # nvidia-smi and tmux -V answer while the checks before their own run (they read).
+    # -L only when CUDA_VISIBLE_DEVICES names MIG devices: it lists them under their GPU.
+    mig = "MIG-" in state.env.get("CUDA_VISIBLE_DEVICES", "")
+    asked = "gpus" in names
+    state.query_flags = (asked and mig, asked or "resources" in names, asked)
+    start_queries(state)
+    for name, check in checks:
+        try:
+            step(state, name, check)
+        except AgentError as exc:
+            if not state.keep_going:
+                raise
+            state.failures.append(exc)
+        if name == "lock" and not state.plan:
+            remove_stale_temps(state)
+    if state.failures:
+        raise state.failures[0]
 
-    def check_rollback_ready(self):
-        """deploy --rollback-on-failure: the run being replaced must be one a rollback can put
-        back, judged now, before anything is stopped: its spec (command, env) and its code kept,
-        and its checkpoints not deleted or pruned by this deploy."""
-        marker = self.replaced
-        if not marker:
-            raise AgentError("refused", "rollback impossible: no previous run in session '%s' "
-                             "to go back to" % self.session)  # fmt: skip
-        spec = load_run_spec(self.workdir, marker)
-        if spec is None:
-            raise AgentError("refused", "rollback impossible: run %s cannot be put back: %s "
-                             "(launched before launcher kept run specs, or too long ago)"
-                             % (marker, SPEC_NOT_KEPT))  # fmt: skip
-        code = self.rollback_code_problem(spec)
-        if code:
-            raise AgentError("refused", "rollback impossible: %s" % code)
-        if self.checkpoints is not None and self.mode == "purge":
-            raise AgentError("refused", "rollback impossible: --purge-checkpoints deletes the "
-                             "checkpoints of %s that a rollback would need" % marker)  # fmt: skip
-        # keep_archives None keeps every archive; 0 prunes the one this deploy makes at once.
-        if self.checkpoints is not None and self.mode == "archive" and self.keep_archives == 0:
-            raise AgentError("refused", "rollback impossible: keep_archives 0 prunes the archive "
-                             "of %s's checkpoints at once" % marker)  # fmt: skip
-        self.result["rollback_to"] = marker
-        return "ok", "%s can be put back: its code, command, env and checkpoints" % marker
 
-    def rollback_code_problem(self, spec):
-        release = spec.get("release")
-        if release:
-            if os.path.isdir(os.path.join(self.workdir, RELEASES_DIR, release)):
-                return None
-            return "release %s of run %s is gone" % (release, spec["run"])
-        dest = getattr(self, "dest", None) or ""
-        if find_script(self.workdir, dest, spec.get("sha256")) is None:
-            return "the script of run %s (sha256 %s) is no longer kept" % (
-                spec["run"],
-                str(spec.get("sha256"))[:12],
-            )
+def what(state):
+    release_rollback = state.release is not None and state.release.rollback
+    return "rollback" if release_rollback or state.record_base.get("rollback") else "deploy"
+
+
+def plan_actions(state):
+    """What the deploy would change, as `planned` steps (from the checks' view of the CT)."""
+    planned = []
+    if state.dest is not None:
+        unchanged = sha256_or_none(state.dest) == state.sha256
+        planned.append(("install", "%s %s" % (state.dest, "unchanged" if unchanged else
+                        "replaced (the old one kept as .prev)")))  # fmt: skip
+    if state.release is not None:
+        planned.append(("release", state.release.planned_switch(state)))
+    active = pane_active(state.old_state) or state.old_pids
+    if active or state.foreign_holders:
+        # A preview without --restart: the stop that --restart would add.
+        needs = "with --restart: " if active and not state.restart else ""
+        planned.append(("stop", "%ssession '%s' (pane pid %s): C-c, wait %g s, kill the "
+                        "session and what is left of the run" % (needs, state.session,
+                        state.old_state["pane_pid"], state.grace)))  # fmt: skip
+    else:
+        planned.append(("stop", "nothing to stop: no active session '%s'" % state.session))
+    where = state.checkpoints
+    if where is None or state.mode == "keep":
+        planned.append(("checkpoints", "keep %s for a resume" % where))
+    elif not os.path.lexists(where) and state.mode != "restore":
+        planned.append(("checkpoints", "nothing to set aside at %s" % where))
+    elif state.mode == "purge":
+        planned.append(("checkpoints", "DELETE %s" % where))
+    elif state.mode == "restore":
+        planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, then %s back to %s"
+                        % (where, where, state.restore_from, where)))  # fmt: skip
+    else:
+        planned.append(("checkpoints", "move %s to %s.archived-<UTC time>, %s"
+                        % (where, where, archive_policy(state))))  # fmt: skip
+    planned.append(("launch", "tmux session '%s' in %s: %s"
+                    % (state.session, state.workdir, state.command)))  # fmt: skip
+    planned.append(("record", os.path.join(state_dir(state.workdir), "deploys.jsonl")))
+    for name, detail in planned:
+        state.steps.append({"name": name, "status": "planned", "detail": detail})
+
+
+def step(state, name, action):
+    """One step run and recorded (as a step event too): a failure is recorded, then raised."""
+    started = time.monotonic()
+    try:
+        status, detail = action(state)
+    except AgentError as exc:
+        state.steps.append(
+            {"name": name, "status": "failed", "detail": exc.message, "kind": exc.kind}
+        )
+        emit_step(state)
+        raise
+    except Exception as exc:  # an unexpected error still answers with the steps so far
+        message = "%s: %s" % (type(exc).__name__, exc)
+        state.steps.append({"name": name, "status": "failed", "detail": message, "kind": "failed"})
+        emit_step(state)
+        raise AgentError("failed", "%s failed: %s" % (name, message)) from exc
+    seconds = round(time.monotonic() - started, 3)
+    state.steps.append({"name": name, "status": status, "detail": detail, "seconds": seconds})
+    emit_step(state)
+
+
+def start_queries(state):
+    state.queries = start_gpu_queries(*state.query_flags)
+    state.queries["tmux"] = start_tmux_version()
+
+
+def emit_step(state):
+    if state.events:
+        emit_event({"event": "step", "step": state.steps[-1]})
+
+
+def emit_progress(state, name):
+    """A function that emits `name`'s progress lines as events, or None when none are wanted."""
+    if not state.events:
         return None
 
-    def check_launch(self):
-        """Everything the launch needs, proven before the old run is stopped: the shell, the
-        state directory and the run file (command and env, mode 0600) written and staged."""
-        if not (os.path.isabs(self.shell) and os.access(self.shell, os.X_OK)):
-            raise AgentError("missing", "shell %s is not executable in the container" % self.shell)
-        if self.plan:
-            existing = state_dir(self.workdir)
-            while not os.path.exists(existing):
-                existing = os.path.dirname(existing)
-            if not os.access(existing, os.W_OK | os.X_OK):
-                raise AgentError("missing", "%s is not writable: the run file cannot be written"
-                                 % existing)  # fmt: skip
-            self.check_command()
-            return "ok", "%s writable; %d env value(s) go in a 0600 run file" % (
-                existing,
-                len(self.env),
+    def progress(detail):
+        emit_event({"event": "progress", "name": name, "detail": detail})
+
+    return progress
+
+
+def cleanup(state):
+    for query in state.queries.values():  # a check failed before reading it
+        if query is not None:
+            query.cancel()
+    # The pushed temp file never outlives the transaction; only removed once proven ours.
+    if state.tmp_ok:
+        remove_quietly(state.tmp)
+    if state.run_file_next:
+        remove_quietly(state.run_file_next)
+    try:
+        state.lock.release()
+    except OSError as exc:
+        state.warnings.append("could not release the lock: %s" % exc)
+    if state.release is not None:
+        state.release.cleanup(state)
+
+
+# -- checks (nothing destructive)
+
+
+def receive(state):
+    """Write the inline script next to where it will live (same filesystem: mv is a rename)."""
+    if state.tmp is not None:
+        raise AgentError("invalid", "give either tmp or content_b64, not both")
+    try:
+        data = base64.b64decode(state.content_b64, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise AgentError(
+            "corrupt", "transfer corrupted: the script is not valid base64: %s" % exc
+        ) from None
+    if state.plan:
+        state.content = data
+        return "ok", "%d bytes received (plan: kept in memory)" % len(data)
+    os.makedirs(state_dir(state.workdir), exist_ok=True)
+    name = ".%s.launcher-%s.tmp" % (os.path.basename(state.dest_rel), random_hex(12))
+    path = os.path.join(state.workdir, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    state.tmp, state.tmp_ok = path, True  # ours from here on: removed on any failure
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return "ok", "%d bytes to %s" % (len(data), path)
+
+
+def check_paths(state):
+    # workdir_param already refused a workdir that resolves to / or a system directory.
+    state.dest = dest_path(state.workdir, state.dest_rel)
+    if state.tmp is not None:
+        state.tmp = tmp_path(state.workdir, state.tmp)
+        # Proven inside the workdir: from here on the temp file is ours to remove on failure.
+        state.tmp_ok = True
+    # (A dest in the checkpoints is refused by the checkpoint guard: it protects the script.)
+    reason = dest_problem(state.workdir, state.dest)
+    if reason:
+        raise AgentError(
+            "unsafe_path", "script destination %r is refused: %s" % (state.dest_rel, reason)
+        )
+    return "ok", state.dest
+
+
+def remove_stale_temps(state):
+    """Temp files of earlier deploys that were killed mid-way (kill -9, a dropped link).
+
+    Runs under the lock, so no other deploy's transaction is using them."""
+    if state.dest_rel is not None:  # a release may come without a script
+        remove_stale_script_temps(state)
+    if state.release is not None:
+        state.release.remove_stale_temps(state)
+
+
+def remove_stale_script_temps(state):
+    removed = []
+    name = os.path.basename(state.dest)
+    prefixes = (".%s.launcher-" % name,)
+    for directory in sorted({state.workdir, os.path.dirname(state.dest)}):
+        for entry in list_dir(directory):
+            full = os.path.join(directory, entry)
+            if not (entry.startswith(prefixes) and entry.endswith(".tmp")) or full == state.tmp:
+                continue
+            if os.path.islink(full) or not os.path.isfile(full):
+                continue
+            remove_quietly(full)
+            removed.append(full)
+    records = state_dir(state.workdir)
+    for entry in list_dir(records):
+        if entry.startswith(state.session + ".run.next"):
+            remove_quietly(os.path.join(records, entry))
+    if removed:
+        state.steps.append(
+            {"name": "leftovers", "status": "ok", "seconds": 0.0,
+             "detail": "removed %d stale temp file(s) of killed deploys: %s"
+             % (len(removed), ", ".join(removed))}
+        )  # fmt: skip
+        emit_step(state)
+
+
+def take_lock(state):
+    if state.plan:
+        holder = lock_state(state.lock.path)
+        if holder and not holder["stale"]:
+            raise AgentError(
+                "locked", "another deploy is running: %s" % describe_holder(holder),
+                holder=holder,
+            )  # fmt: skip
+        return "ok", "%s free (plan: not taken)" % state.lock.path
+    progress = emit_progress(state, "lock")
+    if state.lock.acquire(state.warnings, wait=state.wait_lock, progress=progress):
+        # The queries started with the transaction saw the containers as they were before
+        # the deploy that held the lock: its run's GPUs would look held from outside.
+        for query in state.queries.values():
+            if query is not None:
+                query.cancel()
+        start_queries(state)
+    return "ok", state.lock.path
+
+
+def check_tmux(state):
+    version = tmux_version(state.queries.get("tmux"))
+    if not version:
+        raise AgentError("missing", "tmux is not installed in the container")
+    return "ok", version
+
+
+def archive_policy(state):
+    if state.keep_archives is None:
+        return "every archive kept (keep_archives unset)"
+    return "keep %d archive(s)%s" % (
+        state.keep_archives,
+        " (--prune-archives: also older runs worth more)" if state.prune_archives else "",
+    )
+
+
+def check_active(state):
+    state.old_state = session_state(state.session)
+    state.old_pids = run_pids(state.old_state["pane_pid"], state.session)
+    # The run this deploy replaces: the session's, or (its session gone) the last launched.
+    state.replaced = state.old_state.get("run") or latest_run(
+        read_records(state.workdir)[0], state.session
+    )
+    if state.expect_run is not None and state.old_state.get("run") != state.expect_run:
+        # Checked under the deploy lock: whoever replaced the run first is the only one.
+        raise AgentError(
+            "refused",
+            "session '%s' %s %s (now %s): someone else replaced it"
+            % (
+                state.session,
+                RUN_REPLACED,
+                state.expect_run,
+                state.old_state.get("run") or "nothing",
+            ),
+        )
+    if state.restart:
+        # Said as what is there: doctor plans with restart too, and asked for nothing.
+        if pane_active(state.old_state) or state.old_pids:
+            return "ok", "session '%s' is running: --restart replaces it" % (state.session)
+        return "ok", "no active run"
+    if state.preview and (pane_active(state.old_state) or state.old_pids):
+        return "warning", (
+            "session '%s' is running: a deploy refuses (exit 4) unless --restart replaces it"
+            % state.session
+        )
+    if pane_active(state.old_state):
+        raise AgentError(
+            "refused", "session '%s' is running; use --restart to replace it" % state.session
+        )
+    if state.old_pids:
+        raise AgentError(
+            "refused",
+            "session '%s' has ended but processes of its run are alive (pids %s); use --restart"
+            % (state.session, ", ".join(str(p) for p in sorted(state.old_pids))),
+        )
+    return "ok", "no active run"
+
+
+def verify_sha(state):
+    if state.content is not None:
+        got = hashlib.sha256(state.content).hexdigest()
+        if got != state.sha256:
+            raise AgentError(
+                "corrupt", "transfer corrupted: expected %s, got %s" % (state.sha256, got)
             )
-        os.makedirs(state_dir(self.workdir), exist_ok=True)
-        marker = "%s:%s" % (self.session, self.run_id)
-        self.run_file_next = run_file_path(self.workdir, self.session) + ".next"
-        env = login_env()  # the base: a login's in this container, not the node's session
-        env.update(self.env)
-        text = run_file_text(marker, self.command, env, self.run_env())
-        write_private(self.run_file_next, text)
-        self.dry_launch()
-        self.check_command()
-        with open(log_path(self.workdir, self.session), "a"):
-            pass
-        return "ok", "run file staged (%d env value(s), mode 0600)" % len(self.env)
+        return "ok", got
+    if state.tmp is None:
+        got = sha256_or_none(state.dest)
+        if got != state.sha256:
+            raise AgentError(
+                "failed", "%s changed since the preflight (sha256 %s)" % (state.dest, got)
+            )
+        return "unchanged", "%s already in place" % got
+    got = sha256_file(state.tmp)
+    if got != state.sha256:
+        raise AgentError("corrupt", "transfer corrupted: expected %s, got %s" % (state.sha256, got))
+    return "ok", got
 
-    def command_check(self):
-        """What the command is judged against: the run starts in the workdir, where the new
-        script is installed after the checks."""
-        dest = getattr(self, "dest", None)
-        return CommandCheck(self.start_dir, {}, [dest] if dest else [], self.env)
 
-    def check_command(self):
-        """The command's program and script exist where the run starts (a typo in `command`
-        refused here, not found by the new run after the old one is stopped)."""
-        check = self.command_check()
-        problem = check.problem(self.command) if check is not None else None
+def compile_check(state):
+    if state.content is not None:
+        source = state.content
+    elif state.tmp is None:
+        return "skipped", "script unchanged"
+    else:
+        with open(state.tmp, "rb") as handle:
+            source = handle.read()
+    if os.path.realpath(state.python) == os.path.realpath(sys.executable or ""):
+        # The run's interpreter is this one: compile here, without a second start-up.
+        try:
+            compile(source, state.dest, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise AgentError("compile", syntax_message(state.dest, source, exc.lineno,
+                             exc.offset, exc.msg)) from None  # fmt: skip
+        except ValueError as exc:  # e.g. NUL bytes
+            raise AgentError("compile", "%s: %s" % (state.dest, exc)) from None
+        return "ok", state.python
+    rc, out, err = run([state.python, "-c", COMPILE, "-", state.dest], timeout=120, input=source)
+    if rc == 3:
+        try:
+            line, column, message = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError, TypeError):
+            line, column, message = None, None, out.strip()
+        raise AgentError("compile", syntax_message(state.dest, source, line, column, message))
+    if rc != 0:
+        message = (err.strip() or out.strip()).splitlines()
+        raise AgentError("compile", "\n".join(message[-12:]) or "compile exited %d" % rc)
+    return "ok", state.python
+
+
+def guard_checkpoints(state):
+    if state.checkpoints_rel is None:
+        state.checkpoints = None
+        return "skipped", "no checkpoints directory"
+    state.checkpoints = safe_checkpoints(state)
+    if state.mode == "restore":
+        problem = archive_problem(state.workdir, state.checkpoints, state.restore_from)
         if problem:
-            raise AgentError("invalid", problem)
+            raise AgentError("refused", "cannot restore the checkpoints: %s" % problem)
+        return "ok", "%s (%s goes back there)" % (state.checkpoints, state.restore_from)
+    return "ok", state.checkpoints
 
-    def run_env(self):
-        """What the run is told about itself (protocol.RUN_ENV, in that order)."""
-        values = (self.run_id, self.release_label(), self.workdir, self.checkpoints or "",
-                  str(self.restart_count))  # fmt: skip
-        return dict(zip(RUN_ENV, values))
 
-    def release_label(self):
-        return self.sha256
+def safe_checkpoints(state):
+    protected = protected_paths(state.workdir, state.session, state.dest)
+    if state.release is not None:
+        protected += state.release.protected_paths(state)
+    path, reason = checkpoint_problem(state.workdir, state.checkpoints_rel, protected)
+    if reason is None and state.release is not None:
+        reason = state.release.checkpoints_problem(state, path)
+    if reason:
+        raise AgentError(
+            "unsafe_path", "checkpoints path %r is unsafe: %s" % (state.checkpoints_rel, reason)
+        )
+    return path
 
-    def dry_launch(self):
-        argv = [self.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", self.run_file_next, self.shell]
-        try:
-            rc, _, err = run(argv, timeout=10.0)
-        except OSError as exc:
-            rc, err = 126, str(exc)
-        if rc != 0:
-            raise AgentError(
-                "invalid",
-                "the run's environment cannot be started (a dry launch of %s with it failed, "
-                "exit %s): %s" % (self.shell, rc, err.strip()[-500:]),
-            )
 
-    # -- destructive steps
+def check_rollback_ready(state):
+    """deploy --rollback-on-failure: the run being replaced must be one a rollback can put
+    back, judged now, before anything is stopped: its spec (command, env) and its code kept,
+    and its checkpoints not deleted or pruned by this deploy."""
+    marker = state.replaced
+    if not marker:
+        raise AgentError("refused", "rollback impossible: no previous run in session '%s' "
+                         "to go back to" % state.session)  # fmt: skip
+    spec = load_run_spec(state.workdir, marker)
+    if spec is None:
+        raise AgentError("refused", "rollback impossible: run %s cannot be put back: %s "
+                         "(launched before launcher kept run specs, or too long ago)"
+                         % (marker, SPEC_NOT_KEPT))  # fmt: skip
+    code = rollback_code_problem(state, spec)
+    if code:
+        raise AgentError("refused", "rollback impossible: %s" % code)
+    if state.checkpoints is not None and state.mode == "purge":
+        raise AgentError("refused", "rollback impossible: --purge-checkpoints deletes the "
+                         "checkpoints of %s that a rollback would need" % marker)  # fmt: skip
+    # keep_archives None keeps every archive; 0 prunes the one this deploy makes at once.
+    if state.checkpoints is not None and state.mode == "archive" and state.keep_archives == 0:
+        raise AgentError("refused", "rollback impossible: keep_archives 0 prunes the archive "
+                         "of %s's checkpoints at once" % marker)  # fmt: skip
+    state.result["rollback_to"] = marker
+    return "ok", "%s can be put back: its code, command, env and checkpoints" % marker
 
-    def install(self):
-        self.destructive = True
-        previous = sha256_or_none(self.dest)
-        script: dict[str, Any] = {
-            "path": self.dest,
-            "sha256": self.sha256,
-            "previous_sha256": previous,
+
+def rollback_code_problem(state, spec):
+    release = spec.get("release")
+    if release:
+        if os.path.isdir(os.path.join(state.workdir, RELEASES_DIR, release)):
+            return None
+        return "release %s of run %s is gone" % (release, spec["run"])
+    dest = state.dest or ""
+    if find_script(state.workdir, dest, spec.get("sha256")) is None:
+        return "the script of run %s (sha256 %s) is no longer kept" % (
+            spec["run"],
+            str(spec.get("sha256"))[:12],
+        )
+    return None
+
+
+def check_launch(state):
+    """Everything the launch needs, proven before the old run is stopped: the shell, the
+    state directory and the run file (command and env, mode 0600) written and staged."""
+    if not (os.path.isabs(state.shell) and os.access(state.shell, os.X_OK)):
+        raise AgentError("missing", "shell %s is not executable in the container" % state.shell)
+    if state.plan:
+        existing = state_dir(state.workdir)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise AgentError("missing", "%s is not writable: the run file cannot be written"
+                             % existing)  # fmt: skip
+        check_command(state)
+        return "ok", "%s writable; %d env value(s) go in a 0600 run file" % (
+            existing,
+            len(state.env),
+        )
+    os.makedirs(state_dir(state.workdir), exist_ok=True)
+    marker = "%s:%s" % (state.session, state.run_id)
+    state.run_file_next = run_file_path(state.workdir, state.session) + ".next"
+    env = login_env()  # the base: a login's in this container, not the node's session
+    env.update(state.env)
+    text = run_file_text(marker, state.command, env, run_env(state))
+    write_private(state.run_file_next, text)
+    dry_launch(state)
+    check_command(state)
+    with open(log_path(state.workdir, state.session), "a"):
+        pass
+    return "ok", "run file staged (%d env value(s), mode 0600)" % len(state.env)
+
+
+def command_check(state):
+    """What the command is judged against: the run starts in the workdir, where the new
+    script is installed after the checks (a release's: in the release)."""
+    if state.release is not None:
+        return state.release.command_check(state)
+    dest = state.dest
+    return CommandCheck(state.start_dir, {}, [dest] if dest else [], state.env)
+
+
+def check_command(state):
+    """The command's program and script exist where the run starts (a typo in `command`
+    refused here, not found by the new run after the old one is stopped)."""
+    check = command_check(state)
+    problem = check.problem(state.command) if check is not None else None
+    if problem:
+        raise AgentError("invalid", problem)
+
+
+def run_env(state):
+    """What the run is told about itself (protocol.RUN_ENV, in that order)."""
+    label = state.release.release_id if state.release is not None else state.sha256
+    values = (state.run_id, label, state.workdir, state.checkpoints or "",
+              str(state.restart_count))  # fmt: skip
+    return dict(zip(RUN_ENV, values))
+
+
+def dry_launch(state):
+    argv = [state.shell, "-c", DRY_LAUNCH, "launcher-dry-launch", state.run_file_next, state.shell]
+    try:
+        rc, _, err = run(argv, timeout=10.0)
+    except OSError as exc:
+        rc, err = 126, str(exc)
+    if rc != 0:
+        raise AgentError(
+            "invalid",
+            "the run's environment cannot be started (a dry launch of %s with it failed, "
+            "exit %s): %s" % (state.shell, rc, err.strip()[-500:]),
+        )
+
+
+# -- the changes
+
+
+def install(state):
+    state.destructive = True
+    previous = sha256_or_none(state.dest)
+    script: dict[str, Any] = {
+        "path": state.dest,
+        "sha256": state.sha256,
+        "previous_sha256": previous,
+    }
+    script["unchanged"] = previous == state.sha256
+    state.result["script"] = script
+    if script["unchanged"]:
+        if state.tmp is not None:
+            remove_quietly(state.tmp)
+        return "unchanged", "%s already has sha256 %s" % (state.dest, state.sha256)
+    os.makedirs(os.path.dirname(state.dest), exist_ok=True)
+    if previous:
+        shutil.copy2(state.dest, state.dest + ".prev.tmp")
+        os.replace(state.dest + ".prev.tmp", state.dest + ".prev")
+    os.replace(state.tmp, state.dest)
+    keep_history(state)
+    return "ok", "installed %s" % state.dest
+
+
+def keep_history(state):
+    history = os.path.join(state_dir(state.workdir), "scripts")
+    os.makedirs(history, exist_ok=True)
+    shutil.copy2(state.dest, os.path.join(history, state.sha256 + ".py"))
+    os.utime(os.path.join(history, state.sha256 + ".py"))
+    entries = [os.path.join(history, n) for n in os.listdir(history) if n.endswith(".py")]
+    entries.sort(key=os.path.getmtime, reverse=True)
+    for old in entries[SCRIPT_HISTORY:]:
+        remove_quietly(old)
+
+
+def stop_old(state):
+    if not state.old_state["exists"] and not state.old_pids and not state.foreign_holders:
+        state.result["stopped"] = stop_report(False, False, ())
+        return "skipped", "no session '%s'" % state.session
+    extra = set(h["pid"] for h in state.foreign_holders)
+    progress = emit_progress(state, "stop")
+    report = stop_run(
+        state.session,
+        state.grace,
+        state.gpus,
+        state.warnings,
+        extra_pids=extra,
+        progress=progress,
+        wanted=state.wanted if state.gpus > 0 else (),
+    )
+    state.result["stopped"] = report
+    if report["gpu_others"]:
+        raise AgentError(
+            "refused",
+            "GPUs are still in use by %s; not launching onto busy GPUs"
+            % describe_processes(report["gpu_others"]),
+        )
+    if report["gpu_outside"]:
+        raise AgentError(
+            "refused",
+            "%s after the old run stopped: used from outside this container; not launching "
+            "onto busy GPUs" % describe_outside(report["gpu_outside"]),
+            gpus_outside=report["gpu_outside"],
+        )
+    if report["leftover"] or report["gpu_holders"]:
+        raise AgentError(
+            "failed",
+            "old run did not stop: pids %s still alive"
+            % ", ".join(
+                str(p) for p in report["leftover"] + [h["pid"] for h in report["gpu_holders"]]
+            ),
+        )
+    pids = ", ".join(str(p) for p in report["pids"]) or "none"
+    if report["forced"]:
+        # Asking was not enough: the run was killed. Worth a look, so not a plain ok.
+        return "warning", "forced: still running %g s after C-c, killed (pids %s)" % (
+            state.grace,
+            pids,
+        )
+    return "ok", "stopped after C-c (pids %s)" % pids
+
+
+def set_checkpoints_aside(state):
+    action = {"action": state.mode, "from": state.checkpoints, "to": None}
+    state.result["checkpoints"] = action
+    if state.mode == "keep" or state.checkpoints is None:
+        action["action"] = "keep"
+        return "skipped", "checkpoints kept"
+    if state.mode == "restore":
+        return restore_checkpoints(state, action)
+    if not os.path.lexists(state.checkpoints):
+        action["action"] = "none"
+        return "skipped", "nothing to set aside"
+    # Checked again right before the move: the tree may have changed since the guard.
+    safe_checkpoints(state)
+    if state.mode == "purge":
+        remove_tree(state.checkpoints)
+        return "ok", "purged %s" % state.checkpoints
+    run = state.old_state.get("run")
+    seconds = run_seconds(state.workdir, state.session, run)
+    action["to"] = archive_name(state.checkpoints)
+    os.rename(state.checkpoints, action["to"])
+    made = record_archive(state.workdir, action["to"], run, seconds, state.warnings)
+    detail = "archived to %s (%s)" % (action["to"], describe_archive(made))
+    others = [a for a in archives_of(state.checkpoints) if a != action["to"]]
+    older = measured_archives(state.workdir, others)
+    to_prune, spared = choose_prunes([made] + older, state.keep_archives,
+                                       state.prune_archives)  # fmt: skip
+    action["pruned"] = prune_archives(to_prune, state.workdir, state.warnings)
+    action["kept"] = [{"path": a["path"], "reason": a["reason"]} for a in spared]
+    if action["pruned"]:
+        detail += "; pruned (keep_archives %d): %s" % (
+            state.keep_archives, ", ".join(action["pruned"]))  # fmt: skip
+    for archive in spared:
+        state.warnings.append(
+            "kept %s beyond keep_archives %d: %s; deploy with --prune-archives to prune it"
+            % (archive["path"], state.keep_archives, archive["reason"])
+        )
+    return "ok", detail
+
+
+def restore_checkpoints(state, action):
+    """The current checkpoints to an archive of their own, the put-back run's archive moved
+    back in place (rename: same inode, nothing copied). Both checked again right before."""
+    checkpoints, archive = safe_checkpoints(state), str(state.restore_from)
+    problem = archive_problem(state.workdir, checkpoints, archive)
+    if problem:
+        raise AgentError("failed", "cannot restore the checkpoints: %s" % problem)
+    action.update({"from": archive, "to": checkpoints, "archived": None,
+                   "run": state.restore_run})  # fmt: skip
+    if os.path.lexists(checkpoints):
+        action["archived"] = archive_name(checkpoints)
+        os.rename(checkpoints, action["archived"])
+    os.rename(archive, checkpoints)
+    kept = action["archived"] or "there were none"
+    return "ok", "%s moved back in place; the replaced run's to %s" % (archive, kept)
+
+
+def launch(state):
+    os.makedirs(state_dir(state.workdir), exist_ok=True)
+    remove_quietly(exit_path(state.workdir, state.session))
+    remove_quietly(stopped_path(state.workdir, state.session))
+    os.replace(str(state.run_file_next), run_file_path(state.workdir, state.session))
+    state.run_file_next = None
+    marker = "%s:%s" % (state.session, state.run_id)
+    # The log is appended across runs: mark where this one starts.
+    with open(log_path(state.workdir, state.session), "a") as log:
+        log.write("\n=== launcher run %s at %s ===\n" % (marker, utc_iso()))
+    # A server this starts gets the login environment as its global one, and the new
+    # session copies nothing of the node's session (tmux's update-environment: SSH_*).
+    rc, out, err = tmux(launch_args(state, marker), env=login_env())
+    if rc != 0:
+        # Once more, on a clean slate: the old run is already stopped, so giving up here
+        # leaves nothing running. What the failed chain created of the session goes first.
+        state.warnings.append("launch failed (%s): retrying once" % err.strip())
+        if session_state(state.session)["exists"]:
+            kill_session(state.session, state.warnings)
+        time.sleep(LAUNCH_RETRY_PAUSE)
+        rc, out, err = tmux(launch_args(state, marker), env=login_env())
+    if rc != 0:
+        raise AgentError("failed", "tmux could not start the session: %s" % err.strip())
+    parts = out.strip().split()
+    pane_pid = as_int(parts[1]) if len(parts) > 1 else None
+    width = as_int(parts[2]) if len(parts) > 2 else None
+    if width != state.width:
+        state.warnings.append("pane is %s columns wide, not %d" % (width, state.width))
+    state.result["launched"] = {
+        "session": state.session,
+        "pane_pid": pane_pid,
+        "log_file": log_path(state.workdir, state.session),
+        "exit_file": exit_path(state.workdir, state.session),
+        "width": width,
+        "run": marker,
+    }
+    return "ok", "session %s, pane pid %s" % (state.session, pane_pid)
+
+
+def run_down(state, exc):
+    """The error of a launch (or the checkpoint move before it) that failed after the stop:
+    nothing is running, so say so, with what was stopped and where the checkpoints are."""
+    stopped = state.result["stopped"] or {}
+    if stopped.get("was_running"):
+        pids = ", ".join(str(p) for p in stopped.get("pids") or ()) or "none left"
+        was = "the old run was stopped (pids %s)" % pids
+    else:
+        was = "no run was running before"
+    moved = state.result["checkpoints"] or {}
+    action = moved.get("action")
+    if action == "archive":
+        where = "checkpoints archived to %s" % moved.get("to")
+    elif action == "purge":
+        where = "checkpoints purged from %s" % moved.get("from")
+    elif state.checkpoints is not None:
+        where = "checkpoints left in %s" % state.checkpoints
+    else:
+        where = "no checkpoints directory"
+    # A refusal keeps its kind (and exit code); a plain failure is "down", not unreachable.
+    return AgentError(
+        "down" if exc.kind == "failed" else exc.kind,
+        "run is down: session '%s' is not running: %s; %s; %s failed: %s"
+        % (state.session, was, where, state.steps[-1]["name"], exc.message),
+    )
+
+
+def launch_args(state, marker):
+    """One tmux command chain, so the session never exists half-configured.
+
+    history-limit only applies to panes created after it is set, so the session starts with
+    a placeholder window, gets its options, then the real window, then loses the placeholder.
+    remain-on-exit is set in the same chain, before the server can notice a t=0 crash.
+    """
+    s = state.session
+    # No value of the run's own is in this argv: it lands in the tmux server's command line
+    # and in #{pane_start_command}, readable by anyone. The run file carries them.
+    command = [state.shell, "-c", RUNNER, "launcher-run", run_file_path(state.workdir, s)]
+    command += [exit_path(state.workdir, s), state.shell]
+    if tmux_version_tuple(tmux_version()) < (3, 0):
+        command = [shlex.join(command)]  # tmux < 3.0 runs a single string through a shell
+    pipe = "cat >> %s" % shlex.quote(log_path(state.workdir, s))
+    start_dir = format_escape(state.start_dir)
+    chain = [
+        ["new-session", "-d", "-s", s, "-n", PLACEHOLDER_WINDOW, "-c", start_dir,
+         "-x", str(state.width), "-y", str(state.height), "sleep", "600"],
+        ["set-option", "-t", "=%s:" % s, "history-limit", str(state.history_limit)],
+        ["set-option", "-t", "=%s:" % s, "@launcher_run", marker],
+        ["new-window", "-t", "=%s:" % s, "-n", RUN_WINDOW, "-c", start_dir, "-P", "-F",
+         "#{pane_id} #{pane_pid} #{pane_width}", "--", *command],
+        ["set-option", "-w", "-t", "=%s:{end}" % s, "remain-on-exit", "on"],
+        ["pipe-pane", "-o", "-t", "=%s:{end}" % s, format_escape(pipe)],
+        ["kill-window", "-t", "=%s:{start}" % s],
+    ]  # fmt: skip
+    args: list[str] = []
+    for command_args in chain:
+        args += (";",) if args else ()
+        args += [tmux_arg(a) for a in command_args]
+    return args
+
+
+def write_record(state):
+    record = build_record(state, "launched")
+    try:
+        save_spec(state, record)
+    except (OSError, AgentError) as exc:  # the run is up: a rollback to it just knows less
+        state.warnings.append("could not keep the run's spec: %s" % exc)
+    append_record(state.workdir, record)
+    state.result["record"] = record
+    return "ok", os.path.join(state_dir(state.workdir), "deploys.jsonl")
+
+
+def save_spec(state, record):
+    spec = new_spec(record["run"], state.command, state.env, state.checkpoints, record)
+    spec.update({"sha256": state.sha256 or None, "dest": state.dest})
+    spec["release"] = (record.get("release") or {}).get("id")
+    save_run_spec(state.workdir, spec)
+
+
+def build_record(state, outcome):
+    record = dict(state.record_base)
+    script = state.result["script"] or {}
+    record.update(
+        {
+            "time": utc_iso(),
+            "session": state.session,
+            "run": "%s:%s" % (state.session, state.run_id),
+            # The run this one replaced (its checkpoints went where `checkpoints` says).
+            "replaced": state.replaced,
+            "outcome": outcome,
+            "sha256": state.sha256,
+            "previous_sha256": script.get("previous_sha256"),
+            "stopped": state.result["stopped"],
+            "checkpoints": state.result["checkpoints"],
+            "launched": state.result["launched"],
         }
-        script["unchanged"] = previous == self.sha256
-        self.result["script"] = script
-        if script["unchanged"]:
-            if self.tmp is not None:
-                remove_quietly(self.tmp)
-            return "unchanged", "%s already has sha256 %s" % (self.dest, self.sha256)
-        os.makedirs(os.path.dirname(self.dest), exist_ok=True)
-        if previous:
-            shutil.copy2(self.dest, self.dest + ".prev.tmp")
-            os.replace(self.dest + ".prev.tmp", self.dest + ".prev")
-        os.replace(self.tmp, self.dest)
-        self.keep_history()
-        return "ok", "installed %s" % self.dest
+    )
+    if state.release is not None:
+        state.release.add_to_record(state, record)
+    return record
 
-    def keep_history(self):
-        history = os.path.join(state_dir(self.workdir), "scripts")
-        os.makedirs(history, exist_ok=True)
-        shutil.copy2(self.dest, os.path.join(history, self.sha256 + ".py"))
-        os.utime(os.path.join(history, self.sha256 + ".py"))
-        entries = [os.path.join(history, n) for n in os.listdir(history) if n.endswith(".py")]
-        entries.sort(key=os.path.getmtime, reverse=True)
-        for old in entries[SCRIPT_HISTORY:]:
-            remove_quietly(old)
 
-    def stop_old(self):
-        if not self.old_state["exists"] and not self.old_pids and not self.foreign_holders:
-            self.result["stopped"] = stop_report(False, False, ())
-            return "skipped", "no session '%s'" % self.session
-        extra = set(h["pid"] for h in self.foreign_holders)
-        progress = None
-        if self.events:
-
-            def progress(detail):
-                emit_event({"event": "progress", "name": "stop", "detail": detail})
-
-        report = stop_run(
-            self.session,
-            self.grace,
-            self.gpus,
-            self.warnings,
-            extra_pids=extra,
-            progress=progress,
-            wanted=self.wanted if self.gpus > 0 else (),
-        )
-        self.result["stopped"] = report
-        if report["gpu_others"]:
-            raise AgentError(
-                "refused",
-                "GPUs are still in use by %s; not launching onto busy GPUs"
-                % describe_processes(report["gpu_others"]),
-            )
-        if report["gpu_outside"]:
-            raise AgentError(
-                "refused",
-                "%s after the old run stopped: used from outside this container; not launching "
-                "onto busy GPUs" % describe_outside(report["gpu_outside"]),
-                gpus_outside=report["gpu_outside"],
-            )
-        if report["leftover"] or report["gpu_holders"]:
-            raise AgentError(
-                "failed",
-                "old run did not stop: pids %s still alive"
-                % ", ".join(
-                    str(p) for p in report["leftover"] + [h["pid"] for h in report["gpu_holders"]]
-                ),
-            )
-        pids = ", ".join(str(p) for p in report["pids"]) or "none"
-        if report["forced"]:
-            # Asking was not enough: the run was killed. Worth a look, so not a plain ok.
-            return "warning", "forced: still running %g s after C-c, killed (pids %s)" % (
-                self.grace,
-                pids,
-            )
-        return "ok", "stopped after C-c (pids %s)" % pids
-
-    def set_checkpoints_aside(self):
-        action = {"action": self.mode, "from": self.checkpoints, "to": None}
-        self.result["checkpoints"] = action
-        if self.mode == "keep" or self.checkpoints is None:
-            action["action"] = "keep"
-            return "skipped", "checkpoints kept"
-        if self.mode == "restore":
-            return self.restore_checkpoints(action)
-        if not os.path.lexists(self.checkpoints):
-            action["action"] = "none"
-            return "skipped", "nothing to set aside"
-        # Checked again right before the move: the tree may have changed since the guard.
-        self.safe_checkpoints()
-        if self.mode == "purge":
-            remove_tree(self.checkpoints)
-            return "ok", "purged %s" % self.checkpoints
-        run = self.old_state.get("run")
-        seconds = run_seconds(self.workdir, self.session, run)
-        action["to"] = archive_name(self.checkpoints)
-        os.rename(self.checkpoints, action["to"])
-        made = record_archive(self.workdir, action["to"], run, seconds, self.warnings)
-        detail = "archived to %s (%s)" % (action["to"], describe_archive(made))
-        others = [a for a in archives_of(self.checkpoints) if a != action["to"]]
-        older = measured_archives(self.workdir, others)
-        to_prune, spared = choose_prunes([made] + older, self.keep_archives,
-                                           self.prune_archives)  # fmt: skip
-        action["pruned"] = prune_archives(to_prune, self.workdir, self.warnings)
-        action["kept"] = [{"path": a["path"], "reason": a["reason"]} for a in spared]
-        if action["pruned"]:
-            detail += "; pruned (keep_archives %d): %s" % (
-                self.keep_archives, ", ".join(action["pruned"]))  # fmt: skip
-        for archive in spared:
-            self.warnings.append(
-                "kept %s beyond keep_archives %d: %s; deploy with --prune-archives to prune it"
-                % (archive["path"], self.keep_archives, archive["reason"])
-            )
-        return "ok", detail
-
-    def restore_checkpoints(self, action):
-        """The current checkpoints to an archive of their own, the put-back run's archive moved
-        back in place (rename: same inode, nothing copied). Both checked again right before."""
-        checkpoints, archive = self.safe_checkpoints(), str(self.restore_from)
-        problem = archive_problem(self.workdir, checkpoints, archive)
-        if problem:
-            raise AgentError("failed", "cannot restore the checkpoints: %s" % problem)
-        action.update({"from": archive, "to": checkpoints, "archived": None,
-                       "run": self.restore_run})  # fmt: skip
-        if os.path.lexists(checkpoints):
-            action["archived"] = archive_name(checkpoints)
-            os.rename(checkpoints, action["archived"])
-        os.rename(archive, checkpoints)
-        kept = action["archived"] or "there were none"
-        return "ok", "%s moved back in place; the replaced run's to %s" % (archive, kept)
-
-    def launch(self):
-        os.makedirs(state_dir(self.workdir), exist_ok=True)
-        remove_quietly(exit_path(self.workdir, self.session))
-        remove_quietly(stopped_path(self.workdir, self.session))
-        os.replace(str(self.run_file_next), run_file_path(self.workdir, self.session))
-        self.run_file_next = None
-        marker = "%s:%s" % (self.session, self.run_id)
-        # The log is appended across runs: mark where this one starts.
-        with open(log_path(self.workdir, self.session), "a") as log:
-            log.write("\n=== launcher run %s at %s ===\n" % (marker, utc_iso()))
-        # A server this starts gets the login environment as its global one, and the new
-        # session copies nothing of the node's session (tmux's update-environment: SSH_*).
-        rc, out, err = tmux(self.launch_args(marker), env=login_env())
-        if rc != 0:
-            # Once more, on a clean slate: the old run is already stopped, so giving up here
-            # leaves nothing running. What the failed chain created of the session goes first.
-            self.warnings.append("launch failed (%s): retrying once" % err.strip())
-            if session_state(self.session)["exists"]:
-                kill_session(self.session, self.warnings)
-            time.sleep(LAUNCH_RETRY_PAUSE)
-            rc, out, err = tmux(self.launch_args(marker), env=login_env())
-        if rc != 0:
-            raise AgentError("failed", "tmux could not start the session: %s" % err.strip())
-        parts = out.strip().split()
-        pane_pid = as_int(parts[1]) if len(parts) > 1 else None
-        width = as_int(parts[2]) if len(parts) > 2 else None
-        if width != self.width:
-            self.warnings.append("pane is %s columns wide, not %d" % (width, self.width))
-        self.result["launched"] = {
-            "session": self.session,
-            "pane_pid": pane_pid,
-            "log_file": log_path(self.workdir, self.session),
-            "exit_file": exit_path(self.workdir, self.session),
-            "width": width,
-            "run": marker,
-        }
-        return "ok", "session %s, pane pid %s" % (self.session, pane_pid)
-
-    def run_down(self, exc):
-        """The error of a launch (or the checkpoint move before it) that failed after the stop:
-        nothing is running, so say so, with what was stopped and where the checkpoints are."""
-        stopped = self.result["stopped"] or {}
-        if stopped.get("was_running"):
-            pids = ", ".join(str(p) for p in stopped.get("pids") or ()) or "none left"
-            was = "the old run was stopped (pids %s)" % pids
-        else:
-            was = "no run was running before"
-        moved = self.result["checkpoints"] or {}
-        action = moved.get("action")
-        if action == "archive":
-            where = "checkpoints archived to %s" % moved.get("to")
-        elif action == "purge":
-            where = "checkpoints purged from %s" % moved.get("from")
-        elif self.checkpoints is not None:
-            where = "checkpoints left in %s" % self.checkpoints
-        else:
-            where = "no checkpoints directory"
-        # A refusal keeps its kind (and exit code); a plain failure is "down", not unreachable.
-        return AgentError(
-            "down" if exc.kind == "failed" else exc.kind,
-            "run is down: session '%s' is not running: %s; %s; %s failed: %s"
-            % (self.session, was, where, self.steps[-1]["name"], exc.message),
-        )
-
-    def launch_args(self, marker):
-        """One tmux command chain, so the session never exists half-configured.
-
-        history-limit only applies to panes created after it is set, so the session starts with
-        a placeholder window, gets its options, then the real window, then loses the placeholder.
-        remain-on-exit is set in the same chain, before the server can notice a t=0 crash.
-        """
-        s = self.session
-        # No value of the run's own is in this argv: it lands in the tmux server's command line
-        # and in #{pane_start_command}, readable by anyone. The run file carries them.
-        command = [self.shell, "-c", RUNNER, "launcher-run", run_file_path(self.workdir, s)]
-        command += [exit_path(self.workdir, s), self.shell]
-        if tmux_version_tuple(tmux_version()) < (3, 0):
-            command = [shlex.join(command)]  # tmux < 3.0 runs a single string through a shell
-        pipe = "cat >> %s" % shlex.quote(log_path(self.workdir, s))
-        start_dir = format_escape(self.start_dir)
-        chain = [
-            ["new-session", "-d", "-s", s, "-n", PLACEHOLDER_WINDOW, "-c", start_dir,
-             "-x", str(self.width), "-y", str(self.height), "sleep", "600"],
-            ["set-option", "-t", "=%s:" % s, "history-limit", str(self.history_limit)],
-            ["set-option", "-t", "=%s:" % s, "@launcher_run", marker],
-            ["new-window", "-t", "=%s:" % s, "-n", RUN_WINDOW, "-c", start_dir, "-P", "-F",
-             "#{pane_id} #{pane_pid} #{pane_width}", "--", *command],
-            ["set-option", "-w", "-t", "=%s:{end}" % s, "remain-on-exit", "on"],
-            ["pipe-pane", "-o", "-t", "=%s:{end}" % s, format_escape(pipe)],
-            ["kill-window", "-t", "=%s:{start}" % s],
-        ]  # fmt: skip
-        args: list[str] = []
-        for command_args in chain:
-            args += (";",) if args else ()
-            args += [tmux_arg(a) for a in command_args]
-        return args
-
-    def write_record(self):
-        record = self.build_record("launched")
-        try:
-            self.save_spec(record)
-        except (OSError, AgentError) as exc:  # the run is up: a rollback to it just knows less
-            self.warnings.append("could not keep the run's spec: %s" % exc)
-        append_record(self.workdir, record)
-        self.result["record"] = record
-        return "ok", os.path.join(state_dir(self.workdir), "deploys.jsonl")
-
-    def save_spec(self, record):
-        spec = new_spec(record["run"], self.command, self.env, self.checkpoints, record)
-        spec.update({"sha256": self.sha256 or None, "dest": getattr(self, "dest", None)})
-        spec["release"] = (record.get("release") or {}).get("id")
-        save_run_spec(self.workdir, spec)
-
-    def build_record(self, outcome):
-        record = dict(self.record_base)
-        script = self.result["script"] or {}
-        record.update(
-            {
-                "time": utc_iso(),
-                "session": self.session,
-                "run": "%s:%s" % (self.session, self.run_id),
-                # The run this one replaced (its checkpoints went where `checkpoints` says).
-                "replaced": self.replaced,
-                "outcome": outcome,
-                "sha256": self.sha256,
-                "previous_sha256": script.get("previous_sha256"),
-                "stopped": self.result["stopped"],
-                "checkpoints": self.result["checkpoints"],
-                "launched": self.result["launched"],
-            }
-        )
-        return record
-
-    def try_record_failure(self, exc):
-        try:
-            record = self.build_record("failed: %s" % exc.message)
-            append_record(self.workdir, record)
-            self.result["record"] = record
-        except Exception as record_exc:
-            self.warnings.append("could not record the failed deploy: %s" % record_exc)
+def try_record_failure(state, exc):
+    try:
+        record = build_record(state, "failed: %s" % exc.message)
+        append_record(state.workdir, record)
+        state.result["record"] = record
+    except Exception as record_exc:
+        state.warnings.append("could not record the failed deploy: %s" % record_exc)
 
 
 def syntax_message(dest, source, line, column, message):
@@ -1217,115 +1148,21 @@ def syntax_message(dest, source, line, column, message):
 
 
 def op_apply(request, warnings):
-    return run_to_the_end(Deploy(request, warnings))
+    return run_to_the_end(DeployState(request, warnings))
 
 
-def run_to_the_end(deploy):
-    """Run a deploy transaction (a `Deploy` or a release's); a client that disconnects mid-way
+def run_to_the_end(state):
+    """Run a deploy transaction (a script's or a release's); a client that disconnects mid-way
     must not leave half a deploy behind: it finishes regardless."""
     saved = {
         signal.SIGHUP: signal.signal(signal.SIGHUP, ignore_hangup),
         signal.SIGPIPE: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
     }
     try:
-        error, result = deploy.run()
+        error, result = run_transaction(state)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     if error:
         raise AgentError(error.kind, error.message, data=result, **error.extra)
     return result
-
-
-def op_rollback(request, warnings):
-    """Put the previous run back through the same transaction as apply (lock, guards, stop,
-    launch, record): its script (from the kept copies, verified like an upload; <dest>.prev for
-    a run launched before specs were kept), its command and environment, and (restore) its
-    archived checkpoints."""
-    request = rollback_request(request, warnings)
-    workdir = workdir_param(request)
-    dest = dest_path(workdir, param(request, "dest", str, required=True))
-    wanted = request.pop("script_sha256", None)
-    previous = find_script(workdir, dest, wanted) if wanted else dest + ".prev"
-    if previous is None:
-        raise AgentError("refused", "the script of run %s (sha256 %s) is no longer kept"
-                         % (request.get("to_run") or "being put back", wanted[:12]))  # fmt: skip
-    if os.path.islink(previous) or not os.path.isfile(previous):
-        raise AgentError(
-            "refused", "no previous version to roll back to: %s does not exist" % previous
-        )
-    sha = sha256_file(previous)
-    directory, name = os.path.split(dest)
-    tmp = os.path.join(directory, ".%s.launcher-rollback-%s.tmp" % (name, random_hex(12)))
-    shutil.copy2(previous, tmp)
-    record = dict(request["record"])
-    if not request.get("relaunch"):
-        record["rolled_back_from"] = sha256_or_none(dest)
-    applied = dict(request)
-    applied.update({"op": "apply", "tmp": tmp, "sha256": sha, "record": record})
-    try:
-        return op_apply(applied, warnings)
-    finally:
-        remove_quietly(tmp)  # the transaction moved or removed it; this covers an early refusal
-
-
-def rollback_request(request, warnings):
-    """The rollback's request with the run it puts back filled in: `to_run` (default: the run
-    the session's latest run replaced), its command and env from its spec, `restore_from`
-    (checkpoint_mode restore: its archive, when there; otherwise a fresh start, said so), and
-    for a script the sha256 of its kept copy. `relaunch` (a watcher's restart): the run is put
-    back as it was, checkpoints kept in place, not called a rollback."""
-    workdir = workdir_param(request)
-    session = session_param(request)
-    records = read_records(workdir)[0]
-    relaunch = param(request, "relaunch", bool, default=False)
-    marker = param(request, "to_run", str)
-    marker = marker or (
-        latest_run(records, session) if relaunch else previous_run(records, session)
-    )
-    request = dict(request)
-    record = dict(param(request, "record", dict, default={}))
-    if not relaunch:
-        record["rollback"] = True
-    use_spec = param(request, "use_spec", bool, default=True)
-    spec = load_run_spec(workdir, marker) if marker and use_spec else None
-    if spec is not None:
-        record.update({"rolled_back_to": marker, "command": spec["command"]})
-        if spec.get("overrides") is not None:
-            record["overrides"] = spec["overrides"]
-        request.update({"command": spec["command"], "env": spec["env"]})
-        request["script_sha256"] = spec.get("sha256")
-        if request.get("release") and spec.get("release"):
-            request["release"] = dict(request["release"], to=spec["release"])
-    elif marker and (relaunch or param(request, "need_spec", bool, default=False)):
-        raise AgentError("refused", "cannot put run %s back: %s" % (marker, SPEC_NOT_KEPT))
-    elif marker and use_spec:
-        warnings.append("run %s was launched before launcher kept run specs: the playbook's "
-                        "command and env are used" % marker)  # fmt: skip
-    request["record"] = record
-    if param(request, "checkpoint_mode", str) == "restore":
-        state, where = checkpoints_of(records, marker) if marker else (None, None)
-        if state == "archived" and where and os.path.isdir(where):
-            request.update({"restore_from": where, "restore_run": marker})
-        elif state == "kept":
-            request["checkpoint_mode"] = "keep"  # they never left: the replaced run went on
-        else:
-            request["checkpoint_mode"] = "archive"
-            reasons = {"archived": "its archive %s is gone" % where, "deleted": "they were deleted",
-                       "none": "it had none"}  # fmt: skip
-            why = reasons.get(state or "", "no record says where they went")
-            warnings.append("checkpoints of %s not restored (%s): the run starts fresh"
-                            % (marker or "the previous run", why))  # fmt: skip
-    return request
-
-
-def find_script(workdir, dest, sha):
-    """A file with the script of sha256 `sha`: its kept copy (.launcher/scripts/<sha>.py), the
-    installed script or its .prev; None when none of them has it."""
-    if not sha or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
-        return None
-    kept = os.path.join(state_dir(workdir), "scripts", sha + ".py")
-    for path in (kept, dest, dest + ".prev") if dest else (kept,):
-        if not os.path.islink(path) and sha256_or_none(path) == sha:
-            return path
-    return None

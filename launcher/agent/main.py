@@ -8,13 +8,14 @@ import signal
 import sys
 
 from launcher.agent.base import RECEIVED, AgentError, host_stamp, ignore_hangup
-from launcher.agent.deploy import op_apply, op_rollback
+from launcher.agent.deploy import op_apply
 from launcher.agent.logs import op_follow, op_history, op_logs
 from launcher.agent.network import op_network
 from launcher.agent.poll import op_poll
 from launcher.agent.preflight import op_preflight
 from launcher.agent.protocol import OPS, STREAMING_OPS
 from launcher.agent.release import dispatching, op_releases
+from launcher.agent.rollback import op_rollback
 from launcher.agent.stop import op_stop
 from launcher.agent.tmux import NOTES
 

@@ -22,9 +22,9 @@ if TYPE_CHECKING or not globals().get("__launcher_bundled__"):
     import sys
     from typing import Any, Literal
 
-    if sys.version_info >= (3, 11):
+    if sys.version_info >= (3, 12):
         from typing import NotRequired, Required, TypedDict  # novermin
-    else:  # Python 3.10: typing_extensions' TypedDict is the one that knows the two
+    else:  # before 3.12, pydantic (the client's check of answers) takes typing_extensions' one
         from typing_extensions import NotRequired, Required, TypedDict
 else:
     # In the container nothing reads these types: a plain dict base stands in

@@ -6,11 +6,11 @@ Layout in the workdir:
     current -> releases/<id>   the release the run starts in; switched by a symlink rename
     .launcher/releases/<id>.json  its manifest, setup hash and the release it replaced
 
-ReleaseDeploy is the deploy transaction (deploy.Deploy) with the release built and checked among
-the checks: files received or copied from an earlier release, every sha256 verified, every .py
-compiled, the setup run, then the release and the ones before it checked again, all before the
-old run is stopped. `current` switches only in the destructive part, after every check has
-passed; a failed check removes the half-built release.
+A release deploy is the deploy transaction (deploy.py) with a `Release` plugged into it: the
+release built and checked among the checks (files received or copied from an earlier release,
+every sha256 verified, every .py compiled, the setup run, then the release and the ones before it
+checked again), all before the old run is stopped. `current` switches only in the destructive
+part, after every check has passed; a failed check removes the half-built release.
 
 Releases share no inode: a release's files are its own (cloned copy-on-write where the
 filesystem can, copied where not), so a write into one release, by its setup, its run or a
@@ -45,16 +45,18 @@ from launcher.agent.base import (
     write_atomic,
 )
 from launcher.agent.commandcheck import CommandCheck
-from launcher.agent.deploy import Deploy, rollback_request, run_to_the_end
+from launcher.agent.deploy import DeployState, run_to_the_end, start_queries
+from launcher.agent.deploy import check_paths as check_script_paths
+from launcher.agent.deploy import install as install_script
+from launcher.agent.deploy import write_record as write_deploy_record
 from launcher.agent.params import param, workdir_param
 from launcher.agent.paths import (
-    checkpoint_problem,
     is_strict_child,
-    protected_paths,
     remove_tree,
     state_dir,
 )
 from launcher.agent.protocol import CURRENT_LINK, RELEASES_DIR
+from launcher.agent.rollback import rollback_request
 
 # Only mypy reads the annotations (postponed by the __future__ import): the
 # agent's start, on every call, need not import typing.
@@ -334,11 +336,15 @@ def parts_param(workdir, rows):
     return rows
 
 
-class ReleaseDeploy(Deploy):
-    """The deploy transaction of a project release (and of its rollback)."""
+class Release:
+    """A project release's part of the deploy transaction (and of its rollback), plugged into
+    it as `state.release` (deploy.DeployState): its own steps put into the transaction's lists
+    (`checks`, `changes`), and the hooks the transaction calls where a release differs (its
+    stale temp files, its cleanup, the paths it protects, the command judged in the release,
+    its record). What the transaction holds is read from `state`; what only a release has,
+    here."""
 
-    def __init__(self, request, warnings):
-        Deploy.__init__(self, request, warnings)
+    def __init__(self, request):
         spec = param(request, "release", dict, required=True)
         self.rollback = spec.get("rollback") is True
         # The release of the run being put back (its spec's); default: the one before current.
@@ -357,38 +363,37 @@ class ReleaseDeploy(Deploy):
         self.switched = False
         self.release_info = {}
         self.before_setup: Any = None  # what setup must leave as it was (snapshot)
-        self.start_dir = current_link(self.workdir)
         if self.keep_releases < 1:
             raise AgentError("invalid", "keep_releases must be at least 1")
 
-    # -- driver
+    # -- its steps in the transaction's lists
 
-    def checks(self):
-        checks = Deploy.checks(self)
-        if self.dest_rel is None:  # no script beside the project
+    def checks(self, state, checks):
+        """The script's checks with the release's paths, and the release built, set up and
+        checked again just before the checkpoint guard; no script checks without a script."""
+        if state.dest_rel is None:  # no script beside the project
             checks = [c for c in checks if c[0] not in ("receive", "verify", "compile")]
+        checks = [("paths", self.check_paths) if name == "paths" else (name, check)
+                  for name, check in checks]  # fmt: skip
         names = [name for name, _ in checks]
         at = names.index("checkpoint_guard")
         ours = [("release", self.build_release), ("setup", self.run_setup),
                 ("integrity", self.check_intact)]  # fmt: skip
         return checks[:at] + ours + checks[at:]
 
-    def check_paths(self):
-        if self.dest_rel is not None:
-            Deploy.check_paths(self)
-        self.previous = current_release(self.workdir)  # refuses a `current` that is not ours
-        rdir = releases_dir(self.workdir)
-        if os.path.islink(rdir) or (os.path.lexists(rdir) and not os.path.isdir(rdir)):
-            raise AgentError("unsafe_path", "%s is not a directory of launcher's" % rdir)
-        self.blobs_parts = parts_param(self.workdir, self.blobs_parts)
-        return "ok", "%s (current: %s)" % (rdir, self.previous or "none")
+    def changes(self, state, changes):
+        """The install switches `current` too; the record prunes old releases."""
+        ours = {"install": self.install, "record": self.write_record}
+        return [(name, ours.get(name, change)) for name, change in changes]
 
-    def remove_stale_temps(self):
-        if self.dest_rel is not None:
-            Deploy.remove_stale_temps(self)
+    # -- hooks
+
+    def remove_stale_temps(self, state):
+        """A pushed stream, a `current` about to be renamed, and staging and blob directories
+        of deploys that were killed."""
         pushed = set(row[0] for row in self.blobs_parts or ())
-        for name in list_dir(self.workdir):  # a pushed stream, a `current` about to be renamed
-            full = os.path.join(self.workdir, name)
+        for name in list_dir(state.workdir):  # a pushed stream, a `current` about to be renamed
+            full = os.path.join(state.workdir, name)
             ours = name.startswith((".release.launcher-", ".current.launcher-"))
             if (
                 ours
@@ -397,7 +402,7 @@ class ReleaseDeploy(Deploy):
                 and (os.path.islink(full) or os.path.isfile(full))
             ):
                 remove_quietly(full)
-        rdir = releases_dir(self.workdir)
+        rdir = releases_dir(state.workdir)
         try:
             names = os.listdir(rdir)
         except OSError:
@@ -407,37 +412,72 @@ class ReleaseDeploy(Deploy):
             if re.match(STAGING_NAME, name) and not os.path.islink(full):
                 remove_tree(full)
 
-    def plan_actions(self):
-        Deploy.plan_actions(self)
+    def planned_switch(self, state):
+        """The plan's `release` step."""
         target = self.release_id or "the previous release"
-        self.steps.insert(-4, {"name": "release", "status": "planned",
-                               "detail": "switch %s to releases/%s" % (current_link(self.workdir),
-                                                                        target)})  # fmt: skip
+        return "switch %s to releases/%s" % (current_link(state.workdir), target)
 
-    def cleanup(self):
-        Deploy.cleanup(self)
+    def cleanup(self, state):
+        """After the transaction's own: the half-built release, the pushed pieces."""
         if self.staging:
             remove_tree_quietly(self.staging)
         if self.built and not self.switched:
             remove_tree_quietly(self.built)
-            remove_quietly(manifest_path(self.workdir, os.path.basename(self.built)))
+            remove_quietly(manifest_path(state.workdir, os.path.basename(self.built)))
         for row in self.blobs_parts or ():
             remove_quietly(row[0])
 
+    def protected_paths(self, state):
+        return [releases_dir(state.workdir), current_link(state.workdir)]
+
+    def checkpoints_problem(self, state, path):
+        if os.path.realpath(path) == os.path.realpath(state.start_dir):
+            return "it is the release the run starts in"
+        return None
+
+    def command_check(self, state):
+        """The command is judged in the new release (the run starts in `current`, switched to
+        it only after the stop); in plan mode nothing is built: left to the deploy itself."""
+        root = self.built
+        if root is None and self.rollback and self.release_id:
+            root = os.path.join(releases_dir(state.workdir), self.release_id)
+        if root is None:
+            return None
+        link = current_link(state.workdir)
+        moved = {link: root, os.path.join(os.path.realpath(state.workdir), CURRENT_LINK): root}
+        coming = [state.dest] if state.dest_rel is not None else []
+        return CommandCheck(link, moved, [c for c in coming if c], state.env)
+
+    def add_to_record(self, state, record):
+        info = dict(self.release_info)
+        info.update({"manifest_sha256": self.manifest_sha, "previous": self.previous})
+        record["release"] = info  # a rollback's record says so (op_rollback's request)
+        state.result["release"] = info
+
     # -- checks
 
-    def build_release(self):
+    def check_paths(self, state):
+        if state.dest_rel is not None:
+            check_script_paths(state)
+        self.previous = current_release(state.workdir)  # refuses a `current` that is not ours
+        rdir = releases_dir(state.workdir)
+        if os.path.islink(rdir) or (os.path.lexists(rdir) and not os.path.isdir(rdir)):
+            raise AgentError("unsafe_path", "%s is not a directory of launcher's" % rdir)
+        self.blobs_parts = parts_param(state.workdir, self.blobs_parts)
+        return "ok", "%s (current: %s)" % (rdir, self.previous or "none")
+
+    def build_release(self, state):
         if self.rollback:
-            return self.check_rollback_target()
+            return self.check_rollback_target(state)
         rows = self.rows
         wanted = set(row[3] for row in rows)
-        if self.plan:
-            have = known_blobs(self.workdir, wanted)
+        if state.plan:
+            have = known_blobs(state.workdir, wanted)
             return "ok", "%d file(s), %d to send (plan: nothing built)" % (
                 len(rows),
                 len(wanted - set(have)),
             )
-        rdir = releases_dir(self.workdir)
+        rdir = releases_dir(state.workdir)
         os.makedirs(rdir, exist_ok=True)
         self.staging = os.path.join(rdir, ".%s.tmp" % self.release_id)
         blobs = os.path.join(rdir, ".%s.blobs.tmp" % self.release_id)
@@ -445,7 +485,7 @@ class ReleaseDeploy(Deploy):
         os.mkdir(blobs, 0o700)
         try:
             received = self.receive_blobs(rows, blobs)
-            have = known_blobs(self.workdir, wanted - received)
+            have = known_blobs(state.workdir, wanted - received)
             lacking = wanted - received - set(have)
             if lacking:
                 raise AgentError(
@@ -534,27 +574,27 @@ class ReleaseDeploy(Deploy):
                 except ValueError as exc:
                     raise AgentError("compile", "%s: %s" % (path, exc)) from None
 
-    def check_rollback_target(self):
+    def check_rollback_target(self, state):
         if self.previous is None:
             raise AgentError("refused", "no release to roll back from: %s does not exist"
-                             % current_link(self.workdir))  # fmt: skip
-        record = read_release(self.workdir, self.previous) or {}
+                             % current_link(state.workdir))  # fmt: skip
+        record = read_release(state.workdir, self.previous) or {}
         target = record.get("previous")
         if self.rollback_to is not None:
-            if not read_release(self.workdir, self.rollback_to):
+            if not read_release(state.workdir, self.rollback_to):
                 raise AgentError("refused", "release %s of the run being put back is gone"
                                  % self.rollback_to)  # fmt: skip
             target = self.rollback_to
-        elif not read_release(self.workdir, target):
-            older = [r for r in release_ids(self.workdir) if r < self.previous]
+        elif not read_release(state.workdir, target):
+            older = [r for r in release_ids(state.workdir) if r < self.previous]
             target = older[-1] if older else None
         if target is None:
             raise AgentError("refused", "no earlier release than %s to roll back to"
                              % self.previous)  # fmt: skip
-        old = read_release(self.workdir, target)
+        old = read_release(state.workdir, target)
         self.release_id = target
         self.manifest_sha = old.get("manifest_sha256")
-        self.verify_tree(os.path.join(releases_dir(self.workdir), target), old["manifest"])
+        self.verify_tree(os.path.join(releases_dir(state.workdir), target), old["manifest"])
         self.release_info = {"id": target, "files": len(old["manifest"]), "sent_files": 0,
                              "rollback_from": self.previous}  # fmt: skip
         return "ok", "releases/%s (replacing %s): every sha256 verified, .py compiled" % (
@@ -562,55 +602,55 @@ class ReleaseDeploy(Deploy):
             self.previous,
         )
 
-    def run_setup(self):
+    def run_setup(self, state):
         if self.rollback:
             return "skipped", "done when releases/%s was built" % self.release_id
         if not self.setup:
-            self.write_manifest(None)
+            self.write_manifest(state, None)
             return "skipped", "no setup"
         digest = str(self.setup.get("hash"))
-        if self.plan:
-            old = read_release(self.workdir, self.previous) or {}
+        if state.plan:
+            old = read_release(state.workdir, self.previous) or {}
             reuse = old.get("setup_hash") == digest
             return "ok", "setup %s" % ("reused (inputs unchanged)" if reuse else "would run")
-        old = read_release(self.workdir, self.previous) or {}
-        self.before_setup = self.snapshot()
+        old = read_release(state.workdir, self.previous) or {}
+        self.before_setup = self.snapshot(state)
         if self.previous and old.get("setup_hash") == digest:
-            source = os.path.join(releases_dir(self.workdir), self.previous)
-            pairs = self.relocations(self.previous)
+            source = os.path.join(releases_dir(state.workdir), self.previous)
+            pairs = self.relocations(state, self.previous)
             files, relocated = copy_extras(source, self.built, set(row[0] for row in self.rows),
                                            pairs)  # fmt: skip
-            self.write_manifest(digest)
+            self.write_manifest(state, digest)
             return "ok", (
                 "reused from releases/%s (inputs unchanged; %d file(s) copied, %d of them "
                 "relocated to this release's path)" % (self.previous, files, relocated)
             )
         deadline = time.monotonic() + float(self.setup.get("timeout") or 1800.0)
         for command in self.setup.get("run") or []:
-            self.run_setup_command(str(command), deadline)
-        self.write_manifest(digest)
+            self.run_setup_command(state, str(command), deadline)
+        self.write_manifest(state, digest)
         return "ok", "%d command(s) ran in releases/%s" % (len(self.setup["run"]), self.release_id)
 
-    def relocations(self, old_id):
+    def relocations(self, state, old_id):
         """(old, new) byte strings: the old release's path, as the workdir was given and as it
         resolves, and the new release's. Ids have one width, so the two are of one length."""
         pairs = []
-        for base in (self.workdir, os.path.realpath(self.workdir)):
+        for base in (state.workdir, os.path.realpath(state.workdir)):
             old = os.fsencode(os.path.join(base, RELEASES_DIR, old_id))
             new = os.fsencode(os.path.join(base, RELEASES_DIR, str(self.release_id)))
             if len(old) == len(new) and (old, new) not in pairs:
                 pairs.append((old, new))
         return pairs
 
-    def run_setup_command(self, command, deadline):
+    def run_setup_command(self, state, command, deadline):
         """One setup command in the new release, its output streamed as progress lines (each
         cut at LINE_LIMIT bytes, so an endless line costs neither memory nor time); it and its
         children are killed at the deadline (a session of their own)."""
         env = login_env()  # as the run's: a login's in this container, then the playbook's
-        env.update(self.env)
+        env.update(state.env)
         env["PATH"] = env.get("PATH", "") + ":/usr/local/bin:/usr/bin:/bin"
         proc = subprocess.Popen(
-            [self.shell, "-c", command], cwd=self.built, env=env, stdin=subprocess.DEVNULL,
+            [state.shell, "-c", command], cwd=self.built, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         tail: list[str] = []
@@ -638,10 +678,10 @@ class ReleaseDeploy(Deploy):
                 cut += max(stop - start - room, 0)
                 if end < 0:
                     break
-                self.setup_line(line, cut, tail)
+                self.setup_line(state, line, cut, tail)
                 line, cut, start = bytearray(), 0, end + 1
         if line or cut:
-            self.setup_line(line, cut, tail)
+            self.setup_line(state, line, cut, tail)
         out.close()
         code = proc.wait()
         # What the command left running in its session (a `... &` with its output elsewhere)
@@ -654,19 +694,19 @@ class ReleaseDeploy(Deploy):
             raise AgentError("failed", "setup %r exited %d; nothing was stopped:\n%s"
                              % (command, code, "\n".join(tail)))  # fmt: skip
 
-    def setup_line(self, line, cut, tail):
+    def setup_line(self, state, line, cut, tail):
         text = bytes(line).decode("utf-8", "replace").rstrip("\r")
         if cut:
             text += " [line cut: %d more bytes]" % cut
         tail.append(text)
         del tail[:-SETUP_TAIL]
-        if self.events:
+        if state.events:
             emit_event({"event": "progress", "name": "setup", "detail": text})
 
-    def write_manifest(self, setup_hash):
-        if self.plan or self.rollback:
+    def write_manifest(self, state, setup_hash):
+        if state.plan or self.rollback:
             return
-        path = manifest_path(self.workdir, self.release_id)
+        path = manifest_path(state.workdir, self.release_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_atomic(path, json.dumps({
             "id": self.release_id, "created": utc_iso(), "manifest": self.rows,
@@ -674,16 +714,16 @@ class ReleaseDeploy(Deploy):
             "previous": self.previous,
         }) + "\n")  # fmt: skip
 
-    def snapshot(self):
+    def snapshot(self, state):
         """What setup must leave as it was: `current`, `releases/`, and every release's
         directory and manifest files (inode, size, mode, mtime, ctime: a write changes ctime,
         whatever it does to mtime)."""
-        link = current_link(self.workdir)
-        rdir = releases_dir(self.workdir)
+        link = current_link(state.workdir)
+        rdir = releases_dir(state.workdir)
         files: dict[str, Any] = {}
         dirs: dict[str, Any] = {}
-        rows_of = dict((rid, (read_release(self.workdir, rid) or {}).get("manifest") or [])
-                       for rid in release_ids(self.workdir))  # fmt: skip
+        rows_of = dict((rid, (read_release(state.workdir, rid) or {}).get("manifest") or [])
+                       for rid in release_ids(state.workdir))  # fmt: skip
         rows_of[str(self.release_id)] = self.rows
         for rid, rows in rows_of.items():
             base = os.path.join(rdir, rid)
@@ -693,17 +733,17 @@ class ReleaseDeploy(Deploy):
         current = os.readlink(link) if os.path.islink(link) else None
         return {"current": current, "releases": node_key(rdir), "dirs": dirs, "files": files}
 
-    def check_intact(self):
+    def check_intact(self, state):
         """After setup, before the switch and before anything is stopped: the releases, the
         new one's files and `current` as they were before setup ran."""
-        self.refresh_queries()
-        if self.rollback or self.plan or self.before_setup is None:
+        self.refresh_queries(state)
+        if self.rollback or state.plan or self.before_setup is None:
             return "skipped", "nothing ran"
-        before, after = self.before_setup, self.snapshot()
+        before, after = self.before_setup, self.snapshot(state)
         problems = []
-        rdir = releases_dir(self.workdir)
+        rdir = releases_dir(state.workdir)
         if after["current"] != before["current"]:
-            problems.append("%s %s" % (current_link(self.workdir), "was removed"
+            problems.append("%s %s" % (current_link(state.workdir), "was removed"
                             if after["current"] is None else "was changed"))  # fmt: skip
         if after["releases"] != before["releases"]:
             problems.append("%s was removed or replaced" % rdir)
@@ -724,74 +764,46 @@ class ReleaseDeploy(Deploy):
                 len(before["files"]),
                 CURRENT_LINK,
             )
-        restored = self.restore_current(before["current"])
+        restored = self.restore_current(state, before["current"])
         raise AgentError("failed", "setup changed what it must not (it may add files to its "
                          "own release, nothing else): %s; nothing was stopped%s"
                          % ("; ".join(problems), restored))  # fmt: skip
 
-    def refresh_queries(self):
+    def refresh_queries(self, state):
         """The nvidia-smi and tmux queries started with the transaction, started again when
         building the release took a while: they answer within their timeout of their start,
         and saw the container before setup ran."""
-        started = [q for q in self.queries.values() if q is not None]
-        if self.plan or not started:
+        started = [q for q in state.queries.values() if q is not None]
+        if state.plan or not started:
             return
         if time.monotonic() - min(q.deadline - q.timeout for q in started) < QUERY_FRESH:
             return
         for query in started:
             query.cancel()
-        self.start_queries()
+        start_queries(state)
 
-    def restore_current(self, target):
+    def restore_current(self, state, target):
         """`current` put back when setup removed it and its release is still there."""
-        link = current_link(self.workdir)
+        link = current_link(state.workdir)
         if target is None or os.path.lexists(link):
             return ""
-        if not os.path.isdir(os.path.join(self.workdir, target)):
+        if not os.path.isdir(os.path.join(state.workdir, target)):
             return "; %s is gone and so is %s: roll back or deploy again" % (link, target)
-        tmp = os.path.join(self.workdir, ".%s.launcher-%s.tmp" % (CURRENT_LINK, self.run_id))
+        tmp = os.path.join(state.workdir, ".%s.launcher-%s.tmp" % (CURRENT_LINK, state.run_id))
         remove_quietly(tmp)
         os.symlink(target, tmp)
         os.replace(tmp, link)
         return "; %s restored (-> %s)" % (link, target)
 
-    def command_check(self):
-        """The command is judged in the new release (the run starts in `current`, switched to
-        it only after the stop); in plan mode nothing is built: left to the deploy itself."""
-        root = self.built
-        if root is None and self.rollback and self.release_id:
-            root = os.path.join(releases_dir(self.workdir), self.release_id)
-        if root is None:
-            return None
-        link = current_link(self.workdir)
-        moved = {link: root, os.path.join(os.path.realpath(self.workdir), CURRENT_LINK): root}
-        coming = [getattr(self, "dest", None)] if self.dest_rel is not None else []
-        return CommandCheck(link, moved, [c for c in coming if c], self.env)
-
-    def release_label(self):
-        return self.release_id
-
-    def safe_checkpoints(self):
-        protected = protected_paths(self.workdir, self.session, getattr(self, "dest", None))
-        protected += [releases_dir(self.workdir), current_link(self.workdir)]
-        path, reason = checkpoint_problem(self.workdir, self.checkpoints_rel, protected)
-        if reason is None and os.path.realpath(path) == os.path.realpath(self.start_dir):
-            reason = "it is the release the run starts in"
-        if reason:
-            raise AgentError(
-                "unsafe_path", "checkpoints path %r is unsafe: %s" % (self.checkpoints_rel, reason)
-            )
-        return path
-
     # -- destructive
 
-    def install(self):
-        self.destructive = True
+    def install(self, state):
+        state.destructive = True
         details = []
-        if self.dest_rel is not None:
-            details.append(Deploy.install(self)[1])
-        link = current_link(self.workdir)
-        tmp = os.path.join(self.workdir, ".%s.launcher-%s.tmp" % (CURRENT_LINK, self.run_id))
+        if state.dest_rel is not None:
+            details.append(install_script(state)[1])
+        link = current_link(state.workdir)
+        tmp = os.path.join(state.workdir, ".%s.launcher-%s.tmp" % (CURRENT_LINK, state.run_id))
         remove_quietly(tmp)
         os.symlink(os.path.join(RELEASES_DIR, self.release_id), tmp)
         os.replace(tmp, link)  # rename(2): `current` is the old release or the new, never absent
@@ -800,20 +812,12 @@ class ReleaseDeploy(Deploy):
                                                         self.previous or "none"))  # fmt: skip
         return "ok", "; ".join(details)
 
-    def write_record(self):
-        outcome = Deploy.write_record(self)
-        pruned = prune_releases(self.workdir, self.keep_releases, self.release_id, self.warnings)
+    def write_record(self, state):
+        outcome = write_deploy_record(state)
+        pruned = prune_releases(state.workdir, self.keep_releases, self.release_id, state.warnings)
         self.release_info["pruned"] = pruned
-        self.result["release"]["pruned"] = pruned  # the record, written before, has not
+        state.result["release"]["pruned"] = pruned  # the record, written before, has not
         return outcome
-
-    def build_record(self, outcome):
-        record = Deploy.build_record(self, outcome)
-        info = dict(self.release_info)
-        info.update({"manifest_sha256": self.manifest_sha, "previous": self.previous})
-        record["release"] = info  # a rollback's record says so (op_rollback's request)
-        self.result["release"] = info
-        return record
 
 
 def node_key(path):
@@ -929,7 +933,10 @@ def remove_tree_quietly(path):
 
 
 def run_release_transaction(request, warnings):
-    return run_to_the_end(ReleaseDeploy(request, warnings))
+    state = DeployState(request, warnings)
+    state.release = Release(request)
+    state.start_dir = current_link(state.workdir)  # the run starts in the release
+    return run_to_the_end(state)
 
 
 def dispatching(plain):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from launcher.agent.base import AgentError, list_dir, remove_quietly, utc_iso
+from launcher.agent.base import AgentError, list_dir, remove_quietly, sha256_or_none, utc_iso
 from launcher.agent.paths import is_strict_child, read_json, state_dir, write_private
 
 RUN_SPECS = 20  # the newest run specs kept (a watcher's restarts count too)
@@ -221,4 +221,16 @@ def archive_problem(workdir, checkpoints, archive):
         return "%s is not there (pruned or removed)" % archive
     if not is_strict_child(os.path.realpath(archive), os.path.realpath(workdir)):
         return "%s resolves outside the workdir" % archive
+    return None
+
+
+def find_script(workdir, dest, sha):
+    """A file with the script of sha256 `sha`: its kept copy (.launcher/scripts/<sha>.py), the
+    installed script or its .prev; None when none of them has it."""
+    if not sha or len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
+        return None
+    kept = os.path.join(state_dir(workdir), "scripts", sha + ".py")
+    for path in (kept, dest, dest + ".prev") if dest else (kept,):
+        if not os.path.islink(path) and sha256_or_none(path) == sha:
+            return path
     return None

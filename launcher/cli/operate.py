@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def show_logs(app: AppContext, request: LogsRequest, command: Command) -> None:
     """The run's log on one target."""
     from launcher.core.errors import UsageError
-    from launcher.operate.commands import LogsResult
+    from launcher.operate.logs import LogsResult
     from launcher.targets.fleet import run_one
 
     target = app.target()
@@ -68,7 +68,7 @@ def attach_command(app: AppContext) -> None:
     Exit codes: 0 detached, 1 no session, 2 not a terminal or bad input, 3 unreachable.
     """
     from launcher.core.errors import UsageError
-    from launcher.operate.commands import attach
+    from launcher.operate.attach import attach
     from launcher.targets.fleet import on_target
 
     result = on_target(app.target(), attach)
@@ -86,7 +86,7 @@ def attach_command(app: AppContext) -> None:
 def show_history(app: AppContext, request: HistoryRequest, command: Command) -> None:
     """The deploy records on the app's targets."""
     from launcher.cli.targets import emit_json, exit_with, run_on_targets
-    from launcher.operate.commands import diff_lines, history_lines
+    from launcher.operate.history import diff_lines, history_lines
 
     outcomes = run_on_targets(app, work(request))
     if request.json:
@@ -147,6 +147,6 @@ def disconnect_command() -> None:
       launcher disconnect
     Exit codes: 0 (also when there was none).
     """
-    from launcher.operate.commands import disconnect
+    from launcher.operate.disconnect import disconnect
 
     click.echo(f"ended {disconnect()} persisted connection(s)")

@@ -212,7 +212,7 @@ def _pane_lines(app: AppContext) -> list[str]:
     """The target's pane, as `launcher logs --raw` shows it."""
     from launcher.commands.table import run
     from launcher.core.requests import LogsRequest
-    from launcher.operate.commands import LogsResult
+    from launcher.operate.logs import LogsResult
     from launcher.targets.fleet import run_one
 
     lines: list[str] = []

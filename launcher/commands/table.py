@@ -31,7 +31,10 @@ from launcher.deploy.deploy import DeployOptions
 if TYPE_CHECKING:
     from launcher.deploy.deploy import DeployReport
     from launcher.deploy.doctor import DoctorResult
-    from launcher.operate.commands import HistoryResult, LogsResult, RollbackResult, StopResult
+    from launcher.operate.history import HistoryResult
+    from launcher.operate.logs import LogsResult
+    from launcher.operate.rollback import RollbackResult
+    from launcher.operate.stop import StopResult
     from launcher.probe.workflows import SmokeResult, StatusResult, VerifyResult
     from launcher.targets.fleet import Outcome, Work
     from launcher.targets.workflow import Context, Workflow
@@ -119,25 +122,25 @@ def _status() -> Wiring:
 
 
 def _stop() -> Wiring:
-    from launcher.operate.commands import run_stop, stop_row
+    from launcher.operate.stop import run_stop, stop_row
 
     return Wiring(run_stop, stop_row)
 
 
 def _logs() -> Wiring:
-    from launcher.operate.commands import run_logs
+    from launcher.operate.logs import run_logs
 
     return Wiring(run_logs)
 
 
 def _history() -> Wiring:
-    from launcher.operate.commands import history_row, run_history
+    from launcher.operate.history import history_row, run_history
 
     return Wiring(run_history, history_row)
 
 
 def _rollback() -> Wiring:
-    from launcher.operate.commands import rollback_row, run_rollback
+    from launcher.operate.rollback import rollback_row, run_rollback
 
     return Wiring(run_rollback, rollback_row)
 

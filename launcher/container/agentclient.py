@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from launcher import agent
 from launcher.agent import boot
 from launcher.agent import protocol as p
-from launcher.agent.protocol import AGENT_ARGV, BOOT  # noqa: F401  (BOOT: tests run it by hand)
+from launcher.agent.protocol import AGENT_ARGV
 from launcher.container import ctstate
 from launcher.container.answers import present_problem, problem
 from launcher.container.pct import Container, HostShell, stamped_command

@@ -1,6 +1,6 @@
 """The deploy workflow: the script and one locked transaction in the container.
 
-pct invocations: one exec, the transaction (agent/deploy.py `Deploy`), which receives the script
+pct invocations: one exec, the transaction (agent/deploy.py), which receives the script
 inline, checks its sha256 and everything else that could stop the deploy, and only then changes
 things. A script over INLINE_LIMIT is pushed first (`pct push` to a temp name in workdir, plus a
 preflight that creates the workdir on a first deploy). `--dry-run` is one preflight exec.
@@ -44,8 +44,7 @@ from launcher.core.version import __version__
 from launcher.deploy.localhistory import append_local_history
 from launcher.deploy.provenance import source_of
 from launcher.targets.fleet import Outcome
-from launcher.targets.workflow import Context, StepSink
-from launcher.targets.workflow import Step as Step  # its home before workflow.py
+from launcher.targets.workflow import Context, Step, StepSink
 
 if TYPE_CHECKING:
     from launcher.deploy.releases import PreparedRelease

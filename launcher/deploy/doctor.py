@@ -104,7 +104,7 @@ class _Checks:
 
 
 HOST_CHECKS = ["reachable", "host key", "auth", "pct"]
-# The in-container checks after python3 are the deploy transaction's own (agent/deploy.py Deploy).
+# The in-container checks after python3 are the deploy transaction's own (agent/deploy.py `checks`).
 CT_CHECKS = ["container", "running", "python3", "deploy checks"]
 
 

@@ -1,6 +1,5 @@
 """The group's global options (cli/main.py) read from argv before click is imported: what the
-console script needs to answer `--version` at once, and what the command server needs to know
-the command and its inventory. One reading, so the readers cannot disagree.
+console script needs to answer `--version` at once without loading the CLI.
 
 Standard library only. `tests/unit/test_globalargs.py` checks these names against the click
 group's own options.

@@ -25,7 +25,7 @@ from launcher.config.models import Target
 from launcher.container.pct import HostConnection
 from launcher.core.errors import ExitCode, LauncherError
 from launcher.core.runid import new_run_id
-from launcher.deploy.deploy import DeployOptions, DeployReport, Step, deploy
+from launcher.deploy.deploy import DeployOptions, DeployReport, deploy
 from launcher.jobs.job import (
     Job,
     JobNodes,
@@ -34,9 +34,10 @@ from launcher.jobs.job import (
     with_env,
 )
 from launcher.jobs.network import NetworkPlan, plan_network, write_hosts
-from launcher.operate.commands import StopResult, stop
+from launcher.operate.stop import StopResult, stop
 from launcher.output.ui import step_line
 from launcher.targets.fleet import worst
+from launcher.targets.workflow import Step
 
 if TYPE_CHECKING:
     from launcher.verify.gpus import GpuSample

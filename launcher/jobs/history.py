@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher.core.errors import ExitCode
 from launcher.jobs.job import Job, JobNodes
-from launcher.operate.commands import HistoryResult, history
+from launcher.operate.history import HistoryResult, history
 from launcher.targets.fleet import worst
 
 

@@ -1,6 +1,6 @@
 """A job's logs: every node's lines (or one node's), each prefixed with its node's name.
 
-The single-target logs workflow (launcher.operate.commands.logs) runs on every chosen node at
+The single-target logs workflow (launcher.operate.logs.logs) runs on every chosen node at
 once, one thread each; with `follow` each node's stream ends when its run ends, and Ctrl-C ends
 them all (never the runs).
 """
@@ -17,7 +17,7 @@ from launcher.config.models import Target
 from launcher.core.errors import ExitCode, LauncherError, UsageError
 from launcher.core.jobrequests import JobLogsRequest
 from launcher.jobs.job import Job, JobNodes
-from launcher.operate.commands import LogsResult, logs
+from launcher.operate.logs import LogsResult, logs
 from launcher.targets.fleet import worst
 
 NodeLine = Callable[[str, str], None]  # (node, line)

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from launcher.config.models import Target
 from launcher.container.pct import HostConnection
 from launcher.core.jobrequests import JobRollbackRequest
-from launcher.deploy.deploy import Step
 from launcher.jobs.deploy import JobResult, Phases, Say, run_phases
 from launcher.jobs.job import Job, JobNodes
-from launcher.operate.commands import RollbackResult, rollback
+from launcher.operate.rollback import RollbackResult, rollback
+from launcher.targets.workflow import Step
 
 
 def rollback_job(job: Job, nodes: JobNodes, say: Say, options: JobRollbackRequest) -> JobResult:

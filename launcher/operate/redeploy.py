@@ -19,7 +19,7 @@ from launcher.core.errors import ExitCode, LauncherError
 from launcher.core.requests import ProbeOverrides, SmokeRequest
 from launcher.deploy.deploy import DeployOptions, DeployReport
 from launcher.deploy.deploy import run_deploy as plain_run_deploy
-from launcher.operate.commands import RunBack, rollback
+from launcher.operate.rollback import RunBack, rollback
 from launcher.probe import workflows
 from launcher.probe.workflows import (
     RollbackStory,

@@ -36,8 +36,8 @@ def _reason(outcome: Outcome) -> str:
 
 def _failing_checks(outcome: Outcome) -> list[tuple[str, str]]:
     """(check, its evidence's first line) of each failing check of a probe, if any."""
-    from launcher.verify.checks import Verdict
     from launcher.verify.prober import ProbeResult
+    from launcher.verify.results import Verdict
 
     probe = outcome.data.get("probe")
     if not isinstance(probe, ProbeResult):

@@ -28,8 +28,9 @@ from launcher.core.version import __version__
 from launcher.deploy.provenance import describe as describe_source
 from launcher.deploy.provenance import describe_overrides
 from launcher.output.termsafe import sanitize
-from launcher.verify.checks import Verdict, history
+from launcher.verify.history import history
 from launcher.verify.prober import ProbeResult
+from launcher.verify.results import Verdict
 from launcher.verify.samples import Sample
 
 if TYPE_CHECKING:

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 from launcher.deploy.provenance import describe as describe_source
 from launcher.deploy.provenance import describe_overrides
 from launcher.output.termsafe import sanitize
-from launcher.verify.checks import CheckResult, Verdict, history
 from launcher.verify.gpus import status_text as gpus_status_text
+from launcher.verify.history import history
 from launcher.verify.lifecycle import State
 from launcher.verify.prober import ProbeResult
+from launcher.verify.results import CheckResult, Verdict
 from launcher.verify.rules.text import spaced_rate
 from launcher.verify.samples import Sample
 

@@ -9,22 +9,16 @@ from typing import Any
 from launcher.config.models import Target
 from launcher.container.agentclient import container_for
 from launcher.core.errors import ExitCode, LauncherError
-from launcher.core.requests import ProbeOverrides as ProbeOverrides  # its home before requests.py
-from launcher.core.requests import SmokeRequest, StatusRequest, VerifyRequest
+from launcher.core.requests import ProbeOverrides, SmokeRequest, StatusRequest, VerifyRequest
 from launcher.deploy.deploy import DeployOptions, DeployReport, run_deploy
 from launcher.output.ui import progress_text
 from launcher.probe.poll import poll_once
 from launcher.probe.report import format_rate, latest_line, to_json
 from launcher.targets.fleet import FleetContext, Outcome
-from launcher.verify.checks import (
-    CheckResult,
-    Failure,
-    Judge,
-    PaneState,
-    Poll,
-)
+from launcher.verify.checks import Judge
 from launcher.verify.gpus import status_text as gpus_status_text
 from launcher.verify.lifecycle import State, ended, status_exit, verdict_word
+from launcher.verify.pane import PaneState, Poll
 from launcher.verify.parse import parse_pane
 from launcher.verify.policy import counted
 from launcher.verify.prober import (
@@ -34,6 +28,7 @@ from launcher.verify.prober import (
     ProbeResult,
     ProbeSettings,
 )
+from launcher.verify.results import CheckResult, Failure
 from launcher.verify.samples import RowMemo, Sample
 
 

@@ -50,13 +50,7 @@ from launcher.core.errors import (
     RemoteError,
 )
 from launcher.transport import frames
-from launcher.transport.persistidle import DEFAULT_ENV as DEFAULT_ENV
-from launcher.transport.persistidle import INTERACTIVE_IDLE as INTERACTIVE_IDLE
-from launcher.transport.persistidle import MAX_IDLE as MAX_IDLE
-from launcher.transport.persistidle import default_idle as default_idle
-from launcher.transport.rundir import connect_own
-from launcher.transport.rundir import peer_uid as peer_uid  # for persistserver.py
-from launcher.transport.rundir import runtime_dir as runtime_dir
+from launcher.transport.rundir import connect_own, runtime_dir
 from launcher.transport.runner import STATS, Sink, Unavailable, run_by_streaming
 
 if TYPE_CHECKING:

@@ -31,15 +31,9 @@ from pathlib import Path
 from launcher.core.errors import CommandTimeout, LauncherError
 from launcher.transport import frames
 from launcher.transport.endpoint import Endpoint
-from launcher.transport.persist import (
-    endpoint_from_doc,
-    failure_frame,
-    peer_uid,
-    persistable,
-    socket_path,
-)
+from launcher.transport.persist import endpoint_from_doc, failure_frame, persistable, socket_path
 from launcher.transport.relay import Relay
-from launcher.transport.rundir import listen_private
+from launcher.transport.rundir import listen_private, peer_uid
 from launcher.transport.runner import first_taker
 from launcher.transport.ssh import SSHConnection
 

@@ -3,36 +3,19 @@
 A `Judge` is a run's history (`launcher.verify.history.RunHistory`: the polls taken in order,
 every line once) judged after each poll by every check in `launcher.verify.registry`. How a
 failing check counts towards a verdict (`Failure`) is the policy's: `launcher.verify.policy`.
-The names the rest of launcher reads are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from launcher.verify.history import RunHistory, Seen, history
+from launcher.verify.history import RunHistory
 from launcher.verify.pane import PaneState, Poll
 from launcher.verify.registry import CHECKS
-from launcher.verify.results import CheckResult, Failure, Verdict, worst_verdict
-from launcher.verify.spec import ChecksSpec, LossSpec, StepSpec, ThroughputSpec
+from launcher.verify.results import CheckResult, Verdict
+from launcher.verify.spec import ChecksSpec
 
-__all__ = [
-    "CheckResult",
-    "ChecksSpec",
-    "Failure",
-    "Judge",
-    "LossSpec",
-    "PaneState",
-    "Poll",
-    "Seen",
-    "StepSpec",
-    "ThroughputSpec",
-    "Verdict",
-    "evaluate",
-    "fatal_signs",
-    "history",
-    "worst_verdict",
-]
+__all__ = ["Judge", "evaluate", "fatal_signs"]
 
 
 class Judge(RunHistory):

@@ -28,10 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from launcher.verify.lines import last_nonblank, message_start
 from launcher.verify.readers import (
-    MAX_OBJECT_CHARS,
     READERS,
-    dict_fields,
-    json_fields,
     keyvalue_fields,
     kv_value,
     regex_fields,
@@ -50,14 +47,10 @@ from launcher.verify.samples import (
 __all__ = [
     "BAR_RE",
     "FORMATS",
-    "MAX_OBJECT_CHARS",
     "PRESETS",
     "FieldsSpec",
     "LineReader",
     "StatusSpec",
-    "dict_fields",
-    "json_fields",
-    "keyvalue_fields",
     "kv_value",
     "rate_unit",
     "regex_fields",

@@ -25,38 +25,19 @@ from launcher.verify.lines import (
     MINUTE_PREFIX_RE,
     clean_text,
     last_nonblank,
-    logical_lines,
     message_start,
     split_rows,
 )
 from launcher.verify.samples import (
-    DFLASH,
     MISS,
     NUMBER,
     Fields,
-    Quantity,
-    Reading,
-    ReadSample,
     RowMemo,
     Sample,
     SampleReader,
-    parse_rate,
 )
 
-__all__ = [
-    "DFLASH",
-    "Fields",
-    "Quantity",
-    "ReadSample",
-    "Reading",
-    "Sample",
-    "clean_text",
-    "logical_lines",
-    "message_start",
-    "parse_line",
-    "parse_pane",
-    "parse_rate",
-]
+__all__ = ["parse_line", "parse_pane"]
 
 
 # One findall per line yields (key, value) pairs: a key=value / key~value field, or

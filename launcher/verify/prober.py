@@ -21,11 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from launcher.core.errors import ContainerError, ExitCode, RemoteError
-from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
+from launcher.verify.checks import Judge
 from launcher.verify.lifecycle import State, ended, replacing
-from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.pane import PaneState, Poll
+from launcher.verify.parse import parse_pane
 from launcher.verify.policy import Tally, outcome, probe_reason
+from launcher.verify.results import CheckResult, Verdict
 from launcher.verify.rules.events import replaced
+from launcher.verify.samples import Sample
+from launcher.verify.spec import ChecksSpec
 
 # Unreachable polls in a row before the probe gives up with exit 3 (a blip is retried).
 UNREACHABLE_LIMIT = 3

@@ -18,11 +18,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.verify.checks import CheckResult, ChecksSpec, Judge, PaneState, Poll, Verdict
+from launcher.verify.checks import Judge
 from launcher.verify.lifecycle import State, ended, replacing
+from launcher.verify.pane import PaneState, Poll
 from launcher.verify.policy import Judgement, Tally, describe_failures, outcome
 from launcher.verify.prober import ParseFn
+from launcher.verify.results import CheckResult, Verdict
 from launcher.verify.samples import Sample
+from launcher.verify.spec import ChecksSpec
 from launcher.watch.events import LAST_LINES
 
 

@@ -15,7 +15,8 @@ from launcher.container.agentclient import container_for
 from launcher.container.pct import HostConnection
 from launcher.core.errors import RefusedError
 from launcher.deploy.deploy import DeployOptions, deploy
-from launcher.operate.commands import RunBack, rollback, stop
+from launcher.operate.rollback import RunBack, rollback
+from launcher.operate.stop import stop
 from launcher.probe.poll import poll_once
 from launcher.probe.workflows import deployed_run, parser_for
 from launcher.targets.fleet import connections_for

@@ -85,7 +85,8 @@ def separate_gpus(sb: Sandbox) -> None:
 def warm_agent_cache(sb: Sandbox, vmids: tuple[int, ...]) -> None:
     """Cache the agent in every container, as the first call to a container does: tests that
     count `pct` calls per command then see the steady state (one call, not a miss and a resend)."""
-    from launcher.container.agentclient import BOOT, payload
+    from launcher.agent.protocol import BOOT
+    from launcher.container.agentclient import payload
 
     request = {"op": "history", "workdir": "/root/warm-up", "limit": 1}
     for vmid in vmids:

@@ -238,7 +238,8 @@ def test_doctor_passes_then_names_each_failure(project: Project) -> None:
 
 
 def test_status_poll_has_record_and_log_age(project: Project) -> None:
-    from launcher.container.agentclient import BOOT, payload
+    from launcher.agent.protocol import BOOT
+    from launcher.container.agentclient import payload
 
     book = project.playbook("opspoll", gpus=0)
     project.write({"opspoll": (VMID, book)})

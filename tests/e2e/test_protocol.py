@@ -14,12 +14,13 @@ import pytest
 from launcher.agent import protocol as p
 from launcher.config.models import load_inventory
 from launcher.container.agentclient import AgentClient, AgentFailure
-from launcher.container.answers import declared_keys, problem
+from launcher.container.answers import problem
 from launcher.container.pct import Container
 from launcher.core.errors import ExitCode, ProtocolError
 from launcher.deploy.deploy import operator_info, transaction_request
 from launcher.transport.pool import ConnectionPool
 from tests.e2e.project import DEMO_TRAINER, Project
+from tests.unit.agentcontract import declared_keys
 
 pytestmark = pytest.mark.e2e
 

@@ -6,6 +6,7 @@ import ast
 import base64
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import importlib
 import json
@@ -37,8 +38,8 @@ from launcher.agent import poll as agent_poll
 from launcher.agent import processes as agent_processes
 from launcher.agent import stop as agent_stop
 from launcher.agent import tmux as agent_tmux
-from launcher.agent.protocol import RUN_ENV
-from launcher.container.agentclient import BOOT, agent_sources, payload
+from launcher.agent.protocol import BOOT, RUN_ENV
+from launcher.container.agentclient import agent_sources, payload
 from tests.unit.agentcontract import HandlerContract
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -659,15 +660,15 @@ def test_stale_lock_is_broken_with_a_warning(target: Target) -> None:
 
 def test_lock_content_while_held(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
-    real_launch = agent_deploy.Deploy.launch
+    real_launch = agent_deploy.launch
 
-    def spy(self: agent_deploy.Deploy) -> Any:
-        seen.update(json.loads(Path(self.lock.path).read_text()))
-        with open(self.lock.path) as f, pytest.raises(BlockingIOError):
+    def spy(state: agent_deploy.DeployState) -> Any:
+        seen.update(json.loads(Path(state.lock.path).read_text()))
+        with open(state.lock.path) as f, pytest.raises(BlockingIOError):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return real_launch(self)
+        return real_launch(state)
 
-    monkeypatch.setattr(agent_deploy.Deploy, "launch", spy)
+    monkeypatch.setattr(agent_deploy, "launch", spy)
     assert target.apply()["ok"] is True
     assert seen["operator"] == "alice" and seen["from_host"] == "laptop"
     assert seen["client_pid"] == 4242 and seen["agent_pid"] == os.getpid()
@@ -731,14 +732,14 @@ def test_what_a_transaction_starts_gets_sighup_and_sigpipe_at_their_default(
     it starts (tmux, nvidia-smi, the compile check) begins with both at their default: an
     ignored SIGHUP would be inherited, a caught one is reset by exec."""
     seen: list[str] = []
-    check_launch = agent_deploy.Deploy.check_launch
+    check_launch = agent_deploy.check_launch
 
-    def spy(self: agent_deploy.Deploy) -> Any:
+    def spy(state: agent_deploy.DeployState) -> Any:
         assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL  # the client may go
         seen.append(agent_base.run(["grep", "SigIgn:", "/proc/self/status"])[1])
-        return check_launch(self)
+        return check_launch(state)
 
-    monkeypatch.setattr(agent_deploy.Deploy, "check_launch", spy)
+    monkeypatch.setattr(agent_deploy, "check_launch", spy)
     result = target.apply()
     assert result["ok"] is True, result["error"]
     assert not ignored_signals(seen[0]) & {signal.SIGHUP, signal.SIGPIPE}, seen[0]
@@ -791,10 +792,10 @@ def test_wait_exit_of_nothing_or_of_the_gone_returns_at_once() -> None:
 def test_failure_after_install_still_answers_with_steps(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken_launch(self: agent_deploy.Deploy) -> Any:
+    def broken_launch(state: agent_deploy.DeployState) -> Any:
         raise RuntimeError("tmux exploded")
 
-    monkeypatch.setattr(agent_deploy.Deploy, "launch", broken_launch)
+    monkeypatch.setattr(agent_deploy, "launch", broken_launch)
     result = target.apply(checkpoints=None, checkpoint_mode="keep")
     # Not "failed" (which reads as unreachable): reached, acted on, nothing running.
     assert result["ok"] is False and result["error"]["kind"] == "down"
@@ -986,15 +987,15 @@ def test_purge_rechecks_right_before_deleting(
     outside.mkdir()
     (outside / "precious.pt").write_text("keep me")
     (target.workdir / "checkpoints").mkdir(parents=True)
-    original_stop = agent_deploy.Deploy.stop_old
+    original_stop = agent_deploy.stop_old
 
-    def stop_then_swap(self: agent_deploy.Deploy) -> Any:
-        answer = original_stop(self)
+    def stop_then_swap(state: agent_deploy.DeployState) -> Any:
+        answer = original_stop(state)
         shutil.rmtree(target.workdir / "checkpoints")
         (target.workdir / "checkpoints").symlink_to(outside)
         return answer
 
-    monkeypatch.setattr(agent_deploy.Deploy, "stop_old", stop_then_swap)
+    monkeypatch.setattr(agent_deploy, "stop_old", stop_then_swap)
     result = target.apply(checkpoint_mode="purge")
     assert result["error"]["kind"] == "unsafe_path", result
     assert (outside / "precious.pt").read_text() == "keep me"
@@ -1060,6 +1061,35 @@ def test_stale_temp_files_of_killed_deploys_are_removed(target: Target) -> None:
     assert not stale.exists()
     assert unrelated.read_text() == "mine"
     assert any(s["name"] == "leftovers" and str(stale) in s["detail"] for s in result["steps"])
+
+
+def test_a_release_deploy_removes_the_leftovers_of_killed_release_deploys(target: Target) -> None:
+    """A killed release deploy leaves a pushed stream, a `current` about to be renamed and a
+    staging directory: the next release deploy removes them (under the lock), nothing else."""
+    releases = target.workdir / "releases"
+    releases.mkdir(parents=True)
+    stream = target.workdir / ".release.launcher-0123456789ab.tmp"
+    link = target.workdir / ".current.launcher-0123456789ab.tmp"
+    staging = releases / ".20260101T000000Z-0123abcd.tmp"
+    staging.mkdir()
+    stream.write_bytes(b"partial")
+    link.symlink_to("releases/gone")
+    unrelated = releases / ".notes.tmp"
+    unrelated.write_text("mine")
+    data = b"print(1)\n"
+    digest = hashlib.sha256(data).hexdigest()
+    frames = gzip.compress(f"{digest} {len(data)}\n".encode() + data)
+    release = {
+        "manifest": [["main.py", len(data), 0o644, digest]],
+        "manifest_sha256": "0" * 64,
+        "blobs_b64": base64.b64encode(frames).decode(),
+    }
+    request = target.apply_request(dest=None, sha256=None, tmp=None, command="exec sleep 60",
+                                   release=release)  # fmt: skip
+    result = agent_main.run_local(request)
+    assert result["ok"] is True, result["error"]
+    assert not stream.exists() and not link.is_symlink() and not staging.exists()
+    assert unrelated.read_text() == "mine"
 
 
 def test_compile_error_quotes_the_new_script_not_the_installed_one(target: Target) -> None:
@@ -1310,11 +1340,11 @@ def test_a_launch_that_fails_after_the_stop_is_retried_once_then_run_is_down(
     ckpt.mkdir()
     calls: list[str] = []
 
-    def unstartable(self: agent_deploy.Deploy, marker: str) -> list[str]:
+    def unstartable(state: agent_deploy.DeployState, marker: str) -> list[str]:
         calls.append(marker)
         return ["no-such-tmux-command"]
 
-    monkeypatch.setattr(agent_deploy.Deploy, "launch_args", unstartable)
+    monkeypatch.setattr(agent_deploy, "launch_args", unstartable)
     result = target.apply(restart=True, checkpoint_mode="archive")
     assert len(calls) == 2, "tried, then retried once"
     error = result["error"]

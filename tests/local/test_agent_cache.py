@@ -20,10 +20,8 @@ from typing import Any
 import pytest
 
 from launcher.agent import cache as agent_cache
-from launcher.agent.protocol import FollowRequest
+from launcher.agent.protocol import AGENT_ARGV, BOOT, FollowRequest
 from launcher.container.agentclient import (
-    AGENT_ARGV,
-    BOOT,
     MISS_EXIT,
     MISS_MARKER,
     AgentClient,

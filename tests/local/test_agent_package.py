@@ -12,13 +12,8 @@ import zlib
 from pathlib import Path
 
 from launcher.agent import MODULES
-from launcher.container.agentclient import (
-    AGENT_ARGV,
-    agent_sources,
-    boot_source,
-    boot_wire,
-    payload,
-)
+from launcher.agent.protocol import AGENT_ARGV
+from launcher.container.agentclient import agent_sources, boot_source, boot_wire, payload
 
 PACKAGE = Path(__file__).resolve().parents[2] / "launcher" / "agent"
 

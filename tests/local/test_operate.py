@@ -36,16 +36,11 @@ from launcher.core.errors import (
     RemoteError,
 )
 from launcher.deploy.doctor import config_failed, doctor
-from launcher.operate.commands import (
-    LineSplitter,
-    attach,
-    attach_argv,
-    history,
-    history_lines,
-    logs,
-    rollback,
-    stop,
-)
+from launcher.operate.attach import attach, attach_argv
+from launcher.operate.history import history, history_lines
+from launcher.operate.logs import LineSplitter, logs
+from launcher.operate.rollback import rollback
+from launcher.operate.stop import stop
 from launcher.transport.resolve import resolve_endpoint
 from tests.unit.agentcontract import HandlerContract
 from tests.unit.fakehost import StrictFakeHost
@@ -816,7 +811,7 @@ def test_where_each_runs_checkpoints_are_follows_every_record(tmp_path: Path) ->
 
 def test_a_diff_of_two_runs_names_what_changed_and_never_an_env_value() -> None:
     from launcher.core.errors import UsageError
-    from launcher.operate.commands import diff_lines, find_run, run_diff
+    from launcher.operate.history import diff_lines, find_run, run_diff
 
     first = {**RECORD, "run": "s:20260101T000000Z-aa", "overrides": {"env": ["LR"]}}
     second = {

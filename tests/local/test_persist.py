@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from launcher.core.errors import CommandTimeout, ConnectError
-from launcher.transport import frames, persist, persistserver
+from launcher.transport import frames, persist, persistserver, rundir
 from launcher.transport.endpoint import CommandResult, Endpoint
 from launcher.transport.runner import Unavailable
 
@@ -158,16 +158,16 @@ def test_runtime_dir_is_private_or_nothing(monkeypatch: pytest.MonkeyPatch, tmp_
     base.mkdir(mode=0o700, exist_ok=True)
     try:
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
-        assert persist.runtime_dir() == base / "launcher"
+        assert rundir.runtime_dir() == base / "launcher"
         assert (base / "launcher").stat().st_mode & 0o777 == 0o700
         (base / "launcher").chmod(0o755)  # someone else could list and plant
-        assert persist.runtime_dir() is None
+        assert rundir.runtime_dir() is None
         (base / "launcher").rmdir()
         (base / "launcher").symlink_to(tmp_path)
-        assert persist.runtime_dir() is None
+        assert rundir.runtime_dir() is None
         (base / "launcher").unlink()
         monkeypatch.setenv("XDG_RUNTIME_DIR", "/" + "x" * 80)  # too long for a socket path
-        assert persist.runtime_dir() == Path(f"/tmp/launcher-{os.geteuid()}")
+        assert rundir.runtime_dir() == Path(f"/tmp/launcher-{os.geteuid()}")
     finally:
         for path in sorted(base.rglob("*"), reverse=True):
             path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
+from typing_extensions import is_typeddict
 
 from launcher.agent import main as agent_main
 from launcher.agent import protocol as p
 from launcher.container.agentclient import ANSWERS, REQUESTS, AgentFailure, check_answer
-from launcher.container.answers import declared_keys, is_typeddict, problem
+from launcher.container.answers import adapter, problem
 from launcher.core.errors import ExitCode, ProtocolError
-from tests.unit.agentcontract import HandlerContract
+from tests.unit.agentcontract import HandlerContract, declared_keys
 
 TMUX = shutil.which("tmux")
 
@@ -48,10 +49,18 @@ def test_an_answer_type_is_an_envelope(op: str) -> None:
 
 
 def test_every_protocol_type_can_be_checked() -> None:
-    """A type the checker does not know fails here, not on the first answer in the field."""
+    """A type pydantic cannot build an adapter for fails here, not on the first answer in the
+    field."""
     for name, kind in vars(p).items():
         if isinstance(kind, type) and is_typeddict(kind):
             assert problem({}, kind) is None or "has no" in str(problem({}, kind)), name
+
+
+def test_an_adapter_is_built_for_the_types_checked_only() -> None:
+    """Built on first use: a process that checks one op's answers pays for that op's alone."""
+    adapter.cache_clear()
+    check_answer("ct", "history", envelope(**HISTORY))
+    assert adapter.cache_info().currsize == 2  # the envelope's and the history answer's
 
 
 # --------------------------------------------------------------------------- the client's check

@@ -346,7 +346,7 @@ def test_the_console_sets_the_default_only_on_an_interactive_terminal_and_not_in
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from launcher.entry import console
-    from launcher.transport import persist
+    from launcher.transport import persistidle as persist
 
     class Tty:
         def __init__(self, tty: bool) -> None:

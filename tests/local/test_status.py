@@ -7,16 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.verify.parse import (
-    DFLASH,
-    Quantity,
-    Sample,
-    clean_text,
-    logical_lines,
-    parse_line,
-    parse_pane,
-    parse_rate,
-)
+from launcher.verify.lines import clean_text, logical_lines
+from launcher.verify.parse import parse_line, parse_pane
+from launcher.verify.samples import DFLASH, Quantity, Sample, parse_rate
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

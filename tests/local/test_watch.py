@@ -15,8 +15,8 @@ import pytest
 
 from launcher.config.models import VerifySpec
 from launcher.core.errors import RefusedError, UsageError
-from launcher.verify.checks import PaneState
 from launcher.verify.formats import StatusSpec
+from launcher.verify.pane import PaneState
 from launcher.verify.parse import parse_pane
 from launcher.watch.events import SCHEMA, Event
 from launcher.watch.judging import JudgeSettings, RunJudge

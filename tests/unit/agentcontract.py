@@ -9,18 +9,40 @@ shows up in any run that reaches the read.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
-from typing import Any, get_args
+from functools import cache
+from typing import Any, get_args, get_origin
 
 import pytest
+from typing_extensions import NotRequired, Required, is_typeddict
 
 from launcher.agent import base as agent_base
 from launcher.agent import main as agent_main
 from launcher.agent import protocol as p
 from launcher.container.agentclient import ANSWERS, REQUESTS
-from launcher.container.answers import declared_keys, is_typeddict, present_problem, problem
+from launcher.container.answers import present_problem, problem
 
 Reads = set[tuple[str, str]]  # (type name, key)
+
+
+@cache
+def declared_keys(kind: type) -> dict[str, tuple[bool, object]]:
+    """A TypedDict's keys: name → (required, type). Read from the annotations themselves:
+    with postponed annotations the class's own __required_keys__ cannot see NotRequired."""
+    hints = typing.get_type_hints(kind, include_extras=True)
+    # Each class's totality is already applied (inherited keys keep their base's); what a
+    # string annotation's Required/NotRequired says is applied here.
+    required_keys: frozenset[str] = getattr(kind, "__required_keys__", frozenset())
+    keys: dict[str, tuple[bool, object]] = {}
+    for name, hint in hints.items():
+        required = name in required_keys
+        if get_origin(hint) is Required:
+            required, hint = True, get_args(hint)[0]
+        elif get_origin(hint) is NotRequired:
+            required, hint = False, get_args(hint)[0]
+        keys[name] = (required, hint)
+    return keys
 
 
 class Recording(dict[str, Any]):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.container.agentclient import AGENT_ARGV
+from launcher.agent.protocol import AGENT_ARGV
 from launcher.container.pct import VERIFY_SCRIPT as VERIFY
 from launcher.container.pct import split_stamped
 from launcher.transport.endpoint import CommandResult

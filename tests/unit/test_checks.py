@@ -7,24 +7,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.verify.checks import (
-    CheckResult,
-    ChecksSpec,
-    Failure,
-    Judge,
-    LossSpec,
-    PaneState,
-    Poll,
-    StepSpec,
-    ThroughputSpec,
-    Verdict,
-    evaluate,
-    fatal_signs,
-    history,
-    worst_verdict,
-)
+from launcher.verify.checks import Judge, evaluate, fatal_signs
 from launcher.verify.detect import detect_status, suggests
-from launcher.verify.parse import Fields, Sample, parse_pane
+from launcher.verify.history import history
+from launcher.verify.pane import PaneState, Poll
+from launcher.verify.parse import parse_pane
+from launcher.verify.results import CheckResult, Failure, Verdict, worst_verdict
+from launcher.verify.samples import Fields, Sample
+from launcher.verify.spec import ChecksSpec, LossSpec, StepSpec, ThroughputSpec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

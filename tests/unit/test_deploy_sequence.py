@@ -12,7 +12,8 @@ import pytest
 
 from launcher.core.errors import ContainerError, ExitCode, LauncherError
 from launcher.deploy import deploy as deploy_module
-from launcher.deploy.deploy import DeployOptions, Step, deploy
+from launcher.deploy.deploy import DeployOptions, deploy
+from launcher.targets.workflow import Step
 from tests.unit.fakehost import StrictFakeHost
 from tests.unit.projectfiles import SCRIPT, load_target
 from tests.unit.projectfiles import preflight_answer as preflight

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-from launcher.verify.checks import ChecksSpec, Failure, PaneState, Poll, Verdict, evaluate
+from launcher.verify.checks import evaluate
 from launcher.verify.detect import detect_status, suggests
 from launcher.verify.formats import StatusSpec
+from launcher.verify.pane import PaneState, Poll
 from launcher.verify.parse import parse_pane
+from launcher.verify.results import Failure, Verdict
 from launcher.verify.samples import Share
-from launcher.verify.spec import QueueSpec
+from launcher.verify.spec import ChecksSpec, QueueSpec
 
 PANES = Path(__file__).resolve().parent.parent / "fixtures" / "panes"
 

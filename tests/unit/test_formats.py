@@ -11,17 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from launcher.verify.formats import (
-    MAX_OBJECT_CHARS,
-    StatusSpec,
-    dict_fields,
-    json_fields,
-    keyvalue_fields,
-    rate_unit,
-    to_rate,
-)
-from launcher.verify.parse import DFLASH, Quantity, ReadSample, Sample, message_start, parse_pane
-from launcher.verify.samples import Share
+from launcher.verify.formats import StatusSpec, rate_unit, to_rate
+from launcher.verify.lines import message_start
+from launcher.verify.parse import parse_pane
+from launcher.verify.readers import MAX_OBJECT_CHARS, dict_fields, json_fields, keyvalue_fields
+from launcher.verify.samples import DFLASH, Quantity, ReadSample, Sample, Share
 
 PANES = Path(__file__).resolve().parents[1] / "fixtures" / "panes"
 

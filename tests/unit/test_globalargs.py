@@ -1,5 +1,5 @@
 """The global options read from argv before click (launcher/entry/globalargs.py): the same names
-as the click group's, read the same way by the console script and the command server."""
+as the click group's, read as click reads them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from launcher.cli.main import cli
 from launcher.entry import console, globalargs
-from launcher.entry.cmdserver import server, wire
 
 
 def test_the_names_are_the_click_groups() -> None:
@@ -34,13 +33,14 @@ def test_the_names_are_the_click_groups() -> None:
         ["-t", "a,b", "-q", "--debug"],
     ],
 )
-def test_console_and_command_server_agree_on_every_global_option(before: list[str]) -> None:
-    """Each global option before the command: the server finds the command (not the option's
-    value), the console answers `--version` at once, and the inventory is the one given."""
-    assert wire.command_of([*before, "status", "-t", "x"]) == "status"
+def test_every_global_option_is_read_with_its_value(before: list[str]) -> None:
+    """Each global option before the command: the command is found (not the option's value),
+    the console answers `--version` at once, and the inventory is the one given."""
+    found = globalargs.read([*before, "status", "-t", "x"])
+    assert found.command == "status"
     assert console._asks_version_only([*before, "--version"])
     inventory = "inv.yaml" if any("inv" in word for word in before) else None
-    assert server.inventory_option([*before, "status"]) == inventory
+    assert found.last("--inventory") == inventory
 
 
 def test_a_value_is_the_next_word_as_click_takes_it() -> None:

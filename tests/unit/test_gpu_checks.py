@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from launcher.verify.checks import ChecksSpec, Failure, Judge, PaneState, Poll, Verdict
+from launcher.verify.checks import Judge
 from launcher.verify.gpus import GpuCheckSpec, GpuSample, judge, sample_from_answer, status_text
+from launcher.verify.pane import PaneState, Poll
 from launcher.verify.parse import parse_pane
+from launcher.verify.results import Failure, Verdict
+from launcher.verify.spec import ChecksSpec
 
 LINE = (
     "[0m] step={step} loss=2.1000 acc=0.800 streak=3.0 lr=6.00e-04 noise=0.1000 | tgt=4.00b/s "

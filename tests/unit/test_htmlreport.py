@@ -17,9 +17,10 @@ import pytest
 from launcher import __version__
 from launcher.probe.htmlreport import Run, render_html, step_rate, throughput_unit, timeline
 from launcher.probe.report import SPARKS, sparkline, to_junit
-from launcher.verify.checks import ChecksSpec, PaneState
+from launcher.verify.pane import PaneState
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings
 from launcher.verify.samples import Reading, ReadSample, Sample
+from launcher.verify.spec import ChecksSpec
 
 HOSTILE = (
     "evil <script>alert(1)</script> </pre><img src=http://x.invalid/a.png> \x1b]0;pwned\x07&amp;"

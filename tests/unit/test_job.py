@@ -26,9 +26,9 @@ from launcher.jobs.verify import (
     status_job,
 )
 from launcher.targets.fleet import Outcome
-from launcher.verify.checks import PaneState
 from launcher.verify.gpus import GpuSample
 from launcher.verify.lifecycle import State, status_exit
+from launcher.verify.pane import PaneState
 from tests.unit.projectfiles import write_project
 
 JOB = """\

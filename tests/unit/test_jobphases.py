@@ -14,13 +14,13 @@ import pytest
 
 from launcher.config.models import Target, load_inventory
 from launcher.core.errors import ExitCode, LauncherError, RefusedError, RemoteError, UsageError
-from launcher.deploy.deploy import Step
 from launcher.jobs import deploy as jobdeploy
 from launcher.jobs.deploy import Phases, run_phases
 from launcher.jobs.job import Job, NodeResult, load_job
 from launcher.jobs.logs import chosen_nodes
 from launcher.jobs.network import NetworkPlan
-from launcher.operate.commands import StopResult
+from launcher.operate.stop import StopResult
+from launcher.targets.workflow import Step
 from tests.unit.test_job import JOB, inventory_with
 
 ADDRESSED = JOB + "    addresses: {prod: 10.0.0.5}\n"  # rank 0's address: no remote call

@@ -11,11 +11,15 @@ import pytest
 
 from launcher.core.errors import ExitCode
 from launcher.probe.workflows import status_state
-from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll, Verdict
+from launcher.verify.checks import Judge
 from launcher.verify.formats import StatusSpec
 from launcher.verify.lifecycle import State, ended, replacing, status_exit
-from launcher.verify.parse import Sample, parse_pane
+from launcher.verify.pane import PaneState, Poll
+from launcher.verify.parse import parse_pane
 from launcher.verify.prober import Prober, ProbeResult, ProbeSettings, lasted
+from launcher.verify.results import Verdict
+from launcher.verify.samples import Sample
+from launcher.verify.spec import ChecksSpec
 
 PANES = Path(__file__).resolve().parent.parent / "fixtures"
 DEMO = (PANES / "demo_pane_250col_joined.txt").read_text().splitlines()  # 80 DFlash lines

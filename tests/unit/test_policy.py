@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.verify import registry
-from launcher.verify.checks import ChecksSpec, Judge, PaneState, Poll
+from launcher.verify.checks import Judge
+from launcher.verify.pane import PaneState, Poll
 from launcher.verify.parse import parse_pane
 from launcher.verify.policy import (
     Judgement,
@@ -17,6 +18,7 @@ from launcher.verify.policy import (
 )
 from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.verify.rules.base import UNRANKED, Check, check
+from launcher.verify.spec import ChecksSpec
 
 LINE = "[0m] step={step} loss=1.5 | tgt=0.40b/s (20.0Ktok/s) | q_pre=[8, 6, 6, 5, 4, 4] q_hs=[4]"
 

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from launcher.core.errors import CommandTimeout, ConnectError, ContainerError, ExitCode
-from launcher.verify.checks import CheckResult, ChecksSpec, PaneState, Verdict
+from launcher.verify.pane import PaneState
 from launcher.verify.prober import POLL_FLOOR, Prober, ProbeResult, ProbeSettings
+from launcher.verify.results import CheckResult, Verdict
+from launcher.verify.spec import ChecksSpec
 
 
 def by_name(results: Sequence[CheckResult]) -> dict[str, CheckResult]:

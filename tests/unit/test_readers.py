@@ -44,8 +44,8 @@ def test_the_parser_and_the_readers_share_leaves_not_each_other() -> None:
     with open(source, encoding="utf-8") as handle:
         text = handle.read()
     assert "verify.formats" not in text.replace("`launcher.verify.formats`", "")
-    assert parse.Sample is samples.Sample and parse.logical_lines is lines.logical_lines
-    assert formats.json_fields is readers.json_fields
+    assert parse.Sample is samples.Sample and parse.clean_text is lines.clean_text
+    assert formats.READERS is readers.READERS
 
 
 def test_a_count_of_a_total_is_a_share_in_every_format() -> None:

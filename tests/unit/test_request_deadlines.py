@@ -141,16 +141,16 @@ def test_a_deploy_held_up_in_its_checks_does_not_begin_after_its_deadline(
     """A deploy frozen mid-way: the checks were under way when the CT froze; after the
     thaw the transaction must not stop the old run and launch the new one."""
 
-    def frozen_check() -> tuple[str, str]:
+    def frozen_check(state: agent_deploy.DeployState) -> tuple[str, str]:
         clock[0] = NOW + 40  # the CT thaws 40 s later; the client gave up at 12 s
         return "ok", "checked"
 
-    monkeypatch.setattr(agent_deploy.Deploy, "checks", lambda self: [("verify", frozen_check)])
-    monkeypatch.setattr(agent_deploy.Deploy, "start_queries", lambda self: None)
+    monkeypatch.setattr(agent_deploy, "checks", lambda state: [("verify", frozen_check)])
+    monkeypatch.setattr(agent_deploy, "start_queries", lambda state: None)
     for step in ("install", "stop_old", "launch"):
-        monkeypatch.setattr(agent_deploy.Deploy, step, lambda self: pytest.fail("changed"))
-    deploy = agent_deploy.Deploy(transaction(tmp_path, deadline=12.0), [])
-    error, result = deploy.run()
+        monkeypatch.setattr(agent_deploy, step, lambda state: pytest.fail("changed"))
+    state = agent_deploy.DeployState(transaction(tmp_path, deadline=12.0), [])
+    error, result = agent_deploy.run_transaction(state)
     assert error is not None and error.kind == "expired"
     assert "the deploy's first change was not started" in error.message
     assert [s["name"] for s in result["steps"]] == ["verify"]
@@ -160,15 +160,16 @@ def test_a_deploy_held_up_in_its_checks_does_not_begin_after_its_deadline(
 def test_a_deploy_that_arrives_late_runs_no_check(
     clock: list[float], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(agent_deploy.Deploy, "checks", lambda self: pytest.fail("checked"))
+    monkeypatch.setattr(agent_deploy, "checks", lambda state: pytest.fail("checked"))
     clock[0] = NOW + 71  # pct stalled 70 s on the host
-    error, result = agent_deploy.Deploy(transaction(tmp_path, deadline=12.0), []).run()
+    state = agent_deploy.DeployState(transaction(tmp_path, deadline=12.0), [])
+    error, result = agent_deploy.run_transaction(state)
     assert error is not None and error.kind == "expired" and result["steps"] == []
 
 
 def test_a_plan_has_no_deadline(clock: list[float], tmp_path: Path) -> None:
-    deploy = agent_deploy.Deploy(transaction(tmp_path, deadline=1.0, plan=True), [])
-    assert deploy.deadline is None
+    state = agent_deploy.DeployState(transaction(tmp_path, deadline=1.0, plan=True), [])
+    assert state.deadline is None
 
 
 # --------------------------------------------------------------------------- the client's side
@@ -329,7 +330,7 @@ def test_a_read_of_a_frozen_ct_is_paused_at_once_and_never_piles_up(
 def test_a_stop_for_a_named_run_does_not_look_first(tmp_path: Path) -> None:
     """A watcher that gives up on run A stops A, not what someone deployed since: it names A
     and the poll is not needed."""
-    from launcher.operate.commands import stop
+    from launcher.operate.stop import stop
     from tests.local.test_operate import stop_report
     from tests.unit.projectfiles import load_target
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.operate.commands import LineSplitter
+from launcher.operate.logs import LineSplitter
 from launcher.output.termsafe import Sanitizer, resolve_cr, sanitize
 
 ESC = "\x1b"

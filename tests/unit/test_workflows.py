@@ -161,7 +161,7 @@ def test_naming_a_request_loads_no_workflow() -> None:
     module only (what `launcher status` loads is what it needs, not stop's or doctor's)."""
     loaded = _loaded_with("launcher.commands.table")
     assert "launcher.core.requests" in loaded
-    assert {"launcher.operate.commands", "launcher.deploy.doctor"} & loaded == set()
+    assert {"launcher.operate.stop", "launcher.deploy.doctor"} & loaded == set()
 
 
 class Reached(RefusedError):
