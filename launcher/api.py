@@ -21,7 +21,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import Unpack
+
 from launcher.commands import args
+from launcher.commands.keywords import ProbeKeywords, WatchKeywords, known_keywords
 from launcher.commands.table import BY_REQUEST, COMMANDS, run, wiring
 from launcher.config.models import Inventory, Target, inventory_path, load_inventory
 from launcher.core.errors import ExitCode, UnhealthyError, UsageError
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from launcher.watch.session import WatchResult, WatchSession
 
 LineSink = Callable[[str], None]
+
 # A method's keywords that are not its request's: the target and where progress goes.
 NOT_REQUEST = frozenset(("self", "target", "on_step", "on_line", "check"))
 
@@ -147,22 +151,14 @@ class Launcher:
         return report
 
     def verify(
-        self,
-        target: str | None = None,
-        *,
-        wait: float | None = None,
-        interval: float | None = None,
-        window: float | None = None,
-        successes: int | None = None,
-        failure_threshold: int | None = None,
-        check: bool = False,
+        self, target: str | None = None, *, check: bool = False, **probe: Unpack[ProbeKeywords]
     ) -> VerifyResult:
         """The startup probe. Unset settings come from the playbook's `verify:` section.
 
         The verdict is in the result (`verdict`, `exit_code` 0 healthy, 1 unhealthy); with
         `check=True` an unhealthy run raises UnhealthyError (exit code 1) instead.
         """
-        request = _request("verify", locals())
+        request = _request("verify", known_keywords("verify", dict(probe), ProbeKeywords))
         check = args.flag("check", check)
         result: VerifyResult = run(self._context(target), request)
         if check and result.exit_code != ExitCode.OK:
@@ -173,20 +169,18 @@ class Launcher:
         self,
         target: str | None = None,
         *,
-        wait: float | None = None,
-        interval: float | None = None,
-        window: float | None = None,
-        successes: int | None = None,
-        failure_threshold: int | None = None,
         wait_lock: float | None = None,
         rollback_on_failure: bool = False,
         on_step: Callable[[Step], None] | None = None,
+        **probe: Unpack[ProbeKeywords],
     ) -> SmokeResult:
         """`deploy --restart`, then the probe of the run that deploy started (as `launcher
         smoke`). A deploy that fails raises its LauncherError; the verdict is in the result.
         With `rollback_on_failure`, a failed probe puts the previous run back (`exit_code` 5,
         6 or 7 as for `deploy`)."""
-        request = _request("smoke", locals())
+        given = known_keywords("smoke", dict(probe), ProbeKeywords)
+        given.update(wait_lock=wait_lock, rollback_on_failure=rollback_on_failure)
+        request = _request("smoke", given)
         on_step = args.callback("on_step", on_step)
         result: SmokeResult = run(self._context(target, on_step), request)
         if result.deploy_error is not None:
@@ -267,27 +261,18 @@ class Launcher:
     def watch(
         self,
         *targets: str,
-        duration: float | None = None,
-        interval: float | None = None,
         wait: float | None = None,
-        restart_on_failure: bool = False,
-        max_restarts: int = 3,
-        restart_window: float = 3600.0,
-        restart_backoff: float = 10.0,
-        webhooks: Sequence[str] = (),
-        commands: Sequence[str] = (),
-        metrics_port: int | None = None,
-        metrics_address: str = "127.0.0.1",
-        state: str | os.PathLike[str] | None = None,
         on_event: Callable[[Event], None] | None = None,
         started: Callable[[WatchSession], None] | None = None,
+        **settings: Unpack[WatchKeywords],
     ) -> WatchResult:
         """`launcher watch` (names, `a,b` lists and groups as `targets()` takes them): judge
         the runs until `duration` passes (None: until stopped), each transition to `on_event`,
         the webhooks and the commands (what `on_event` raises goes to `on_line`; the watch and
         its webhooks go on). `started` receives the session once it watches:
         `session.stop()` ends it from another thread (the result's exit code is then 0).
-        The watch opens its own connections and closes them when it ends.
+        The watch opens its own connections and closes them when it ends. The settings
+        (`WatchKeywords`) are `launcher watch`'s options; unset, their defaults there.
         """
         from launcher.core import params
         from launcher.watch.monitor import WatchSettings
@@ -295,27 +280,34 @@ class Launcher:
         from launcher.watch.session import WatchRequest, WatchSession, guarded
         from launcher.watch.state import default_state_path
 
+        given = known_keywords("watch", dict(settings), WatchKeywords)
+        metrics_address = given.get("metrics_address", "127.0.0.1")
         if not isinstance(metrics_address, str):
             raise UsageError(f"metrics_address={metrics_address!r}: must be an address (a string)")
-        where = args.path("state", state)
+        where = args.path("state", given.get("state"))
+        port = given.get("metrics_port")
         request = WatchRequest(
             state_path=Path(where) if where else default_state_path(self._inventory_path),
             settings=WatchSettings(
-                interval=args.duration("interval", interval, params.INTERVAL),
+                interval=args.duration("interval", given.get("interval"), params.INTERVAL),
                 wait=args.duration("wait", wait, params.WAIT),
-                restart=args.flag("restart_on_failure", restart_on_failure),
+                restart=args.flag("restart_on_failure", given.get("restart_on_failure", False)),
                 policy=RestartPolicy(
-                    args.count("max_restarts", max_restarts, params.MAX_RESTARTS),
-                    args.seconds("restart_window", restart_window, params.RESTART_WINDOW),
-                    args.seconds("restart_backoff", restart_backoff, params.RESTART_BACKOFF),
+                    args.count("max_restarts", given.get("max_restarts", 3), params.MAX_RESTARTS),
+                    args.seconds(
+                        "restart_window", given.get("restart_window", 3600.0), params.RESTART_WINDOW
+                    ),
+                    args.seconds(
+                        "restart_backoff",
+                        given.get("restart_backoff", 10.0),
+                        params.RESTART_BACKOFF,
+                    ),
                 ),
             ),
-            duration=args.duration("duration", duration, params.WATCH_FOR),
-            webhooks=args.strings("webhooks", webhooks),
-            commands=args.strings("commands", commands),
-            metrics_port=None
-            if metrics_port is None
-            else args.count("metrics_port", metrics_port, params.PORT),
+            duration=args.duration("duration", given.get("duration"), params.WATCH_FOR),
+            webhooks=args.strings("webhooks", given.get("webhooks", ())),
+            commands=args.strings("commands", given.get("commands", ())),
+            metrics_port=None if port is None else args.count("metrics_port", port, params.PORT),
             metrics_address=metrics_address,
         )
         sink = guarded(args.callback("on_event", on_event) or (lambda event: None), self._say)

@@ -10,13 +10,15 @@ Each call opens its nodes' connections and closes them when it returns. Results 
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from typing_extensions import Unpack
 
 from launcher.commands import args
 from launcher.commands.jobs import JobSinks
+from launcher.commands.keywords import WatchKeywords, known_keywords
 from launcher.commands.table import COMMANDS, wiring
 from launcher.core.errors import UsageError
 
@@ -120,25 +122,16 @@ class Jobs:
         self,
         name: str,
         *,
-        interval: float = 10.0,
-        duration: float | None = None,
-        restart_on_failure: bool = False,
-        max_restarts: int = 3,
-        restart_window: float = 3600.0,
-        restart_backoff: float = 10.0,
-        webhooks: Sequence[str] = (),
-        commands: Sequence[str] = (),
-        metrics_port: int | None = None,
-        metrics_address: str = "127.0.0.1",
-        state: str | os.PathLike[str] | None = None,
         on_event: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
+        **settings: Unpack[WatchKeywords],
     ) -> JobWatchResult:
-        """`launcher job watch`: the job's verdict polled every `interval` until `duration`
-        passes (None: until `stop` is set), each change to `on_event` and, as events, to the
-        state file, `webhooks` and `commands` (as `Launcher.watch`); with
-        `restart_on_failure` the whole job is redeployed on a failure, within the budget."""
-        given = dict(locals())
+        """`launcher job watch`: the job's verdict polled every `interval` (default 10 s) until
+        `duration` passes (None: until `stop` is set), each change to `on_event` and, as
+        events, to the state file, `webhooks` and `commands` (the settings are
+        `Launcher.watch`'s); with `restart_on_failure` the whole job is redeployed on a
+        failure, within the budget."""
+        given = {"name": name, **known_keywords("watch", dict(settings), WatchKeywords)}
         if stop is not None and not isinstance(stop, threading.Event):
             raise UsageError(f"stop={stop!r}: must be a threading.Event or None")
         event = args.callback("on_event", on_event)

@@ -5,6 +5,7 @@ the API's keywords (written out, for its readers and type checkers) are its requ
 from __future__ import annotations
 
 import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,27 @@ def test_the_apis_keywords_and_defaults_are_its_requests(name: str) -> None:
     """A method's keywords are its request's, and what it passes when none is given builds
     the request the declaration's defaults build."""
     command = COMMANDS[name]
-    signature = inspect.signature(_api_method(name)).parameters
-    keywords = {p.name: p.default for p in signature.values() if p.name not in API_EXTRAS}
+    method = _api_method(name)
+    signature = inspect.signature(method).parameters
+    keywords = {
+        p.name: p.default
+        for p in signature.values()
+        if p.name not in API_EXTRAS and p.kind is not p.VAR_KEYWORD
+    }
     keywords.pop("self", None)
+    # `**probe: Unpack[ProbeKeywords]`: a shared keyword set, each name unset by default
+    shared = {
+        key
+        for p in signature.values()
+        if p.kind is p.VAR_KEYWORD
+        for key in typing.get_args(eval(p.annotation, vars(inspect.getmodule(method))))[
+            0
+        ].__annotations__
+    }
     if "names" in signature:  # job status: the jobs are its positional arguments
         keywords = {}
     wanted = {p.keyword for p in parameters(command.request_type) if p.option.api}
-    assert set(keywords) == wanted - {"name", "names"}
+    assert set(keywords) | shared == wanted - {"name", "names"}
     named = {"name": "train"} if "name" in wanted else {}
     assert command.request({**keywords, **named}) == command.request(named)
 
@@ -151,3 +166,15 @@ def test_the_cli_refuses_both_checkpoint_flags(capsys: pytest.CaptureFixture[str
         assert "--purge-checkpoints and --keep-checkpoints exclude each other" in (
             capsys.readouterr().err
         )
+
+
+def test_a_shared_keyword_set_refuses_a_name_it_does_not_hold(tmp_path: Path) -> None:
+    """`**probe: Unpack[ProbeKeywords]` takes only its own names, as a written-out signature
+    would: a misspelt setting is a TypeError naming it, never a setting silently unset."""
+    with Launcher(write_project(tmp_path)) as launcher:
+        with pytest.raises(TypeError, match="'wiat'"):
+            launcher.verify("prod", wiat=3)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="'grace'"):
+            launcher.watch("prod", grace=3)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="'wait'"):
+            launcher.jobs.watch("train", wait=3)  # type: ignore[call-arg]
