@@ -24,7 +24,7 @@ from launcher.transport.ssh import SSHConnection
 if TYPE_CHECKING:
     from launcher.transport.persist import PersistedRunner
     from launcher.transport.relay import Relay
-    from launcher.transport.sshopen import BoundedConnection
+    from launcher.transport.fabricview import OpenedConnection
 
 
 def _discard(data: bytes) -> None:
@@ -110,8 +110,8 @@ class Connection:
 
     # -- the SSH connection itself --------------------------------------------------------------
     @property
-    def fabric(self) -> BoundedConnection:
-        """The Fabric Connection under this one, connected (for Fabric's own API)."""
+    def fabric(self) -> OpenedConnection:
+        """Fabric's Connection over this one, connected (for Fabric's own API)."""
         return self.ssh.fabric
 
     def connect(self) -> None:
