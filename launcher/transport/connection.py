@@ -22,9 +22,9 @@ from launcher.transport.runner import Runner, first_taker
 from launcher.transport.ssh import SSHConnection
 
 if TYPE_CHECKING:
+    from launcher.transport.fabricview import OpenedConnection
     from launcher.transport.persist import PersistedRunner
     from launcher.transport.relay import Relay
-    from launcher.transport.fabricview import OpenedConnection
 
 
 def _discard(data: bytes) -> None:

@@ -57,6 +57,8 @@ NOT_FOR_STATUS = {
     # other workflows
     "launcher.api",
     "launcher.buckets",
+    "launcher.deploy.deploy",  # smoke's and deploy's: status's table names DeployOptions only
+    "launcher.deploy.localhistory",
     "launcher.deploy.doctor",
     "launcher.probe.htmlreport",
     "launcher.jobs.job",
