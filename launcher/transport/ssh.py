@@ -3,10 +3,9 @@
 Under it is paramiko's client (transport/sshopen.py); Fabric's `Connection` is built over it
 only when asked for (`fabric`). paramiko and cryptography take ~0.1 s to import: they are
 imported only when a connection is opened, so `--help`, `--version`, configuration errors and a
-command through a persisted connection do not pay for them. Host
-keys are always checked; connecting (TCP, banner, key exchange, auth, every jump host) ends
-within connect_timeout as a whole, retries included (tenacity); every command is bounded; only
-the connect phase is retried.
+command through a persisted connection do not pay for them. Host keys are always checked;
+connecting (TCP, banner, key exchange, auth, every jump host) ends within connect_timeout as a
+whole, retries included (tenacity); every command is bounded; only the connect phase is retried.
 
 Commands run on launcher's own channel code over paramiko's transport, not through invoke's
 runner: stdin goes in one write (invoke copies a non-terminal stdin a byte per 10 ms) and a
