@@ -5,8 +5,8 @@ every import the process made) and the packages that cost the most. launcher's o
 import nearly everything else, so grouping the top-level entries alone would name launcher and
 little more; a package's cost is instead the cumulative time of each import of it made by
 launcher's code or by the interpreter itself (pydantic imported inside `launcher.config.models`
-counts as pydantic; invoke, which paramiko imports, counts as paramiko). Those costs and the self
-time of launcher's own modules add up to the total.
+counts as pydantic; cryptography, which paramiko imports, counts as paramiko). Those costs and
+the self time of launcher's own modules add up to the total.
 """
 
 from __future__ import annotations

@@ -101,7 +101,10 @@ def profile_in_process(inventory: str, target: str) -> None:
     import launcher.cli.main
 
     cli_imported = time.perf_counter()
-    import launcher.commands.table  # (what `status` imports: config, pydantic, verify)
+    # What `status` imports: its command module (the table, the fleet, the configuration models
+    # and pydantic) and its workflow (verify's judging).
+    import launcher.cli.verify
+    import launcher.probe.workflows
 
     imported = time.perf_counter()
     import launcher.config.models

@@ -5,7 +5,7 @@ from __future__ import annotations
 from launcher.cli.context import AppContext
 from launcher.cli.declared import declared, show_on_targets
 from launcher.commands.table import COMMANDS, Command
-from launcher.deploy.deploy import DeployOptions
+from launcher.core.requests import DeployOptions
 
 
 def show_deploy(app: AppContext, options: DeployOptions, command: Command) -> None:

@@ -23,8 +23,7 @@ from launcher.core.jobrequests import (
     JobVerifyRequest,
     JobWatchRequest,
 )
-from launcher.core.requests import ProbeOverrides
-from launcher.deploy.deploy import DeployOptions
+from launcher.core.requests import DeployOptions, ProbeOverrides
 from launcher.jobs.deploy import JobResult, Say, deploy_job, stop_job
 from launcher.jobs.history import JobHistory, job_history
 from launcher.jobs.job import load_job, on_job

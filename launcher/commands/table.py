@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from launcher.commands import args
 from launcher.core import jobrequests as jobs
 from launcher.core.requests import (
+    DeployOptions,
     DoctorRequest,
     HistoryRequest,
     LogsRequest,
@@ -26,7 +27,6 @@ from launcher.core.requests import (
     StopRequest,
     VerifyRequest,
 )
-from launcher.deploy.deploy import DeployOptions
 
 if TYPE_CHECKING:
     from launcher.deploy.deploy import DeployReport

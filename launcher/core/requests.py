@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import click
 
 from launcher.core.declare import flag, option, seconds
+from launcher.core.errors import UsageError
 from launcher.core.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT, WAIT_LOCK, WINDOW
 
 # What a deploy does with the old run's checkpoints.
@@ -58,6 +59,89 @@ def tail_lines(help: str) -> Any:
 
 def json_flag(help: str) -> Any:
     return flag(help, api=False)
+
+
+def env_values(items: tuple[str, ...]) -> dict[str, str]:
+    """`--env` KEY=VALUE items as the deploy's environment."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: write KEY=VALUE")
+        env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """Upload the script (verified), stop the old run, set checkpoints aside, launch in tmux.
+
+    \b
+    Examples:
+      launcher deploy -t staging              # first launch; refuses if a run is active
+      launcher deploy --restart -t prod       # replace the running job
+      launcher deploy --restart --dry-run     # show the plan, change nothing
+      launcher deploy --restart --all         # every target, in parallel, one table
+      launcher deploy --restart --wait-lock 10m   # CI: queue behind a deploy in progress
+      launcher deploy --restart --verify --rollback-on-failure   # the last good run back if not
+    Steps go to stderr as they happen (-q: none); the result or --json to stdout.
+    Exit codes: 0 deployed (or planned; with --verify: and healthy), 1 (--verify) unhealthy,
+    2 bad input, 3 unreachable or a step failed, 4 refused (lock held, run active, GPUs busy;
+    with --rollback-on-failure: no run it could go back to), 5 rolled back and the previous
+    run healthy again, 6 rolled back but not healthy, 7 the rollback failed, 130 interrupted;
+    a fleet: the highest.
+    """
+
+    restart: bool = flag("Stop the running session first (C-c, wait, kill).")
+    dry_run: bool = flag("Print every step it would take; change nothing.")
+    grace: float | None = seconds(
+        "Wait this long after C-c: 90, 90s, 2m; 0 s to 1 h (default: playbook stop_grace).", GRACE
+    )
+    checkpoint_mode: CheckpointMode = checkpoints(
+        "Delete old checkpoints, not archive them.", "Leave checkpoints in place (for a resume)."
+    )
+    # Kill GPU holders that are not part of the old run instead of refusing (exit 4).
+    kill_gpu_holders: bool = flag(
+        "Kill processes outside the old run that hold the GPUs (default: refuse, exit 4)."
+    )
+    # Beyond keep_archives, prune also archives worth more than the runs kept in their place.
+    prune_archives: bool = flag(
+        "Beyond the playbook's keep_archives, prune also archives of runs that lived longer "
+        "or hold more checkpoints than the runs kept (default: those are kept)."
+    )
+    # Wait this long (seconds) for another deploy's lock instead of refusing at once.
+    wait_lock: float = lock_wait()
+    # For this deploy only (recorded in history): env values, playbook keys, the command, why.
+    env: dict[str, str] = option(
+        "Set an environment value for this deploy (repeatable; history records the name).",
+        factory=dict,
+        repeat=True,
+        metavar="KEY=VALUE",
+        parse=env_values,
+    )
+    sets: tuple[str, ...] = option(
+        "Override a playbook key for this deploy, e.g. verify.wait=60 (repeatable).",
+        (),
+        names=("--set",),
+        repeat=True,
+        metavar="KEY=VALUE",
+    )
+    command: str | None = option("Run this command instead of the playbook's.")
+    message: str | None = option(
+        "Why: recorded in history with the deploy.", names=("--message", "-m")
+    )
+    diff: bool = flag("With a project: show text diffs of changed files.")
+    # Probe the new run after the deploy (launcher.operate.redeploy); on failure, with
+    # rollback_on_failure, put the previous run back. rollback_on_failure also makes the
+    # transaction refuse, before any change, when that would be impossible.
+    verify: bool = flag("Then run the startup probe on the new run (exit 1 unhealthy).")
+    rollback_on_failure: bool = rollback_flag()
+    json: bool = json_flag("Print the report as JSON (schema launcher.deploy/1).")
+    # Replace only this run (a watcher's restart): refused (exit 4) if another replaced it.
+    expect_run: str | None = None
+    # A multi-node job (launcher.jobs.job): the run id every node records, and the job's name.
+    run_id: str | None = None
+    job: str | None = None
 
 
 @dataclass(frozen=True)

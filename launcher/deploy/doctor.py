@@ -24,8 +24,8 @@ from launcher.core.errors import (
     RemoteError,
     UsageError,
 )
-from launcher.core.requests import DoctorRequest
-from launcher.deploy.deploy import DeployOptions, plan_request, read_script
+from launcher.core.requests import DeployOptions, DoctorRequest
+from launcher.deploy.deploy import plan_request, read_script
 from launcher.targets.fleet import Outcome
 from launcher.targets.workflow import Context, Step
 

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from launcher.config.models import Target
 from launcher.container.pct import HostConnection
 from launcher.core.errors import ExitCode, LauncherError
+from launcher.core.requests import DeployOptions
 from launcher.core.runid import new_run_id
-from launcher.deploy.deploy import DeployOptions, DeployReport, deploy
+from launcher.deploy.deploy import DeployReport, deploy
 from launcher.jobs.job import (
     Job,
     JobNodes,

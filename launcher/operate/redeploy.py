@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.core.errors import ExitCode, LauncherError
-from launcher.core.requests import ProbeOverrides, SmokeRequest
-from launcher.deploy.deploy import DeployOptions, DeployReport
+from launcher.core.requests import DeployOptions, ProbeOverrides, SmokeRequest
+from launcher.deploy.deploy import DeployReport
 from launcher.deploy.deploy import run_deploy as plain_run_deploy
 from launcher.operate.rollback import RunBack, rollback
 from launcher.probe import workflows

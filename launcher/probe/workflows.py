@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.models import Target
 from launcher.container.agentclient import container_for
 from launcher.core.errors import ExitCode, LauncherError
-from launcher.core.requests import ProbeOverrides, SmokeRequest, StatusRequest, VerifyRequest
-from launcher.deploy.deploy import DeployOptions, DeployReport, run_deploy
+from launcher.core.requests import (
+    DeployOptions,
+    ProbeOverrides,
+    SmokeRequest,
+    StatusRequest,
+    VerifyRequest,
+)
 from launcher.output.ui import progress_text
 from launcher.probe.poll import poll_once
 from launcher.probe.report import format_rate, latest_line, to_json
@@ -30,6 +35,9 @@ from launcher.verify.prober import (
 )
 from launcher.verify.results import CheckResult, Failure
 from launcher.verify.samples import RowMemo, Sample
+
+if TYPE_CHECKING:
+    from launcher.deploy.deploy import DeployReport
 
 
 @dataclass
@@ -379,6 +387,8 @@ def run_smoke(ctx: FleetContext, request: SmokeRequest) -> SmokeResult:
     """`launcher smoke` on the context's target, for CI: `deploy --restart`, then the probe of
     the run that deploy started. A deploy that fails is the result (its error kept), not an
     exception: the report still has the target's item."""
+    from launcher.deploy.deploy import run_deploy  # smoke's own: not loaded by verify/status
+
     try:
         report = run_deploy(ctx, DeployOptions(restart=True, wait_lock=request.wait_lock))
     except LauncherError as error:

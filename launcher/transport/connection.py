@@ -22,9 +22,9 @@ from launcher.transport.runner import Runner, first_taker
 from launcher.transport.ssh import SSHConnection
 
 if TYPE_CHECKING:
+    from launcher.transport.fabricview import OpenedConnection
     from launcher.transport.persist import PersistedRunner
     from launcher.transport.relay import Relay
-    from launcher.transport.sshopen import BoundedConnection
 
 
 def _discard(data: bytes) -> None:
@@ -110,8 +110,8 @@ class Connection:
 
     # -- the SSH connection itself --------------------------------------------------------------
     @property
-    def fabric(self) -> BoundedConnection:
-        """The Fabric Connection under this one, connected (for Fabric's own API)."""
+    def fabric(self) -> OpenedConnection:
+        """Fabric's Connection over this one, connected (for Fabric's own API)."""
         return self.ssh.fabric
 
     def connect(self) -> None:

@@ -1,13 +1,13 @@
 """The SSH connection to one host, and the direct runner: a channel of its own per command.
 
-Under it is Fabric's `Connection` (transport/sshopen.py). paramiko, cryptography and Fabric take
-~0.3 s to import: they are imported only when a connection is opened, so `--help`, `--version`,
-configuration errors and a command through a persisted connection do not pay for them. Host
-keys are always checked; connecting (TCP, banner, key exchange, auth, every jump host) ends
-within connect_timeout as a whole, retries included (tenacity); every command is bounded; only
-the connect phase is retried.
+Under it is paramiko's client (transport/sshopen.py); Fabric's `Connection` is built over it
+only when asked for (`fabric`). paramiko and cryptography take ~0.1 s to import: they are
+imported only when a connection is opened, so `--help`, `--version`, configuration errors and a
+command through a persisted connection do not pay for them. Host keys are always checked;
+connecting (TCP, banner, key exchange, auth, every jump host) ends within connect_timeout as a
+whole, retries included (tenacity); every command is bounded; only the connect phase is retried.
 
-Commands run on launcher's own channel code over Fabric's transport, not through invoke's
+Commands run on launcher's own channel code over paramiko's transport, not through invoke's
 runner: stdin goes in one write (invoke copies a non-terminal stdin a byte per 10 ms) and a
 stream has an idle deadline.
 """
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     import paramiko
     import tenacity
 
-    from launcher.transport.sshopen import BoundedConnection, Sock
+    from launcher.transport.fabricview import OpenedConnection
+    from launcher.transport.sshopen import Sock
 
 # Attempts at connecting, all within one connect_timeout; the pause between them doubles.
 CONNECT_ATTEMPTS = 3
@@ -70,8 +71,9 @@ class SSHConnection:
         if jump is None and endpoint.via is not None:
             jump = SSHConnection(endpoint.via)
         self._jump = jump
-        self._fab: BoundedConnection | None = None  # made on the first connect
-        self._client: paramiko.SSHClient | None = None  # set while connected
+        self._ssh_client: paramiko.SSHClient | None = None  # made on the first connect
+        self._client: paramiko.SSHClient | None = None  # the same, set while connected
+        self._fabric: OpenedConnection | None = None  # made when Fabric's API is asked for
         self._pkey: paramiko.PKey | None = None  # a key unlocked on the terminal
         self._prepared = False
         self._lock = threading.Lock()
@@ -85,11 +87,17 @@ class SSHConnection:
 
     # -- connecting -----------------------------------------------------------------------
     @property
-    def fabric(self) -> BoundedConnection:
-        """The Fabric Connection under this one, connected (for Fabric's own API)."""
+    def fabric(self) -> OpenedConnection:
+        """Fabric's Connection over this one, connected (for Fabric's own API: run, put, get,
+        sftp); its gateway is the jump host's, or the ProxyCommand."""
         self._connected()
-        assert self._fab is not None
-        return self._fab
+        if self._fabric is None:
+            from launcher.transport.fabricview import OpenedConnection
+
+            gateway = self._jump.fabric if self._jump else self.endpoint.proxy_command
+            self._fabric = OpenedConnection(self.endpoint, self._connected, gateway)
+        self._fabric.open()  # on this connection's client as it is now (after a reconnect too)
+        return self._fabric
 
     def connect(self) -> None:
         """Connect now rather than on first use (the same errors as a first use would raise)."""
@@ -148,13 +156,13 @@ class SSHConnection:
             self._pkey = sshkeys.unlock(self.endpoint)
         self._prepared = True
 
-    def _fabric_connection(self) -> BoundedConnection:
-        if self._fab is None:
+    def _new_client(self) -> paramiko.SSHClient:
+        """This host's paramiko client, made once (reconnects reuse it, as its host keys)."""
+        if self._ssh_client is None:
             from launcher.transport import sshopen
 
-            gateway = self._jump._fabric_connection() if self._jump else self.endpoint.proxy_command
-            self._fab = sshopen.fabric_connection(self.endpoint, gateway)
-        return self._fab
+            self._ssh_client = sshopen.new_client(self.endpoint)
+        return self._ssh_client
 
     def _connect(self, deadline: float | None = None) -> paramiko.SSHClient:
         """Connect within the budget: attempts share one deadline, each gets what is left; the
@@ -166,11 +174,11 @@ class SSHConnection:
         ep = self.endpoint
         if deadline is None:
             deadline = time.monotonic() + ep.connect_timeout
-        fab = self._fabric_connection()
+        client = self._new_client()
 
         def attempt() -> paramiko.SSHClient:
             assert deadline is not None
-            return sshopen.open_once(fab, ep, self._socket(deadline), deadline, self._pkey)
+            return sshopen.open_once(client, ep, self._socket(deadline), deadline, self._pkey)
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(sshopen.RetryableConnect),
@@ -179,7 +187,7 @@ class SSHConnection:
             reraise=True,  # the last attempt's own error, not tenacity's RetryError
         )
         try:
-            client: paramiko.SSHClient = retrying(attempt)
+            client = retrying(attempt)
         except sshopen.RetryableConnect as failure:
             raise ConnectError(
                 f"{ep.name}: cannot connect to {ep.user}@{ep.hostname}:{ep.port}: {failure}",
@@ -370,9 +378,10 @@ class SSHConnection:
         connecting again (Ctrl-C on a fleet closes the connections under its threads)."""
         with self._lock:
             self._closed = True
-            if self._fab is not None:
-                self._fab.close()  # SFTP sessions Fabric opened, then the client
-                self._fab.client.close()  # also a client whose link had already dropped
+            if self._fabric is not None:
+                self._fabric.close()  # SFTP sessions Fabric opened, then the client
+            if self._ssh_client is not None:
+                self._ssh_client.close()  # also a client whose link had already dropped
             self._client = None
         if self._jump is not None:
             self._jump.close()

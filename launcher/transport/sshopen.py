@@ -1,11 +1,10 @@
-"""Opening one SSH connection through Fabric, within a deadline (imported only to connect).
+"""Opening one SSH connection with paramiko's client, within a deadline (imported only to connect).
 
-Fabric's `Connection` is the connection object: its paramiko client carries launcher's host-key
-policy (Fabric's own default accepts unknown keys: replaced before anything is opened), its
-`gateway` is the jump host's Fabric Connection or the ProxyCommand, and `open()` connects.
-launcher opens the socket under it (TCP, a tunnel through the jump host, or the ProxyCommand)
-so that one deadline bounds every phase: each paramiko timeout gets what is left, and a
-watchdog closes the attempt when the deadline passes.
+The client carries launcher's host-key policy and the known hosts file; launcher opens the
+socket under it (TCP, a tunnel through the jump host's transport, or the ProxyCommand) so that
+one deadline bounds every phase: each paramiko timeout gets what is left, and a watchdog closes
+the attempt when the deadline passes. Fabric is not imported to connect: its API is built over
+the connected client when asked for (fabricview.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.core.errors import AuthError, ConfigError, HostKeyError
 from launcher.transport import sshkeys
-from launcher.transport.sshlibs import fabric, paramiko
+from launcher.transport.sshlibs import paramiko
 
 if TYPE_CHECKING:
     from launcher.transport.endpoint import Endpoint
@@ -89,35 +88,13 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         )
 
 
-class BoundedConnection(fabric.Connection):  # type: ignore[misc]  # fabric has no types
-    """Fabric's Connection whose gateway socket launcher has already opened, within the
-    connect deadline (Fabric's own opens the jump channel without a timeout)."""
+def new_client(ep: Endpoint) -> paramiko.SSHClient:
+    """paramiko's client for an endpoint: launcher's host-key policy and known hosts.
 
-    prepared_socket: Any = None
-
-    def open_gateway(self) -> Any:
-        sock, self.prepared_socket = self.prepared_socket, None
-        if sock is None:
-            raise RetryableConnect("no gateway socket was prepared")
-        return sock
-
-
-def fabric_connection(ep: Endpoint, gateway: BoundedConnection | str | None) -> BoundedConnection:
-    """The Fabric Connection for an endpoint, with launcher's host-key policy on its client.
-
-    ssh_config was already read the OpenSSH way (launcher.sshconfig): Fabric gets an empty
-    one, and no Fabric config files, so the inventory and ssh_config are the only sources."""
+    ssh_config was already read the OpenSSH way (launcher.sshconfig): the inventory and
+    ssh_config are the only sources of what the connection uses."""
     sshkeys.check_identity_files(ep)
-    config = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
-    conn = BoundedConnection(
-        ep.hostname,
-        user=ep.user,
-        port=ep.port,
-        config=config,
-        gateway=gateway if gateway else False,
-        connect_timeout=None,  # bounded per attempt through connect_kwargs
-    )
-    client: paramiko.SSHClient = conn.client
+    client = paramiko.SSHClient()
     client.set_missing_host_key_policy(HostKeyPolicy(ep))
     if ep.known_hosts.is_file():
         try:
@@ -128,25 +105,27 @@ def fabric_connection(ep: Endpoint, gateway: BoundedConnection | str | None) -> 
                 [f"{ep.known_hosts}: cannot read the known host keys: {line}"],
                 hint="each line is: host[,host...] key-type base64-key (ssh-keyscan writes them)",
             ) from None
-    return conn
+    return client
 
 
 def open_once(
-    conn: BoundedConnection,
+    client: paramiko.SSHClient,
     ep: Endpoint,
     sock: Sock,
     deadline: float,
     pkey: paramiko.PKey | None,
 ) -> paramiko.SSHClient:
-    """One attempt: SSH over `sock` through Fabric's `open()`, all of it before `deadline`."""
+    """One attempt: SSH over `sock` with `client`, all of it before `deadline`."""
     try:
         left = time_left(ep, deadline)
     except RetryableConnect:
         sock.close()
         raise
     kwargs: dict[str, Any] = {
-        # paramiko takes a list here too.
-        "key_filename": list(ep.identity_files) or None,
+        "hostname": ep.hostname,  # names the host's key in known_hosts ([host]:port)
+        "port": ep.port,
+        "username": ep.user,
+        "sock": sock,
         "look_for_keys": not ep.identity_files,
         "allow_agent": True,
         "pkey": pkey,
@@ -156,15 +135,11 @@ def open_once(
         "auth_timeout": left,
         "channel_timeout": left,
     }
-    if conn.gateway:
-        conn.prepared_socket = sock
-    else:
-        kwargs["sock"] = sock
-    conn.connect_kwargs = kwargs
-    client: paramiko.SSHClient = conn.client
+    if ep.identity_files:
+        kwargs["key_filename"] = list(ep.identity_files)  # paramiko takes a list here too
     watchdog = _Watchdog(client, sock, left)
     try:
-        conn.open()
+        client.connect(**kwargs)
         if not watchdog.finish():
             raise RetryableConnect("timed out")  # the watchdog closed it just now
     except HostKeyError:

@@ -14,7 +14,8 @@ from launcher.config.models import Target
 from launcher.container.agentclient import container_for
 from launcher.container.pct import HostConnection
 from launcher.core.errors import RefusedError
-from launcher.deploy.deploy import DeployOptions, deploy
+from launcher.core.requests import DeployOptions
+from launcher.deploy.deploy import deploy
 from launcher.operate.rollback import RunBack, rollback
 from launcher.operate.stop import stop
 from launcher.probe.poll import poll_once

@@ -33,7 +33,7 @@ models = [m for m in vars(config).values() if isinstance(m, type)
           and issubclass(m, config.BaseModel) and m.__module__ == config.__name__]
 built_at_import = sorted(m.__name__ for m in models if m.__pydantic_complete__)
 target = config.load_inventory(config.inventory_path(sys.argv[1])).target("prod")
-import launcher.transport.sshlibs
+import launcher.transport.sshopen, tenacity
 print(json.dumps({
     "modules": sorted(sys.modules),
     "built_at_import": built_at_import,
@@ -57,6 +57,8 @@ NOT_FOR_STATUS = {
     # other workflows
     "launcher.api",
     "launcher.buckets",
+    "launcher.deploy.deploy",  # smoke's and deploy's: status's table names DeployOptions only
+    "launcher.deploy.localhistory",
     "launcher.deploy.doctor",
     "launcher.probe.htmlreport",
     "launcher.jobs.job",
@@ -78,6 +80,10 @@ NOT_FOR_STATUS = {
     # watch's metrics, buckets' optimizer
     "numpy",
     "prometheus_client",
+    # a connection is paramiko's client: Fabric's API (and invoke under it) only when asked for
+    "fabric",
+    "invoke",
+    "launcher.transport.fabricview",
 }
 
 
@@ -93,7 +99,7 @@ def test_status_imports_only_what_it_needs(tmp_path: Path) -> None:
     found = run_python(STATUS_PATH, str(write_project(tmp_path)), cwd=tmp_path)
     assert found["vmid"] == 200  # the path ran to its end
     assert "launcher.cli.verify" in found["modules"]
-    assert "paramiko" in found["modules"] and "fabric" in found["modules"]
+    assert "paramiko" in found["modules"]
     assert sorted(NOT_FOR_STATUS & set(found["modules"])) == []
 
 
@@ -126,7 +132,7 @@ def test_the_first_validation_still_names_file_line_and_key(tmp_path: Path) -> N
 
 
 def test_the_ssh_libraries_load_without_collections(tmp_path: Path) -> None:
-    """sshlibs.py pauses the cyclic garbage collector while paramiko and Fabric load (dozens of
+    """sshlibs.py pauses the cyclic garbage collector while paramiko loads (dozens of
     collections, a full one among them, that would free nothing),
     and puts it back as it found it: enabled stays enabled, a disabled one stays disabled."""
     code = """
@@ -143,3 +149,21 @@ print(json.dumps([[info["generation"] for info in collections], gc.isenabled()])
     # without it, dozens, a full one among them.
     assert enabled and len(generations) <= 3 and set(generations) <= {0}, generations
     assert run_python(code.format("disable"), cwd=tmp_path) == [[], False]
+
+
+def test_paramiko_loads_invoke_only_for_a_match_exec(tmp_path: Path) -> None:
+    """paramiko.config imports invoke (only to run a `Match exec` command): the SSH libraries
+    load without it, its ssh_config parser still runs `Match exec` (invoke loaded then), and an
+    `import invoke` afterwards is the real module."""
+    code = """
+import json, sys
+import launcher.transport.sshlibs as sshlibs
+loaded = "invoke" in sys.modules
+config = sshlibs.paramiko.SSHConfig.from_text(
+    "Match exec true\\n  User matched\\nMatch exec false\\n  Port 2\\n"
+)
+found = config.lookup("anyhost")
+import invoke
+print(json.dumps([loaded, found.get("user"), found.get("port"), invoke.run.__module__]))
+"""
+    assert run_python(code, cwd=tmp_path) == [False, "matched", None, "invoke"]

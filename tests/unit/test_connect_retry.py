@@ -36,7 +36,7 @@ class Attempts:
         self.failures = failures
         self.times: list[float] = []
 
-    def __call__(self, fab: Any, ep: Endpoint, sock: Any, deadline: float, pkey: Any) -> str:
+    def __call__(self, client: Any, ep: Endpoint, sock: Any, deadline: float, pkey: Any) -> str:
         assert sock == "sock" and deadline > time.monotonic() - 0.05
         self.times.append(time.monotonic())
         if self.failures:
@@ -48,7 +48,7 @@ class Attempts:
 def attempts(monkeypatch: pytest.MonkeyPatch) -> Attempts:
     made = Attempts([])
     monkeypatch.setattr(sshopen, "open_once", made)
-    monkeypatch.setattr(ssh.SSHConnection, "_fabric_connection", lambda self: "fab")
+    monkeypatch.setattr(ssh.SSHConnection, "_new_client", lambda self: "client")
     monkeypatch.setattr(ssh.SSHConnection, "_socket", lambda self, deadline: "sock")
     return made
 
