@@ -3,7 +3,7 @@ run's processes and GPUs confirmed free; checkpoints are not touched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.agent import protocol as p
@@ -33,14 +33,7 @@ class StopResult:
         return self.summary + ("; checkpoints untouched" if stopped_something else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "exit_code": int(self.exit_code),
-            "summary": self.summary,
-            "session": self.session,
-            "stopped": self.stopped,
-            "steps": [step.__dict__ for step in self.steps],
-            "warnings": self.warnings,
-        }
+        return {**asdict(self), "exit_code": int(self.exit_code)}
 
 
 def run_stop(ctx: Context, request: StopRequest) -> StopResult:
