@@ -95,15 +95,17 @@ def _add_targets(ctx: click.Context, _param: click.Parameter, value: tuple[str, 
     _app(ctx).target_names.extend(value)
 
 
-def _set_true(attribute: str) -> Callable[[click.Context, click.Parameter, bool], None]:
-    """A flag's callback: the flag given sets the app's `attribute` (given after the command
-    name too, it never unsets what was given before it)."""
+def _app_flag(
+    *names: str, sets: str, help: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A flag that sets the app's attribute `sets` (given after the command name too, it never
+    unsets what was given before it)."""
 
     def set_true(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         if value:
-            setattr(_app(ctx), attribute, True)
+            setattr(_app(ctx), sets, True)
 
-    return set_true
+    return click.option(*names, is_flag=True, expose_value=False, callback=set_true, help=help)
 
 
 def _set_parallel(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
@@ -224,21 +226,13 @@ def global_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in (
         known_hosts_option,
         identity_option,
-        click.option(
+        _app_flag(
             "-q",
             "--quiet",
-            is_flag=True,
-            expose_value=False,
-            callback=_set_true("quiet"),
+            sets="quiet",
             help="No progress lines on stderr (errors and the result still print).",
         ),
-        click.option(
-            "--debug",
-            is_flag=True,
-            expose_value=False,
-            callback=_set_true("debug"),
-            help="Show tracebacks for errors.",
-        ),
+        _app_flag("--debug", sets="debug", help="Show tracebacks for errors."),
         click.option(
             "-i",
             "--inventory",
@@ -262,13 +256,7 @@ def fleet_options(command: Callable[..., Any]) -> Callable[..., Any]:
         callback=_set_parallel,
         help="At most N hosts at a time (default: 8); a host's containers run together.",
     )(command)
-    command = click.option(
-        "--all",
-        is_flag=True,
-        expose_value=False,
-        callback=_set_true("all_targets"),
-        help="Every target in the inventory.",
-    )(command)
+    command = _app_flag("--all", sets="all_targets", help="Every target in the inventory.")(command)
     return global_options(target_option(command))
 
 
