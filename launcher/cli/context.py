@@ -95,9 +95,17 @@ def _add_targets(ctx: click.Context, _param: click.Parameter, value: tuple[str, 
     _app(ctx).target_names.extend(value)
 
 
-def _set_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        _app(ctx).all_targets = True
+def _app_flag(
+    *names: str, sets: str, help: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A flag that sets the app's attribute `sets` (given after the command name too, it never
+    unsets what was given before it)."""
+
+    def set_true(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            setattr(_app(ctx), sets, True)
+
+    return click.option(*names, is_flag=True, expose_value=False, callback=set_true, help=help)
 
 
 def _set_parallel(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
@@ -109,16 +117,6 @@ def _set_inventory(ctx: click.Context, _param: click.Parameter, value: str | Non
     if value is not None:
         _app(ctx).inventory_option = value
         _app(ctx).inventory_from_env = False
-
-
-def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        _app(ctx).debug = True
-
-
-def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        _app(ctx).quiet = True
 
 
 def complete_targets(
@@ -162,29 +160,26 @@ TARGET_HELP = (
     "inventory's default_target)."
 )
 
-# `-t` is accepted before and after the command name (`launcher -t a deploy -t b`).
-target_option = click.option(
-    "-t",
-    "--target",
-    multiple=True,
-    metavar="NAME",
-    expose_value=False,
-    callback=_add_targets,
-    shell_complete=complete_targets,
-    help=TARGET_HELP,
-)
 
+def _target_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "-t",
+        "--target",
+        multiple=True,
+        metavar="NAME",
+        expose_value=False,
+        callback=_add_targets,
+        shell_complete=complete_targets,
+        help=help,
+    )
+
+
+# `-t` is accepted before and after the command name (`launcher -t a deploy -t b`).
+target_option = _target_option(TARGET_HELP)
 # Commands that act on exactly one target say so (a group or two names: exit 2).
-single_target_option = click.option(
-    "-t",
-    "--target",
-    multiple=True,
-    metavar="NAME",
-    expose_value=False,
-    callback=_add_targets,
-    shell_complete=complete_targets,
-    help="The one target to act on (not a group; default: env LAUNCHER_TARGET, else the "
-    "inventory's default_target).",
+single_target_option = _target_option(
+    "The one target to act on (not a group; default: env LAUNCHER_TARGET, else the "
+    "inventory's default_target)."
 )
 
 
@@ -231,21 +226,13 @@ def global_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in (
         known_hosts_option,
         identity_option,
-        click.option(
+        _app_flag(
             "-q",
             "--quiet",
-            is_flag=True,
-            expose_value=False,
-            callback=_set_quiet,
+            sets="quiet",
             help="No progress lines on stderr (errors and the result still print).",
         ),
-        click.option(
-            "--debug",
-            is_flag=True,
-            expose_value=False,
-            callback=_set_debug,
-            help="Show tracebacks for errors.",
-        ),
+        _app_flag("--debug", sets="debug", help="Show tracebacks for errors."),
         click.option(
             "-i",
             "--inventory",
@@ -269,13 +256,7 @@ def fleet_options(command: Callable[..., Any]) -> Callable[..., Any]:
         callback=_set_parallel,
         help="At most N hosts at a time (default: 8); a host's containers run together.",
     )(command)
-    command = click.option(
-        "--all",
-        is_flag=True,
-        expose_value=False,
-        callback=_set_all,
-        help="Every target in the inventory.",
-    )(command)
+    command = _app_flag("--all", sets="all_targets", help="Every target in the inventory.")(command)
     return global_options(target_option(command))
 
 

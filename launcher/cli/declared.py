@@ -7,7 +7,7 @@ run the same command's `run` with their own values.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -21,6 +21,7 @@ from launcher.commands.args import spelled_choice
 from launcher.commands.table import Command, wiring, work
 from launcher.core.declare import Parameter, parameters
 
+F = TypeVar("F", bound=Callable[..., Any])
 # Runs the request and shows its result as the CLI does: (app, request, command).
 Show = Callable[[AppContext, Any, Command], None]
 
@@ -87,6 +88,19 @@ def declared(command: Command, show: Show | None = None) -> DeclaredCommand:
     """The click command of `command` (default show: per target, or over the inventory)."""
     default = show_on_inventory if command.on == "inventory" else show_on_targets
     return DeclaredCommand(command, show or default, command.name.rpartition(" ")[2])
+
+
+def declared_options(request_type: type) -> Callable[[F], F]:
+    """The request type's fields as click options on a hand-written command, in field order
+    (after the options of the decorators above it)."""
+
+    def add(command: F) -> F:
+        made = [o for p in parameters(request_type) for o in _options(p)]
+        params = command.__dict__.setdefault("__click_params__", [])
+        params.extend(reversed(made))  # click lists a command's decorators' params reversed
+        return command
+
+    return add
 
 
 def _shared(command: Command) -> list[click.Parameter]:

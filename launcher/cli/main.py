@@ -351,13 +351,11 @@ def run_guarded(
         code = body()
     except LauncherError as error:
         _fail(error, debug)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         _interrupted(app, dry_run)
     except click.ClickException as error:
         error.show()
         sys.exit(int(ExitCode.USAGE))
-    except KeyboardInterrupt:
-        _interrupted(app, dry_run)
     except (BrokenPipeError, OutputClosed):
         _pipe_closed()
     except SystemExit:

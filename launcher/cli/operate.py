@@ -30,9 +30,6 @@ def show_logs(app: AppContext, request: LogsRequest, command: Command) -> None:
             hint="redirect it (> run.log) or pipe it; without --raw-bytes it is safe to show",
         )
 
-    def show(line: str) -> None:
-        click.echo(line)
-
     def write(data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -41,7 +38,7 @@ def show_logs(app: AppContext, request: LogsRequest, command: Command) -> None:
         target,
         lambda ctx: run(ctx, request),
         say=lambda _: None,
-        output=show,
+        output=click.echo,
         raw_output=write if request.raw_bytes else None,
     )
     if result.exit_code or request.follow:

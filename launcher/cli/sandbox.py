@@ -152,20 +152,9 @@ def up(
     addresses = sb.connect(vmids, hosts=hosts) if network else {}
     elapsed = time.monotonic() - started
     status = sb.status()
-    ssh = shlex.join(
-        [
-            "ssh",
-            "-i",
-            str(info.identity_file),
-            "-o",
-            f"UserKnownHostsFile={info.known_hosts}",
-            "-p",
-            str(info.port),
-            f"{info.user}@{info.address}",
-            "pct",
-            "list",
-        ]
-    )
+    keys = ["-i", str(info.identity_file), "-o", f"UserKnownHostsFile={info.known_hosts}"]
+    login = f"{info.user}@{info.address}"
+    ssh = shlex.join(["ssh", *keys, "-p", str(info.port), login, "pct", "list"])
     click.echo(f"sandbox up in {elapsed:.1f}s")
     click.echo(f"  sshd:       {info.address}:{info.port} (pid {status.sshd_pid})")
     click.echo(f"  containers: {_containers(status.containers, sb)}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launcher.cli.context import AppContext
-from launcher.cli.declared import declared
+from launcher.cli.declared import Show, declared
 from launcher.cli.targets import emit_json, exit_with, run_on_targets
 from launcher.commands.table import COMMANDS, Command, work
 
@@ -19,16 +19,21 @@ if TYPE_CHECKING:
     from launcher.targets.fleet import Outcome
 
 
-def show_verify(app: AppContext, request: VerifyRequest, command: Command) -> None:
-    """The probe on the app's targets, its reports."""
-    junit, report = _paths(request.junit, request.report)
-    outcomes = run_on_targets(app, work(request), live=True)
-    _report(app, outcomes, command="verify", request=request, junit=junit)
-    _html_report(app, outcomes, report, "verify")
-    exit_with(outcomes, title="verify", table=not request.json)
+def show_probe(name: str, *, live: bool) -> Show:
+    """`verify` (the probe) or `smoke` (deploy, then the probe) on the app's targets, with
+    their reports; `live`: the polls as one updating line."""
+
+    def show(app: AppContext, request: VerifyRequest | SmokeRequest, command: Command) -> None:
+        junit, report = _paths(request.junit, request.report)
+        outcomes = run_on_targets(app, work(request), live=live)
+        _report(app, outcomes, command=name, request=request, junit=junit)
+        _html_report(app, outcomes, report, name)
+        exit_with(outcomes, title=name, table=not request.json)
+
+    return show
 
 
-verify_command = declared(COMMANDS["verify"], show_verify)
+verify_command = declared(COMMANDS["verify"], show_probe("verify", live=True))
 
 
 def _paths(junit: str | Path | None, report: str | Path | None) -> tuple[Path | None, Path | None]:
@@ -44,16 +49,7 @@ def _paths(junit: str | Path | None, report: str | Path | None) -> tuple[Path | 
     return junit, report
 
 
-def show_smoke(app: AppContext, request: SmokeRequest, command: Command) -> None:
-    """Deploy, then the probe, on the app's targets."""
-    junit, report = _paths(request.junit, request.report)
-    outcomes = run_on_targets(app, work(request))
-    _report(app, outcomes, command="smoke", request=request, junit=junit)
-    _html_report(app, outcomes, report, "smoke")
-    exit_with(outcomes, title="smoke", table=not request.json)
-
-
-smoke_command = declared(COMMANDS["smoke"], show_smoke)
+smoke_command = declared(COMMANDS["smoke"], show_probe("smoke", live=False))
 
 
 def show_status(app: AppContext, request: StatusRequest, command: Command) -> None:

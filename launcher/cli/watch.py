@@ -8,23 +8,14 @@ import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from launcher.cli.context import AppContext, fleet_options, pass_app
-from launcher.core.params import (
-    HOUR,
-    INTERVAL,
-    MAX_RESTARTS,
-    PORT,
-    RESTART_BACKOFF,
-    RESTART_WINDOW,
-    WAIT,
-    WATCH_FOR,
-)
+from launcher.cli.declared import declared_options
+from launcher.core.requests import WatchOptions
 
 if TYPE_CHECKING:
     from launcher.watch.events import Event
@@ -32,106 +23,9 @@ if TYPE_CHECKING:
 
 @click.command("watch")
 @fleet_options
-@click.option(
-    "--interval",
-    type=INTERVAL,
-    metavar="SECONDS",
-    help="Time between polls of a target (default: playbook verify.interval).",
-)
-@click.option(
-    "--wait",
-    type=WAIT,
-    metavar="SECONDS",
-    help="Warmup of a new run: only a crash, a fatal sign or a restart counts "
-    "(default: playbook verify.wait).",
-)
-@click.option(
-    "--for",
-    "duration",
-    type=WATCH_FOR,
-    metavar="DURATION",
-    help="End after this long: 90, 10m, 2h.",
-)
-@click.option(
-    "--webhook",
-    "webhooks",
-    multiple=True,
-    metavar="URL",
-    help="POST each event as JSON (schema launcher.watch.event/1, Slack-compatible `text`). "
-    "Repeatable.",
-)
-@click.option(
-    "--exec",
-    "commands",
-    multiple=True,
-    metavar="CMD",
-    help="Run CMD (split like a shell would, run without one) for each event, with the event "
-    "in LAUNCHER_EVENT_* variables. Repeatable.",
-)
-@click.option(
-    "--restart-on-failure",
-    is_flag=True,
-    help="Redeploy a run that crashed or hung, with its checkpoints kept (it resumes).",
-)
-@click.option(
-    "--max-restarts",
-    type=MAX_RESTARTS,
-    default=3,
-    show_default=True,
-    metavar="N",
-    help="At most N restarts per target in --restart-window; then the run is left stopped.",
-)
-@click.option(
-    "--restart-window",
-    type=RESTART_WINDOW,
-    default=HOUR,
-    metavar="DURATION",
-    help="The sliding window --max-restarts counts in (default 1h).",
-)
-@click.option(
-    "--restart-backoff",
-    type=RESTART_BACKOFF,
-    default=10.0,
-    metavar="DURATION",
-    help="Wait before the first restart in a window, doubled for each further one (default 10s).",
-)
-@click.option(
-    "--metrics-port",
-    type=PORT,
-    metavar="PORT",
-    help="Serve Prometheus metrics on this port.",
-)
-@click.option(
-    "--metrics-address",
-    default="127.0.0.1",
-    show_default=True,
-    metavar="ADDR",
-    help="Address the metrics server binds to.",
-)
-@click.option(
-    "--state",
-    "state_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="State file (default: one per inventory under $XDG_STATE_HOME/launcher/watch/).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Also print each event as JSON on stdout.")
+@declared_options(WatchOptions)
 @pass_app
-def watch_command(
-    app: AppContext,
-    interval: float | None,
-    wait: float | None,
-    duration: float | None,
-    webhooks: tuple[str, ...],
-    commands: tuple[str, ...],
-    restart_on_failure: bool,
-    max_restarts: int,
-    restart_window: float,
-    restart_backoff: float,
-    metrics_port: int | None,
-    metrics_address: str,
-    state_file: Path | None,
-    as_json: bool,
-) -> None:
+def watch_command(app: AppContext, /, **values: Any) -> None:
     """Keep judging runs after startup; report only transitions.
 
     One poll per target per interval (one SSH connection per host), judged by the same checks
@@ -156,22 +50,23 @@ def watch_command(
     from launcher.watch.session import WatchRequest, WatchSession
     from launcher.watch.state import default_state_path
 
+    given = WatchOptions(**values)
     request = WatchRequest(
-        state_path=state_file or default_state_path(inventory_path(app.inventory_option)),
+        state_path=given.state_file or default_state_path(inventory_path(app.inventory_option)),
         settings=WatchSettings(
-            interval=interval,
-            wait=wait,
-            restart=restart_on_failure,
-            policy=RestartPolicy(max_restarts, restart_window, restart_backoff),
+            interval=given.interval,
+            wait=given.wait,
+            restart=given.restart_on_failure,
+            policy=RestartPolicy(given.max_restarts, given.restart_window, given.restart_backoff),
         ),
-        duration=duration,
-        webhooks=webhooks,
-        commands=commands,
-        metrics_port=metrics_port,
-        metrics_address=metrics_address,
+        duration=given.duration,
+        webhooks=given.webhooks,
+        commands=given.commands,
+        metrics_port=given.metrics_port,
+        metrics_address=given.metrics_address,
     )
     targets = app.targets()  # a bad inventory exits 2 here, before any connection
-    session = WatchSession(targets, request, _printer(as_json))
+    session = WatchSession(targets, request, _printer(given.as_json))
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         session.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from launcher.config.models import Inventory
@@ -133,21 +133,11 @@ def watch(
     to `sinks.event` and, as events, to the state file (default: one per inventory and job),
     the webhooks and commands; with `restart_on_failure`, the whole job redeployed on a
     failure."""
-    options = JobWatchOptions(
-        interval=request.interval,
-        duration=request.duration,
-        restart_on_failure=request.restart_on_failure,
-        max_restarts=request.max_restarts,
-        restart_window=request.restart_window,
-        restart_backoff=request.restart_backoff,
-        state_path=Path(request.state)
-        if request.state
-        else job_state_path(inventory.path, request.name),
-        webhooks=request.webhooks,
-        commands=request.commands,
-        metrics_port=request.metrics_port,
-        metrics_address=request.metrics_address,
-    )
+    state = Path(request.state) if request.state else job_state_path(inventory.path, request.name)
+    # The request's settings of the same name; the rest (`failures`) as the watch sets them.
+    names = [f.name for f in fields(JobWatchOptions) if hasattr(request, f.name)]
+    same = {name: getattr(request, name) for name in names}
+    options = JobWatchOptions(**same, state_path=state)
     return on_job(
         load_job(inventory, request.name),
         lambda j, nodes: watch_job(

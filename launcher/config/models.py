@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -81,12 +82,23 @@ def _no_control(value: str) -> str:
     return value
 
 
+def _inside(value: str) -> str:
+    return _relative_inside(_no_control(value), allow_nested=True)
+
+
+# A value written on one line (a file name, an address): no NUL, no newline.
+SingleLine = Annotated[str, AfterValidator(_no_control)]
+NonEmptyLine = Annotated[str, Field(min_length=1), AfterValidator(_no_control)]
+# A path below the workdir: relative, without '..', on one line.
+InsidePath = Annotated[str, AfterValidator(_inside)]
+
+
 class HostSpec(_Model):
-    address: Annotated[str, Field(min_length=1)]
-    user: Annotated[str, Field(min_length=1)] = "root"
+    address: NonEmptyLine
+    user: NonEmptyLine = "root"
     port: Annotated[StrictInt, Field(ge=1, le=65535)] = 22
-    identity_file: str | None = None
-    known_hosts: str | None = None
+    identity_file: SingleLine | None = None
+    known_hosts: SingleLine | None = None
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     jump: str | None = None
     # A key with a passphrase: through ssh-agent only, or also asked for on the terminal.
@@ -99,11 +111,6 @@ class HostSpec(_Model):
     # Keep the connection open in a background process for later commands until it has been
     # idle this long (seconds; 0: off), as OpenSSH's ControlPersist (see persist.py).
     control_persist: Annotated[float, Field(strict=True, ge=0, le=DAY)] = 0.0
-
-    @field_validator("address", "user", "identity_file", "known_hosts")
-    @classmethod
-    def _single_line(cls, value: str | None) -> str | None:
-        return value if value is None else _no_control(value)
 
     @field_validator("address")
     @classmethod
@@ -162,12 +169,7 @@ class TargetSpec(_Model):
     host: str | None = None
     cluster: str | None = None  # instead of host: the node that runs the VMID is looked up
     vmid: Annotated[StrictInt, Field(gt=0, le=MAX_VMID)]
-    playbook: str
-
-    @field_validator("playbook")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        return _no_control(value)
+    playbook: SingleLine
 
 
 class JobSpec(_Model):
@@ -175,7 +177,7 @@ class JobSpec(_Model):
     playbook every node runs, where the ranks meet, and the rank whose status lines are judged."""
 
     nodes: Annotated[list[str], Field(min_length=1, max_length=1024)]
-    playbook: str
+    playbook: SingleLine
     master_port: Annotated[StrictInt, Field(ge=1, le=65535)] = 29500
     # A node's address as the other nodes reach it; a node without one is asked (`hostname -I`).
     addresses: dict[str, str] = Field(default_factory=dict)
@@ -188,11 +190,6 @@ class JobSpec(_Model):
     # Write the other nodes' names into each node's /etc/hosts (a block of launcher's own, just
     # before the launch), so torch's c10d rendezvous finds them without DNS.
     manage_hosts: bool = False
-
-    @field_validator("playbook")
-    @classmethod
-    def _path(cls, value: str) -> str:
-        return _no_control(value)
 
     @field_validator("addresses")
     @classmethod
@@ -225,24 +222,14 @@ class InventorySpec(_Model):
 
 
 class ScriptSpec(_Model):
-    source: str
-    dest: str
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        return _no_control(value)
-
-    @field_validator("dest")
-    @classmethod
-    def _dest_inside(cls, value: str) -> str:
-        return _relative_inside(_no_control(value), allow_nested=True)
+    source: SingleLine
+    dest: InsidePath
 
 
 class ProjectSpec(_Model):
     """A directory deployed as a release (`<workdir>/releases/<id>`, `<workdir>/current`)."""
 
-    source: str
+    source: SingleLine
     exclude: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     gitignore: bool = True
     keep_releases: Annotated[StrictInt, Field(ge=1, le=100)] = 3
@@ -250,11 +237,6 @@ class ProjectSpec(_Model):
     max_files: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 20_000
     max_bytes: Annotated[StrictInt, Field(ge=1, le=2**40)] = 2 * 2**30
     max_file_bytes: Annotated[StrictInt, Field(ge=1, le=2**40)] = 2**30
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        return _no_control(value)
 
 
 class SetupSpec(_Model):
@@ -276,7 +258,7 @@ class SetupSpec(_Model):
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: list[str]) -> list[str]:
-        return [_relative_inside(_no_control(item), allow_nested=True) for item in value]
+        return [_inside(item) for item in value]
 
 
 class _Step(StepSpec):
@@ -316,7 +298,7 @@ class PlaybookSpec(_Model):
     script: ScriptSpec | None = None
     project: ProjectSpec | None = None
     setup: SetupSpec | None = None
-    checkpoints: str = "checkpoints"
+    checkpoints: InsidePath = "checkpoints"
     command: Annotated[str, Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
     gpus: Annotated[StrictInt, Field(ge=0, le=256)] = 0
@@ -395,11 +377,6 @@ class PlaybookSpec(_Model):
                 f"(got {value!r}; use e.g. /root/<name> or /opt/<name>)"
             )
         return normal
-
-    @field_validator("checkpoints")
-    @classmethod
-    def _checkpoints_inside(cls, value: str) -> str:
-        return _relative_inside(_no_control(value), allow_nested=True)
 
     @field_validator("command")
     @classmethod

@@ -15,7 +15,21 @@ import click
 
 from launcher.core.declare import flag, option, seconds
 from launcher.core.errors import UsageError
-from launcher.core.params import GRACE, INTERVAL, LINES, SUCCESSES, WAIT, WAIT_LOCK, WINDOW
+from launcher.core.params import (
+    GRACE,
+    HOUR,
+    INTERVAL,
+    LINES,
+    MAX_RESTARTS,
+    PORT,
+    RESTART_BACKOFF,
+    RESTART_WINDOW,
+    SUCCESSES,
+    WAIT,
+    WAIT_LOCK,
+    WATCH_FOR,
+    WINDOW,
+)
 
 # What a deploy does with the old run's checkpoints.
 CheckpointMode = Literal["archive", "purge", "keep"]
@@ -419,3 +433,69 @@ class LsRequest:
     """
 
     json: bool = json_flag("Print the targets as JSON (schema launcher.ls/1).")
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """`launcher watch`'s settings: its click options are made from these fields."""
+
+    interval: float | None = option(
+        "Time between polls of a target (default: playbook verify.interval).",
+        type=INTERVAL,
+        metavar="SECONDS",
+    )
+    wait: float | None = option(
+        "Warmup of a new run: only a crash, a fatal sign or a restart counts "
+        "(default: playbook verify.wait).",
+        type=WAIT,
+        metavar="SECONDS",
+    )
+    duration: float | None = seconds(
+        "End after this long: 90, 10m, 2h.", WATCH_FOR, names=("--for",)
+    )
+    webhooks: tuple[str, ...] = option(
+        "POST each event as JSON (schema launcher.watch.event/1, Slack-compatible `text`). "
+        "Repeatable.",
+        (),
+        names=("--webhook",),
+        repeat=True,
+        metavar="URL",
+    )
+    commands: tuple[str, ...] = option(
+        "Run CMD (split like a shell would, run without one) for each event, with the event "
+        "in LAUNCHER_EVENT_* variables. Repeatable.",
+        (),
+        names=("--exec",),
+        repeat=True,
+        metavar="CMD",
+    )
+    restart_on_failure: bool = flag(
+        "Redeploy a run that crashed or hung, with its checkpoints kept (it resumes)."
+    )
+    max_restarts: int = option(
+        "At most N restarts per target in --restart-window; then the run is left stopped.",
+        3,
+        type=MAX_RESTARTS,
+        show_default=True,
+        metavar="N",
+    )
+    restart_window: float = seconds(
+        "The sliding window --max-restarts counts in (default 1h).", RESTART_WINDOW, HOUR
+    )
+    restart_backoff: float = seconds(
+        "Wait before the first restart in a window, doubled for each further one (default 10s).",
+        RESTART_BACKOFF,
+        10.0,
+    )
+    metrics_port: int | None = option(
+        "Serve Prometheus metrics on this port.", type=PORT, metavar="PORT"
+    )
+    metrics_address: str = option(
+        "Address the metrics server binds to.", "127.0.0.1", show_default=True, metavar="ADDR"
+    )
+    state_file: Path | None = option(
+        "State file (default: one per inventory under $XDG_STATE_HOME/launcher/watch/).",
+        type=click.Path(dir_okay=False, path_type=Path),
+        names=("--state",),
+    )
+    as_json: bool = flag("Also print each event as JSON on stdout.", names=("--json",))

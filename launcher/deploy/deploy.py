@@ -483,10 +483,6 @@ def _emit_agent_steps(
         emit(step.get("name", "?"), step.get("status", "?"), step.get("detail", ""))
 
 
-# `launcher deploy`'s request: the options, as the CLI, the API and the tasks build them.
-DeployRequest = DeployOptions
-
-
 def run_deploy(ctx: Context, request: DeployOptions) -> DeployReport:
     """`launcher deploy` on the context's target: steps to the context as they happen."""
     target = ctx.target

@@ -29,8 +29,6 @@ from launcher.deploy.deploy import plan_request, read_script
 from launcher.targets.fleet import Outcome
 from launcher.targets.workflow import Context, Step
 
-MIB = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class Check:

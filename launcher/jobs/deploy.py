@@ -106,10 +106,8 @@ def _state(result: NodeResult[Any], state: str, detail: str) -> NodeState:
 
 def _failed(result: NodeResult[Any], what: str) -> NodeState:
     assert result.error is not None
-    error = result.error
-    detail = f"{what}: {error.message}"
-    node = _state(result, "failed", detail)
-    node.exit_code = error.exit_code
+    node = _state(result, "failed", f"{what}: {result.error.message}")
+    node.exit_code = result.error.exit_code
     return node
 
 

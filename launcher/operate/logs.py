@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.agent import protocol as p
@@ -45,17 +45,7 @@ class LogsResult:
     interrupted: bool = False  # Ctrl-C stopped the following (the run goes on)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "exit_code": int(self.exit_code),
-            "summary": self.summary,
-            "source": self.source,
-            "log_file": self.log_file,
-            "lines": self.lines,
-            "session": self.session,
-            "followed": self.followed,
-            "ended": self.ended,
-            "interrupted": self.interrupted,
-        }
+        return {**asdict(self), "exit_code": int(self.exit_code)}
 
 
 def run_logs(ctx: Context, request: LogsRequest) -> LogsResult:

@@ -3,7 +3,7 @@ which run that is (`RunBack`: also a watcher's restart and deploy's rollback on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.agent import protocol as p
@@ -60,14 +60,7 @@ class RollbackResult:
     result: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "exit_code": int(self.exit_code),
-            "summary": self.summary,
-            "sha256": self.sha256,
-            "rolled_back_from": self.rolled_back_from,
-            "steps": [step.__dict__ for step in self.steps],
-            "result": self.result,
-        }
+        return {**asdict(self), "exit_code": int(self.exit_code)}
 
 
 def run_rollback(ctx: Context, request: RollbackRequest) -> RollbackResult:

@@ -3,7 +3,7 @@ run's processes and GPUs confirmed free; checkpoints are not touched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.agent import protocol as p
@@ -33,14 +33,7 @@ class StopResult:
         return self.summary + ("; checkpoints untouched" if stopped_something else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "exit_code": int(self.exit_code),
-            "summary": self.summary,
-            "session": self.session,
-            "stopped": self.stopped,
-            "steps": [step.__dict__ for step in self.steps],
-            "warnings": self.warnings,
-        }
+        return {**asdict(self), "exit_code": int(self.exit_code)}
 
 
 def run_stop(ctx: Context, request: StopRequest) -> StopResult:
@@ -106,20 +99,19 @@ def stop(
     else:
         result.steps.append(Step("processes", "ok", "none left"))
     if spec.gpus <= 0:
-        result.steps.append(Step("gpus", "skipped", "not checked (playbook gpus: 0)"))
+        gpus = Step("gpus", "skipped", "not checked (playbook gpus: 0)")
     elif holders:
         held = ", ".join(f"{h.get('pid')} {h.get('name')}" for h in holders)
-        result.steps.append(Step("gpus", "failed", f"still held by {held}"))
+        gpus = Step("gpus", "failed", f"still held by {held}")
     elif others:
         held = ", ".join(f"{h.get('pid')} ({h.get('command') or h.get('name')})" for h in others)
-        result.steps.append(Step("gpus", "failed", f"in use by processes outside the run: {held}"))
+        gpus = Step("gpus", "failed", f"in use by processes outside the run: {held}")
     elif outside:
         used = ", ".join(f"GPU {d.get('index')} ({d.get('used_mib')} MiB)" for d in outside)
-        result.steps.append(
-            Step("gpus", "failed", f"still in use from outside this container: {used}")
-        )
+        gpus = Step("gpus", "failed", f"still in use from outside this container: {used}")
     else:
-        result.steps.append(Step("gpus", "ok", "free"))
+        gpus = Step("gpus", "ok", "free")
+    result.steps.append(gpus)
     if leftover or holders:
         result.exit_code = ExitCode.UNREACHABLE
         result.summary = f"session '{spec.session}' did not stop completely on {target.label}"

@@ -81,19 +81,6 @@ def step_line(name: str, status: str, detail: str, *, prefix: str = "") -> str:
     return f"{prefix}{mark} {label:<12} {sanitize(detail, keep_sgr=False)}"
 
 
-def echo_step(name: str, status: str, detail: str, *, prefix: str = "") -> None:
-    line = step_line(name, status, detail, prefix=prefix)
-    if is_tty():
-        from rich.console import Console
-        from rich.markup import escape
-
-        style = STYLES.get(status)
-        text = escape(line)
-        Console(highlight=False).print(f"[{style}]{text}[/{style}]" if style else text)
-    else:
-        print(line, flush=True)
-
-
 def progress_text(event: object, latest: str) -> str:
     """One line about a probe poll: phase, elapsed time and the newest sample."""
     elapsed = getattr(event, "elapsed", 0.0)

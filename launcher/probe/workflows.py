@@ -170,19 +170,11 @@ class RollbackStory:
 
 def settings_for(target: Target, overrides: ProbeOverrides) -> ProbeSettings:
     v = target.playbook.spec.verify
-    return ProbeSettings(
-        wait=v.wait if overrides.wait is None else overrides.wait,
-        interval=v.interval if overrides.interval is None else overrides.interval,
-        window=v.window if overrides.window is None else overrides.window,
-        successes=v.successes if overrides.successes is None else overrides.successes,
-        failure_threshold=(
-            v.failure_threshold
-            if overrides.failure_threshold is None
-            else overrides.failure_threshold
-        ),
-        poll_timeout=target.host.command_timeout,
-        finish_ok=v.finish_ok,
-    )
+    names = ("wait", "interval", "window", "successes", "failure_threshold")
+    chosen = {
+        n: getattr(v, n) if getattr(overrides, n) is None else getattr(overrides, n) for n in names
+    }
+    return ProbeSettings(**chosen, poll_timeout=target.host.command_timeout, finish_ok=v.finish_ok)
 
 
 def parser_for(target: Target) -> ParseFn:

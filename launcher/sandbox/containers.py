@@ -28,7 +28,6 @@ from launcher.sandbox import rootfs
 
 CONTAINER_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 GPU_DIR = "var/lib/sandbox-gpu"
-GPU_COUNT_FILE = "etc/sandbox-gpus"
 HERE = Path(__file__).resolve().parent
 
 ETC_FILES: Mapping[str, str] = {

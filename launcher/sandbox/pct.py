@@ -196,6 +196,15 @@ def hostname(vmid):
     return "CT" + vmid
 
 
+def parse_vmid(args, options=(), flags=()):
+    """(VMID, options) of a command that takes nothing after them."""
+    (vmid,), opts, rest = parse(args, ["vmid"], options, flags)
+    if rest:
+        die("too many arguments")
+    check_vmid(vmid)
+    return vmid, opts
+
+
 def parse(args, positional, options=(), flags=()):
     """Split args like Perl's Getopt::Long: named options anywhere, `--` ends options. A boolean
     (`flags`) takes an optional value, as pve-common's JSONSchema `get_options` declares them
@@ -341,10 +350,7 @@ def cmd_status(args):
     """`status: running`; with --verbose, as pve-container's `vmstatus` sees the CT, sorted
     (src/PVE/CLI/pct.pm, `status`): among them `lock` (copied from the config) and `pid` (the
     CT's init, a host PID), not whether it is frozen."""
-    (vmid,), opts, rest = parse(args, ["vmid"], flags=("verbose",))
-    if rest:
-        die("too many arguments")
-    check_vmid(vmid)
+    vmid, opts = parse_vmid(args, flags=("verbose",))
     running = is_running(vmid)
     stat = {"status": "running" if running else "stopped"}
     if opts.get("verbose") == "1":
@@ -362,10 +368,7 @@ def cmd_status(args):
 
 def cmd_config(args):
     """The CT's config as `pct config` prints it (the few keys the sandbox has)."""
-    (vmid,), _, rest = parse(args, ["vmid"])
-    if rest:
-        die("too many arguments")
-    check_vmid(vmid)
+    vmid, _ = parse_vmid(args)
     config = {"arch": "amd64", "hostname": hostname(vmid), "ostype": "debian"}
     config.update(pve_config(vmid))
     for key in sorted(config):
@@ -389,10 +392,7 @@ LOCKS = (
 
 def cmd_set(args):
     """`pct set VMID --lock NAME`: the only option the sandbox keeps."""
-    (vmid,), opts, rest = parse(args, ["vmid"], ("lock",))
-    if rest:
-        die("too many arguments")
-    check_vmid(vmid)
+    vmid, opts = parse_vmid(args, ("lock",))
     if "lock" in opts:
         if opts["lock"] not in LOCKS:
             die("lock: value '%s' does not have a value in the enumeration '%s'"
@@ -404,10 +404,7 @@ def cmd_set(args):
 
 
 def cmd_unlock(args):
-    (vmid,), _, rest = parse(args, ["vmid"])
-    if rest:
-        die("too many arguments")
-    check_vmid(vmid)
+    vmid, _ = parse_vmid(args)
     config = pve_config(vmid)
     config.pop("lock", None)
     write_pve_config(vmid, config)

@@ -32,11 +32,6 @@ class State(StrEnum):
     ABSENT = "absent"
 
 
-STATES = tuple(str(s) for s in State)
-# The states a run does not leave by itself: nothing more will be printed.
-ENDED = frozenset({State.FINISHED, State.FAILED, State.STOPPED, State.ABSENT})
-
-
 def exit_status(state: PaneState) -> int | None:
     """How the run's process ended: tmux's dead status, else the runner's exit file."""
     if state.dead_status is not None:

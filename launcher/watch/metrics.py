@@ -31,73 +31,61 @@ STATUSES = (
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.status = Gauge(
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = LABELS) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry)
+
+        self.status = gauge(
             "launcher_watch_status",
             "1 for the target's current status (starting, healthy, unhealthy, unreachable, "
             "restarting, stopped), 0 for the others",
             [*LABELS, "status"],
-            registry=r,
         )
-        self.healthy = Gauge(
-            "launcher_watch_healthy", "1 when the run is judged healthy", LABELS, registry=r
-        )
-        self.step = Gauge("launcher_train_step", "The newest step reported", LABELS, registry=r)
-        self.throughput = Gauge(
+        self.healthy = gauge("launcher_watch_healthy", "1 when the run is judged healthy")
+        self.step = gauge("launcher_train_step", "The newest step reported")
+        self.throughput = gauge(
             "launcher_train_throughput",
             "The newest throughput, in the unit the trainer reports (tokens/s for tok/s)",
-            LABELS,
-            registry=r,
         )
-        self.loss = Gauge("launcher_train_loss", "The newest loss", LABELS, registry=r)
-        self.queue = Gauge(
+        self.loss = gauge("launcher_train_loss", "The newest loss")
+        self.queue = gauge(
             "launcher_train_queue_depth",
             "Each queue's depth, per bucket",
             [*LABELS, "queue", "bucket"],
-            registry=r,
         )
-        self.fill = Gauge(
+        self.fill = gauge(
             "launcher_train_queue_fill",
             "Each queue's fill (0 to 1) when the trainer prints it as `n/total`",
             [*LABELS, "queue"],
-            registry=r,
         )
-        self.since_step = Gauge(
+        self.since_step = gauge(
             "launcher_train_seconds_since_step",
             "Seconds since the step last advanced (as of the last poll)",
-            LABELS,
-            registry=r,
         )
         self.restarts = Counter(
-            "launcher_watch_restarts", "Restarts the watcher made", LABELS, registry=r
+            "launcher_watch_restarts", "Restarts the watcher made", LABELS, registry=self.registry
         )
-        self.poll_duration = Gauge(
-            "launcher_watch_poll_duration_seconds",
-            "How long the last poll took",
-            LABELS,
-            registry=r,
+        self.poll_duration = gauge(
+            "launcher_watch_poll_duration_seconds", "How long the last poll took"
         )
-        self.poll_success = Gauge(
-            "launcher_watch_poll_success", "1 when the last poll got an answer", LABELS, registry=r
+        self.poll_success = gauge(
+            "launcher_watch_poll_success", "1 when the last poll got an answer"
         )
         gpu_labels = [*LABELS, "gpu"]
-        self.gpu_util = Gauge(
+        self.gpu_util = gauge(
             "launcher_gpu_utilization_percent",
             "Each GPU's utilization (nvidia-smi utilization.gpu), as of the last poll",
             gpu_labels,
-            registry=r,
         )
-        self.gpu_memory = Gauge(
+        self.gpu_memory = gauge(
             "launcher_gpu_memory_used_bytes",
             "Each GPU's memory in use (by anyone), as of the last poll",
             gpu_labels,
-            registry=r,
         )
-        self.gpu_held = Gauge(
+        self.gpu_held = gauge(
             "launcher_gpu_held_by_run",
             "1 when the run's processes have this GPU's device open",
             gpu_labels,
-            registry=r,
         )
         self._server: Any = None
 
