@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
@@ -274,42 +273,13 @@ class Launcher:
         The watch opens its own connections and closes them when it ends. The settings
         (`WatchKeywords`) are `launcher watch`'s options; unset, their defaults there.
         """
-        from launcher.core import params
-        from launcher.watch.monitor import WatchSettings
-        from launcher.watch.policy import RestartPolicy
-        from launcher.watch.session import WatchRequest, WatchSession, guarded
+        from launcher.core.requests import WatchOptions
+        from launcher.watch.session import WatchSession, guarded, watch_request
         from launcher.watch.state import default_state_path
 
-        given = known_keywords("watch", dict(settings), WatchKeywords)
-        metrics_address = given.get("metrics_address", "127.0.0.1")
-        if not isinstance(metrics_address, str):
-            raise UsageError(f"metrics_address={metrics_address!r}: must be an address (a string)")
-        where = args.path("state", given.get("state"))
-        port = given.get("metrics_port")
-        request = WatchRequest(
-            state_path=Path(where) if where else default_state_path(self._inventory_path),
-            settings=WatchSettings(
-                interval=args.duration("interval", given.get("interval"), params.INTERVAL),
-                wait=args.duration("wait", wait, params.WAIT),
-                restart=args.flag("restart_on_failure", given.get("restart_on_failure", False)),
-                policy=RestartPolicy(
-                    args.count("max_restarts", given.get("max_restarts", 3), params.MAX_RESTARTS),
-                    args.seconds(
-                        "restart_window", given.get("restart_window", 3600.0), params.RESTART_WINDOW
-                    ),
-                    args.seconds(
-                        "restart_backoff",
-                        given.get("restart_backoff", 10.0),
-                        params.RESTART_BACKOFF,
-                    ),
-                ),
-            ),
-            duration=args.duration("duration", given.get("duration"), params.WATCH_FOR),
-            webhooks=args.strings("webhooks", given.get("webhooks", ())),
-            commands=args.strings("commands", given.get("commands", ())),
-            metrics_port=None if port is None else args.count("metrics_port", port, params.PORT),
-            metrics_address=metrics_address,
-        )
+        given = {**known_keywords("watch", dict(settings), WatchKeywords), "wait": wait}
+        options = args.build("watch", WatchOptions, given, api=True)
+        request = watch_request(options, default_state_path(self._inventory_path))
         sink = guarded(args.callback("on_event", on_event) or (lambda event: None), self._say)
         started = args.callback("started", started)
         names = self.targets(*targets)

@@ -44,27 +44,13 @@ def watch_command(app: AppContext, /, **values: Any) -> None:
     restart; else 3 one unreachable; else 0 (a finished run or one a person stopped included).
     SIGTERM ends it with 0, Ctrl-C with 130, bad input with 2.
     """
+    from launcher.commands.args import build
     from launcher.config.models import inventory_path
-    from launcher.watch.monitor import WatchSettings
-    from launcher.watch.policy import RestartPolicy
-    from launcher.watch.session import WatchRequest, WatchSession
+    from launcher.watch.session import WatchSession, watch_request
     from launcher.watch.state import default_state_path
 
-    given = WatchOptions(**values)
-    request = WatchRequest(
-        state_path=given.state_file or default_state_path(inventory_path(app.inventory_option)),
-        settings=WatchSettings(
-            interval=given.interval,
-            wait=given.wait,
-            restart=given.restart_on_failure,
-            policy=RestartPolicy(given.max_restarts, given.restart_window, given.restart_backoff),
-        ),
-        duration=given.duration,
-        webhooks=given.webhooks,
-        commands=given.commands,
-        metrics_port=given.metrics_port,
-        metrics_address=given.metrics_address,
-    )
+    given = build("watch", WatchOptions, values, api=False)
+    request = watch_request(given, default_state_path(inventory_path(app.inventory_option)))
     targets = app.targets()  # a bad inventory exits 2 here, before any connection
     session = WatchSession(targets, request, _printer(given.as_json))
 

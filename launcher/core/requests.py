@@ -497,5 +497,6 @@ class WatchOptions:
         "State file (default: one per inventory under $XDG_STATE_HOME/launcher/watch/).",
         type=click.Path(dir_okay=False, path_type=Path),
         names=("--state",),
+        keyword="state",
     )
-    as_json: bool = flag("Also print each event as JSON on stdout.", names=("--json",))
+    as_json: bool = flag("Also print each event as JSON on stdout.", names=("--json",), api=False)

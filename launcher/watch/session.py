@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.config.models import Target
 from launcher.core.errors import ExitCode, UsageError
+from launcher.core.requests import WatchOptions
 from launcher.watch.events import Event
 from launcher.watch.metrics import Metrics
 from launcher.watch.monitor import Hub, Subject, Watcher, WatchSettings
@@ -29,6 +30,7 @@ from launcher.watch.notify import (
     webhook,
     webhook_name,
 )
+from launcher.watch.policy import RestartPolicy
 from launcher.watch.state import TargetRecord, WatchState
 from launcher.watch.target import target_subjects
 
@@ -67,6 +69,26 @@ class WatchRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "receivers", receivers(self.webhooks, self.commands))
+
+
+def watch_request(options: WatchOptions, default_state: Path) -> WatchRequest:
+    """The watch `launcher watch`'s options (or `Launcher.watch`'s keywords) ask for."""
+    return WatchRequest(
+        state_path=Path(options.state_file) if options.state_file else default_state,
+        settings=WatchSettings(
+            interval=options.interval,
+            wait=options.wait,
+            restart=options.restart_on_failure,
+            policy=RestartPolicy(
+                options.max_restarts, options.restart_window, options.restart_backoff
+            ),
+        ),
+        duration=options.duration,
+        webhooks=options.webhooks,
+        commands=options.commands,
+        metrics_port=options.metrics_port,
+        metrics_address=options.metrics_address,
+    )
 
 
 @dataclass(frozen=True)
