@@ -12,18 +12,20 @@ import click
 from launcher.core.declare import flag, option, seconds
 from launcher.core.params import (
     GRACE,
-    HOUR,
     INTERVAL,
     LINES,
     MAX_RESTARTS,
-    PORT,
-    RESTART_BACKOFF,
-    RESTART_WINDOW,
     SUCCESSES,
     WAIT,
     WATCH_FOR,
 )
-from launcher.core.requests import CheckpointMode, checkpoints, json_flag, tail_lines
+from launcher.core.requests import (
+    CheckpointMode,
+    WatchOutlets,
+    checkpoints,
+    json_flag,
+    tail_lines,
+)
 
 RESULT_JSON = "Print the result as JSON."
 STOP_FIRST = "Stop every node's running session first."
@@ -141,7 +143,7 @@ class JobHistoryRequest:
 
 
 @dataclass(frozen=True)
-class JobWatchRequest:
+class JobWatchRequest(WatchOutlets):
     """Watch job NAME as `launcher watch` watches a target: each transition an event.
 
     Its one verdict (`job status`) polled; transitions go to stdout, to the state file's events
@@ -172,32 +174,6 @@ class JobWatchRequest:
         type=MAX_RESTARTS,
         show_default=True,
         metavar="N",
-    )
-    restart_window: float = seconds(
-        "The sliding window --max-restarts counts in (default 1h).", RESTART_WINDOW, HOUR
-    )
-    restart_backoff: float = seconds(
-        "Wait before the first restart in a window, doubled for each further one (default 10s).",
-        RESTART_BACKOFF,
-        10.0,
-    )
-    webhooks: tuple[str, ...] = option(
-        "POST each event as JSON (schema launcher.watch.event/1). Repeatable.",
-        (),
-        names=("--webhook",),
-        repeat=True,
-        metavar="URL",
-    )
-    commands: tuple[str, ...] = option(
-        "Run CMD for each event, with the event in LAUNCHER_EVENT_* variables. Repeatable.",
-        (),
-        names=("--exec",),
-        repeat=True,
-        metavar="CMD",
-    )
-    metrics_port: int | None = option("Serve Prometheus metrics.", type=PORT, metavar="PORT")
-    metrics_address: str = option(
-        "Address the metrics server binds to.", "127.0.0.1", show_default=True, metavar="ADDR"
     )
     state: str | None = option(
         "State file (default: one per inventory and job under $XDG_STATE_HOME/launcher/watch/).",

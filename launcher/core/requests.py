@@ -435,24 +435,12 @@ class LsRequest:
     json: bool = json_flag("Print the targets as JSON (schema launcher.ls/1).")
 
 
-@dataclass(frozen=True)
-class WatchOptions:
-    """`launcher watch`'s settings: its click options are made from these fields."""
+@dataclass(frozen=True, kw_only=True)
+class WatchOutlets:
+    """What a watch takes alike of a target (`WatchOptions`) or of a job
+    (`jobrequests.JobWatchRequest`): its restart budget's window and backoff, and where its
+    events go."""
 
-    interval: float | None = option(
-        "Time between polls of a target (default: playbook verify.interval).",
-        type=INTERVAL,
-        metavar="SECONDS",
-    )
-    wait: float | None = option(
-        "Warmup of a new run: only a crash, a fatal sign or a restart counts "
-        "(default: playbook verify.wait).",
-        type=WAIT,
-        metavar="SECONDS",
-    )
-    duration: float | None = seconds(
-        "End after this long: 90, 10m, 2h.", WATCH_FOR, names=("--for",)
-    )
     webhooks: tuple[str, ...] = option(
         "POST each event as JSON (schema launcher.watch.event/1, Slack-compatible `text`). "
         "Repeatable.",
@@ -469,16 +457,6 @@ class WatchOptions:
         repeat=True,
         metavar="CMD",
     )
-    restart_on_failure: bool = flag(
-        "Redeploy a run that crashed or hung, with its checkpoints kept (it resumes)."
-    )
-    max_restarts: int = option(
-        "At most N restarts per target in --restart-window; then the run is left stopped.",
-        3,
-        type=MAX_RESTARTS,
-        show_default=True,
-        metavar="N",
-    )
     restart_window: float = seconds(
         "The sliding window --max-restarts counts in (default 1h).", RESTART_WINDOW, HOUR
     )
@@ -492,6 +470,36 @@ class WatchOptions:
     )
     metrics_address: str = option(
         "Address the metrics server binds to.", "127.0.0.1", show_default=True, metavar="ADDR"
+    )
+
+
+@dataclass(frozen=True)
+class WatchOptions(WatchOutlets):
+    """`launcher watch`'s settings: its click options are made from these fields."""
+
+    interval: float | None = option(
+        "Time between polls of a target (default: playbook verify.interval).",
+        type=INTERVAL,
+        metavar="SECONDS",
+    )
+    wait: float | None = option(
+        "Warmup of a new run: only a crash, a fatal sign or a restart counts "
+        "(default: playbook verify.wait).",
+        type=WAIT,
+        metavar="SECONDS",
+    )
+    duration: float | None = seconds(
+        "End after this long: 90, 10m, 2h.", WATCH_FOR, names=("--for",)
+    )
+    restart_on_failure: bool = flag(
+        "Redeploy a run that crashed or hung, with its checkpoints kept (it resumes)."
+    )
+    max_restarts: int = option(
+        "At most N restarts per target in --restart-window; then the run is left stopped.",
+        3,
+        type=MAX_RESTARTS,
+        show_default=True,
+        metavar="N",
     )
     state_file: Path | None = option(
         "State file (default: one per inventory under $XDG_STATE_HOME/launcher/watch/).",
