@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from launcher.config.models import Inventory
 from launcher.core.errors import UsageError
@@ -30,7 +29,7 @@ from launcher.jobs.job import load_job, on_job
 from launcher.jobs.logs import JobLogs, NodeLine, job_logs
 from launcher.jobs.rollback import rollback_job
 from launcher.jobs.verify import status_job, verify_job
-from launcher.watch.job import JobWatchOptions, JobWatchResult, job_state_path, watch_job
+from launcher.watch.job import JobWatchResult, job_state_path, watch_job
 
 
 def _nowhere(*_: str) -> None:
@@ -133,11 +132,8 @@ def watch(
     to `sinks.event` and, as events, to the state file (default: one per inventory and job),
     the webhooks and commands; with `restart_on_failure`, the whole job redeployed on a
     failure."""
-    state = Path(request.state) if request.state else job_state_path(inventory.path, request.name)
-    # The request's settings of the same name; the rest (`failures`) as the watch sets them.
-    names = [f.name for f in fields(JobWatchOptions) if hasattr(request, f.name)]
-    same = {name: getattr(request, name) for name in names}
-    options = JobWatchOptions(**same, state_path=state)
+    state = request.state or str(job_state_path(inventory.path, request.name))
+    options = replace(request, state=state)
     return on_job(
         load_job(inventory, request.name),
         lambda j, nodes: watch_job(

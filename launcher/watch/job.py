@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from launcher.core.errors import ExitCode, LauncherError, RemoteError, UsageError
+from launcher.core.jobrequests import JobWatchRequest
 from launcher.core.requests import ProbeOverrides
 from launcher.jobs.deploy import JobResult, Say, deploy_job, stop_job
 from launcher.jobs.job import Job, JobNodes
@@ -54,24 +55,7 @@ NODE_STATUS = {
 GONE = ("dead", "restarted", "other run")
 
 
-@dataclass(frozen=True)
-class JobWatchOptions:
-    interval: float = 10.0
-    duration: float | None = None  # None: until stopped
-    restart_on_failure: bool = False
-    max_restarts: int = 3
-    failures: int = 2  # unhealthy polls in a row that make a failure
-    restart_window: float = HOUR
-    restart_backoff: float = 10.0
-    state_path: Path | None = None  # None: the job's own, beside the inventory's (commands.jobs)
-    webhooks: tuple[str, ...] = ()
-    commands: tuple[str, ...] = ()
-    metrics_port: int | None = None
-    metrics_address: str = "127.0.0.1"
-
-    @property
-    def policy(self) -> RestartPolicy:
-        return RestartPolicy(self.max_restarts, self.restart_window, self.restart_backoff)
+FAILURES = 2  # unhealthy polls in a row that make a failure
 
 
 @dataclass
@@ -109,14 +93,14 @@ class JobSubject:
 
     restarted = "redeployed with checkpoints kept"
 
-    def __init__(self, job: Job, nodes: JobNodes, options: JobWatchOptions, say: Say) -> None:
+    def __init__(self, job: Job, nodes: JobNodes, options: JobWatchRequest, say: Say) -> None:
         self.job, self.nodes, self.say = job, nodes, say
         status_node = job.nodes[job.status_rank]
         self.name, self.host, self.vmid = job.name, status_node.host_name, status_node.vmid
         self.series = (status_node.name, status_node.host_name, status_node.vmid)
         self.interval = options.interval
-        self.failures = options.failures
-        self.tally = Tally(options.failures)
+        self.failures = FAILURES
+        self.tally = Tally(FAILURES)
         self.run: str | None = None
         self.last: JobResult | None = None
         self.seconds = 0.0  # how long the last poll took
@@ -187,7 +171,7 @@ class JobSubject:
 def watch_job(
     job: Job,
     nodes: JobNodes,
-    options: JobWatchOptions,
+    options: JobWatchRequest,
     *,
     say: Say,
     event: Callable[[str], None],
@@ -196,7 +180,7 @@ def watch_job(
     """Watch the job until --for is over or `stop` is set; each event and note a line to
     `event`. A restart under way when `stop` is set finishes first (a redeploy is not left
     half-done)."""
-    if options.state_path is None:
+    if options.state is None:
         raise UsageError("a job's watch keeps a state file: give one (job_state_path)")
     stop = stop or threading.Event()
     result = JobWatchResult(job.name)
@@ -211,9 +195,13 @@ def watch_job(
         line(happened.reason)
 
     request = WatchRequest(
-        state_path=options.state_path,
+        state_path=Path(options.state),
         settings=WatchSettings(
-            interval=options.interval, restart=options.restart_on_failure, policy=options.policy
+            interval=options.interval,
+            restart=options.restart_on_failure,
+            policy=RestartPolicy(
+                options.max_restarts, options.restart_window, options.restart_backoff
+            ),
         ),
         duration=options.duration,
         webhooks=options.webhooks,

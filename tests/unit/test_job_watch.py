@@ -16,11 +16,12 @@ import pytest
 
 from launcher.config.models import load_inventory
 from launcher.core.errors import ExitCode
+from launcher.core.jobrequests import JobWatchRequest
 from launcher.jobs.deploy import JobResult, NodeState
 from launcher.jobs.job import load_job
 from launcher.watch import job as watchjob
 from launcher.watch import notify
-from launcher.watch.job import JobSubject, JobWatchOptions, terminated_by_sigterm, watch_job
+from launcher.watch.job import JobSubject, terminated_by_sigterm, watch_job
 from launcher.watch.metrics import Metrics
 from launcher.watch.session import final_code
 from launcher.watch.state import TargetRecord
@@ -124,7 +125,7 @@ def job(tmp_path: Path) -> Any:
 
 
 def play(
-    monkeypatch: pytest.MonkeyPatch, script: Script, job: Any, options: JobWatchOptions
+    monkeypatch: pytest.MonkeyPatch, script: Script, job: Any, options: JobWatchRequest
 ) -> tuple[watchjob.JobWatchResult, list[str]]:
     for name in ("status_job", "deploy_job", "verify_job", "stop_job"):
         monkeypatch.setattr(watchjob, name, getattr(script, name))
@@ -136,13 +137,14 @@ def play(
     return result, lines
 
 
-def options(tmp_path: Path, **fields: Any) -> JobWatchOptions:
+def options(tmp_path: Path, **fields: Any) -> JobWatchRequest:
     base: dict[str, Any] = {
+        "name": "train",
         "interval": 0.01,
         "restart_backoff": 0.01,
-        "state_path": tmp_path / "job.json",
+        "state": str(tmp_path / "job.json"),
     }
-    return JobWatchOptions(**{**base, **fields})
+    return JobWatchRequest(**{**base, **fields})
 
 
 def events(tmp_path: Path) -> list[dict[str, Any]]:
@@ -324,7 +326,7 @@ def test_a_job_watch_sends_its_events_to_exec_as_a_target_watch_does(
 def test_every_node_has_its_series_and_the_status_rank_carries_the_job(job: Any) -> None:
     from launcher.verify.gpus import GpuSample
 
-    subject = JobSubject(job, None, JobWatchOptions(), lambda node, line: None)  # type: ignore[arg-type]
+    subject = JobSubject(job, None, JobWatchRequest(name="train"), lambda node, line: None)  # type: ignore[arg-type]
     polled = poll(STAGING_DEAD.summary, OK, DEAD)
     polled.gpus = {"staging": GpuSample(2, (0,), {0: 90}, {0: 100})}
     subject.last = polled
