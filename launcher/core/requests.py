@@ -501,10 +501,8 @@ class WatchOptions(WatchOutlets):
         show_default=True,
         metavar="N",
     )
-    state_file: Path | None = option(
+    state: str | None = option(
         "State file (default: one per inventory under $XDG_STATE_HOME/launcher/watch/).",
         type=click.Path(dir_okay=False, path_type=Path),
-        names=("--state",),
-        keyword="state",
     )
     as_json: bool = flag("Also print each event as JSON on stdout.", names=("--json",), api=False)

@@ -37,9 +37,8 @@ from launcher.verify.results import CheckResult, Failure, Verdict
 from launcher.watch.events import Event
 from launcher.watch.judging import Observation
 from launcher.watch.metrics import Metrics
-from launcher.watch.monitor import Note, WatchSettings
-from launcher.watch.policy import RestartPolicy
-from launcher.watch.session import WatchRequest, run_watch
+from launcher.watch.monitor import Note
+from launcher.watch.session import run_watch, watch_request
 from launcher.watch.state import default_state_path
 from launcher.watch.target import RESTART_OPTIONS
 
@@ -194,21 +193,7 @@ def watch_job(
         result.restarts += happened.kind == "restart"
         line(happened.reason)
 
-    request = WatchRequest(
-        state_path=Path(options.state),
-        settings=WatchSettings(
-            interval=options.interval,
-            restart=options.restart_on_failure,
-            policy=RestartPolicy(
-                options.max_restarts, options.restart_window, options.restart_backoff
-            ),
-        ),
-        duration=options.duration,
-        webhooks=options.webhooks,
-        commands=options.commands,
-        metrics_port=options.metrics_port,
-        metrics_address=options.metrics_address,
-    )
+    request = watch_request(options, Path(options.state))
     subject = JobSubject(job, nodes, options, say)
     ended = run_watch(nullcontext([subject]), request, shown, stop)
     record = ended.statuses.get(job.name)

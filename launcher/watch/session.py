@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.config.models import Target
 from launcher.core.errors import ExitCode, UsageError
+from launcher.core.jobrequests import JobWatchRequest
 from launcher.core.requests import WatchOptions
 from launcher.watch.events import Event
 from launcher.watch.metrics import Metrics
@@ -71,13 +72,14 @@ class WatchRequest:
         object.__setattr__(self, "receivers", receivers(self.webhooks, self.commands))
 
 
-def watch_request(options: WatchOptions, default_state: Path) -> WatchRequest:
-    """The watch `launcher watch`'s options (or `Launcher.watch`'s keywords) ask for."""
+def watch_request(options: WatchOptions | JobWatchRequest, default_state: Path) -> WatchRequest:
+    """The watch a target's options (`launcher watch`, `Launcher.watch`) or a job's request
+    (`launcher job watch`) ask for; a job's poll has no warmup of its own (`wait`)."""
     return WatchRequest(
-        state_path=Path(options.state_file) if options.state_file else default_state,
+        state_path=Path(options.state) if options.state else default_state,
         settings=WatchSettings(
             interval=options.interval,
-            wait=options.wait,
+            wait=options.wait if isinstance(options, WatchOptions) else None,
             restart=options.restart_on_failure,
             policy=RestartPolicy(
                 options.max_restarts, options.restart_window, options.restart_backoff
